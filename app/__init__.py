@@ -1,0 +1,1 @@
+"""FlashMap Chat: target loading, the speculative decoding engine, verification math, bench CLI and UI."""

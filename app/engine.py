@@ -1,0 +1,196 @@
+"""The one generate loop: draft -> verify -> accept -> roll back the KV cache -> emit an event.
+
+Shape letters: T = positions fed to the target in one forward, K = drafted block length,
+V = vocabulary, F = drafter feature width.
+
+Cache invariant: the KV cache holds every committed token except the anchor (the last committed
+token). A round feeds [anchor, draft_1..draft_K] (T = K+1), which gives the target's distribution
+after the anchor and after each draft token; after verification the cache is cropped to the
+anchor plus the accepted drafts, and the target's own token becomes the next anchor.
+Plain decoding is this loop with no drafter (K = 0), so baseline and speculative runs share
+every line but the draft.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+from transformers import DynamicCache
+
+from app.drafting import Draft, Drafter
+from app.sampling import SamplingConfig, target_probs, verify_greedy, verify_sampled
+from app.target import Target
+
+MAX_BLOCK_SIZE = 16
+
+
+class PromptError(ValueError):
+    """The prompt cannot be generated from (empty, or too long for the model's context)."""
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 256
+    block_size: int = 8  # K, tokens drafted per round
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    stop_strings: tuple[str, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"block size K must be in 1..{MAX_BLOCK_SIZE}, got {self.block_size}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    """One target forward: what was drafted, how much survived, what the target added."""
+
+    kind: str  # "prefill" | "round"
+    drafted: tuple[int, ...]  # the drafter's block (empty for plain decoding and prefill)
+    n_accepted: int  # drafted tokens kept (a prefix)
+    target_token: int  # the target's resampled / bonus token
+    committed: tuple[int, ...]  # tokens appended to the output (after EOS/stop/length truncation)
+    text: str  # the whole reply so far
+    draft_s: float
+    verify_s: float
+    finish_reason: str | None = None  # None while running; eos | stop | length | cancelled
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Never:
+    """A cancel flag that is never set (threading.Event has the same is_set method)."""
+
+    def is_set(self) -> bool:
+        return False
+
+
+@dataclass
+class _State:
+    """Bookkeeping of one generation, kept apart from the algorithm."""
+
+    prompt_len: int
+    output: list[int] = field(default_factory=list)
+    text: str = ""
+
+
+def target_forward(target: Target, ids: list[int], cache: DynamicCache, layers: tuple[int, ...], keep: int = 0):
+    """Feed ids (T,) after the cache; return logits (T or keep, V) and features (T, F) or None."""
+    input_ids = torch.tensor([ids], device=target.device)  # (1, T)
+    out = target.model(
+        input_ids=input_ids, past_key_values=cache, use_cache=True, output_hidden_states=bool(layers),
+        logits_to_keep=keep,  # 0 keeps all; prefill keeps only the last position's logits
+    )
+    logits = out.logits[0]  # (T, V)
+    if not layers:
+        return logits, None
+    features = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)  # (T, F)
+    return logits, features
+
+
+def rollback(cache: DynamicCache, n_rejected: int) -> None:
+    """Drop the KV entries of rejected draft positions (transformers 5 crops by a negative count)."""
+    if n_rejected > 0:
+        cache.crop(-n_rejected)
+
+
+def check_prompt(target: Target, prompt_ids: list[int], gen: GenerationConfig) -> None:
+    if not prompt_ids:
+        raise PromptError("The prompt is empty.")
+    limit = target.max_positions
+    if len(prompt_ids) + gen.max_new_tokens + gen.block_size + 1 > limit:
+        raise PromptError(
+            f"The prompt is {len(prompt_ids)} tokens; with max_new_tokens={gen.max_new_tokens} it exceeds the "
+            f"model's context of {limit} tokens. Shorten the conversation or lower max new tokens."
+        )
+
+
+def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator):
+    if sampling.greedy:
+        return verify_greedy(draft.tokens.to(logits.device), logits)
+    p_target = target_probs(logits, sampling)  # (K+1, V)
+    q_draft = None if draft.q_draft is None else draft.q_draft.to(p_target)
+    return verify_sampled(draft.tokens.to(logits.device), p_target, q_draft, generator)
+
+
+def _commit(state: _State, target: Target, tokens: list[int], gen: GenerationConfig) -> tuple[list[int], str | None]:
+    """Append tokens to the output, cutting at EOS, the length budget or a stop string."""
+    reason = None
+    for i, tok in enumerate(tokens):
+        if tok in target.eos_token_ids:
+            tokens, reason = tokens[:i], "eos"
+            break
+    room = gen.max_new_tokens - len(state.output)
+    if len(tokens) >= room:
+        tokens, reason = tokens[:room], reason or "length"
+    state.output.extend(tokens)
+    state.text = target.decode(state.output)
+    for stop in gen.stop_strings:
+        cut = state.text.find(stop)
+        if stop and cut >= 0:
+            state.text, reason = state.text[:cut], "stop"
+    return tokens, reason
+
+
+def generate(
+    target: Target,
+    prompt_ids: list[int],
+    gen: GenerationConfig,
+    drafter: Drafter | None = None,
+    cancel=None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Iterator[RoundEvent]:
+    """Yield one RoundEvent per target forward until EOS, a stop string, the budget or cancel."""
+    check_prompt(target, prompt_ids, gen)
+    cancel = cancel or Never()
+    layers = drafter.feature_layers if drafter is not None else ()
+    draft_gen = torch.Generator(device="cpu").manual_seed(gen.seed + 1)  # drafter noise, independent of target
+    verify_gen = torch.Generator(device=target.device).manual_seed(gen.seed)
+    state = _State(len(prompt_ids))
+    cache = DynamicCache(config=target.model.config)
+    with torch.inference_mode():
+        t0 = clock()
+        logits, features = target_forward(target, prompt_ids, cache, layers, keep=1)
+        anchor = _verify(Draft(torch.empty(0, dtype=torch.long), None), logits[-1:], gen.sampling, verify_gen).next_token
+        verify_s = clock() - t0
+        if drafter is not None:
+            drafter.reset()
+            drafter.extend(prompt_ids, features)
+        committed, reason = _commit(state, target, [anchor], gen)
+        yield RoundEvent("prefill", (), 0, anchor, tuple(committed), state.text, 0.0, verify_s, reason)
+        while reason is None:
+            if cancel.is_set():
+                yield RoundEvent("round", (), 0, anchor, (), state.text, 0.0, 0.0, "cancelled")
+                return
+            t0 = clock()
+            room = gen.max_new_tokens - len(state.output)
+            k = min(gen.block_size, room - 1)
+            draft = drafter.propose(anchor, k, gen.sampling, draft_gen) if drafter is not None and k > 0 else None
+            draft = draft if draft is not None else Draft(torch.empty(0, dtype=torch.long), None)
+            t1 = clock()
+            block = [anchor] + draft.tokens.tolist()  # (K+1,)
+            logits, features = target_forward(target, block, cache, layers)
+            verdict = _verify(draft, logits, gen.sampling, verify_gen)
+            rollback(cache, len(draft.tokens) - verdict.n_accepted)
+            kept = block[: 1 + verdict.n_accepted]  # anchor + accepted drafts now have hidden states
+            if drafter is not None:
+                drafter.extend(kept, None if features is None else features[: len(kept)])
+            anchor = verdict.next_token
+            t2 = clock()
+            committed, reason = _commit(state, target, kept[1:] + [anchor], gen)
+            yield RoundEvent(
+                "round", tuple(block[1:]), verdict.n_accepted, anchor, tuple(committed), state.text,
+                t1 - t0, t2 - t1, reason,
+            )
+
+
+def generate_all(target: Target, prompt_ids: list[int], gen: GenerationConfig, drafter: Drafter | None = None):
+    """Run to completion; return (output token ids, list of events)."""
+    events = list(generate(target, prompt_ids, gen, drafter))
+    return [tok for ev in events for tok in ev.committed], events

@@ -1,0 +1,111 @@
+"""Verification math for speculative decoding, as pure functions.
+
+Shape letters: K = drafted block length, V = vocabulary size.
+
+The rule is Leviathan et al. (2023), paper §2: accept draft token y_k with probability
+min(1, p_target(y_k) / q_draft(y_k)); at the first rejection resample from the normalised
+residual max(0, p_target - q_draft); if every draft token is accepted, sample a bonus token from
+the target's next distribution. At T=0 this reduces to the longest prefix matching the argmax.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How a token is chosen from the target's logits; identical for plain and speculative runs."""
+
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+
+    def __post_init__(self):
+        if not (self.temperature >= 0.0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def target_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Turn target logits (..., V) into the distribution we sample from: temperature, top-k, top-p.
+
+    Greedy decoding returns the one-hot of the argmax, so the same verification code serves T=0.
+    """
+    logits = logits.float()
+    if sampling.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()  # (..., V)
+    logits = logits / sampling.temperature
+    if sampling.top_k and sampling.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)  # (..., V)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # (..., V)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs  # (..., V) mass strictly above each token
+        sorted_probs = sorted_probs.masked_fill(mass_before >= sampling.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """Draw one token id from a distribution (V,)."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def residual(p_target: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
+    """Normalised max(0, p - q) over (V,). Falls back to p when p == q exactly (rejection impossible)."""
+    diff = (p_target - q_draft).clamp_min(0.0)  # (V,)
+    total = diff.sum()
+    return diff / total if total > 0 else p_target
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of verifying one block: how many drafts survive and the token the target adds."""
+
+    n_accepted: int
+    next_token: int
+
+
+def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
+    """T=0: keep the longest prefix equal to the target's argmax. draft (K,), logits (K+1, V)."""
+    argmax = target_logits.argmax(-1)  # (K+1,)
+    k = draft_tokens.shape[0]
+    matches = (draft_tokens == argmax[:k]).long()  # (K,)
+    n_accepted = int(matches.cumprod(0).sum().item())
+    return Verdict(n_accepted, int(argmax[n_accepted].item()))
+
+
+def verify_sampled(
+    draft_tokens: torch.Tensor,
+    p_target: torch.Tensor,
+    q_draft: torch.Tensor | None,
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """T>0 rejection sampling. draft (K,), p_target (K+1, V), q_draft (K, V) or None.
+
+    None means a deterministic drafter: q is the one-hot of the drafted token, so acceptance
+    probability is p_target(y_k) and the residual is p_target with y_k removed.
+    """
+    k = draft_tokens.shape[0]
+    if q_draft is None:
+        q_draft = torch.nn.functional.one_hot(draft_tokens, p_target.shape[-1]).to(p_target)  # (K, V)
+    for slot in range(k):
+        token = int(draft_tokens[slot])
+        p_tok, q_tok = float(p_target[slot, token]), float(q_draft[slot, token])
+        u = float(torch.rand((), generator=generator))
+        # accept with probability min(1, p/q); q_tok > 0 because the token was drawn from q
+        if q_tok > 0 and u * q_tok < p_tok:
+            continue
+        return Verdict(slot, sample(residual(p_target[slot], q_draft[slot]), generator))
+    return Verdict(k, sample(p_target[k], generator))
