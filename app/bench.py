@@ -1,0 +1,170 @@
+"""Benchmark CLI: plain decoding against a drafter, prompt by prompt, alternating, same settings.
+
+python -m app.bench --prompts FILE.jsonl [--limit N] --drafter NAME [--steps 1|2] [--block-size K]
+    [--temperature T] [--max-new-tokens N] [--target ID] [--seed S] --out FILE.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from app.engine import GenerationConfig, RoundEvent, generate
+from app.registry import ENGINE_DRAFTERS, HF_BASELINES, build_drafter
+from app.sampling import SamplingConfig
+from app.target import Target, add_target_args, load_target, target_config_from_args
+
+
+def read_prompts(path: str, limit: int | None) -> list[str]:
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    prompts = [row["prompt"] for row in rows]
+    return prompts[:limit] if limit else prompts
+
+
+@dataclass
+class Run:
+    """One generation's output and cost, from the engine's events or from transformers' generate."""
+
+    tokens: list[int]
+    seconds: float
+    events: list[RoundEvent] = field(default_factory=list)
+
+
+def run_engine(target: Target, prompt_ids: list[int], gen: GenerationConfig, drafter) -> Run:
+    start = time.perf_counter()
+    events = list(generate(target, prompt_ids, gen, drafter))
+    seconds = time.perf_counter() - start
+    return Run([t for ev in events for t in ev.committed], seconds, events)
+
+
+def run_hf(target: Target, prompt_ids: list[int], gen: GenerationConfig, prompt_lookup: bool) -> Run:
+    """transformers' own generate (optionally with prompt-lookup assisted generation), same settings."""
+    s = gen.sampling
+    kwargs = dict(max_new_tokens=gen.max_new_tokens, do_sample=not s.greedy, eos_token_id=list(target.eos_token_ids))
+    if not s.greedy:
+        kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
+    if prompt_lookup:
+        kwargs.update(prompt_lookup_num_tokens=gen.block_size)
+    torch.manual_seed(gen.seed)
+    input_ids = torch.tensor([prompt_ids], device=target.device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
+    seconds = time.perf_counter() - start
+    tokens = out[0, len(prompt_ids):].tolist()
+    for i, tok in enumerate(tokens):
+        if tok in target.eos_token_ids:
+            tokens = tokens[:i]
+            break
+    return Run(tokens, seconds)
+
+
+def acceptance_stats(events: list[RoundEvent], block_size: int) -> tuple[int, int, list[int], list[int]]:
+    """(rounds, committed-per-round total, reached[k], accepted[k]) over drafting rounds."""
+    rounds = [ev for ev in events if ev.kind == "round" and ev.finish_reason != "cancelled"]
+    reached, accepted = [0] * block_size, [0] * block_size
+    for ev in rounds:
+        for slot in range(len(ev.drafted)):
+            reached[slot] += 1
+            if slot >= ev.n_accepted:
+                break
+            accepted[slot] += 1
+    return len(rounds), sum(ev.n_accepted + 1 for ev in rounds), reached, accepted
+
+
+def summarize(args, target: Target, base: list[Run], spec: list[Run]) -> dict:
+    rounds = committed = 0
+    reached, accepted = [0] * args.block_size, [0] * args.block_size
+    for run in spec:
+        r, c, re, ac = acceptance_stats(run.events, args.block_size)
+        rounds, committed = rounds + r, committed + c
+        reached = [a + b for a, b in zip(reached, re)]
+        accepted = [a + b for a, b in zip(accepted, ac)]
+    base_tokens, spec_tokens = sum(len(r.tokens) for r in base), sum(len(r.tokens) for r in spec)
+    base_tps = base_tokens / sum(r.seconds for r in base)
+    spec_tps = spec_tokens / sum(r.seconds for r in spec)
+    greedy = args.temperature == 0
+    return {
+        "target": target.name,
+        "drafter": args.drafter,
+        "steps": args.steps,
+        "block_size": args.block_size,
+        "temperature": args.temperature,
+        "prompts": len(spec),
+        "new_tokens": spec_tokens,
+        "baseline_tokens_per_s": base_tps,
+        "tokens_per_s": spec_tps,
+        "speedup": spec_tps / base_tps,
+        "acceptance_length": committed / rounds if rounds else None,
+        "per_slot_acceptance": [a / r if r else None for a, r in zip(accepted, reached)] if rounds else None,
+        "identical_to_baseline": all(b.tokens == s.tokens for b, s in zip(base, spec)) if greedy else None,
+        "per_prompt": [
+            {"baseline_tokens": len(b.tokens), "baseline_s": b.seconds, "tokens": len(s.tokens), "s": s.seconds,
+             "identical": b.tokens == s.tokens}
+            for b, s in zip(base, spec)
+        ],
+    }
+
+
+def make_runner(args, target: Target):
+    """Return run(prompt_ids, gen) for the chosen drafter; the baseline is always the engine with none."""
+    if args.drafter in HF_BASELINES:
+        lookup = args.drafter == "hf-prompt-lookup"
+        return lambda ids, gen: run_hf(target, ids, gen, lookup)
+    drafter = build_drafter(args.drafter, target, steps=args.steps, weights=args.weights)
+    return lambda ids, gen: run_engine(target, ids, gen, drafter)
+
+
+def bench(args) -> dict:
+    target = load_target(target_config_from_args(args))
+    prompts = read_prompts(args.prompts, args.limit)
+    run_drafter = make_runner(args, target)
+    sampling = SamplingConfig(args.temperature, args.top_p, args.top_k)
+    warm = target.chat_ids([{"role": "user", "content": "Hi"}])
+    run_engine(target, warm, GenerationConfig(max_new_tokens=8, block_size=args.block_size), None)  # warm-up
+    base, spec = [], []
+    for i, prompt in enumerate(tqdm(prompts, desc=f"bench {args.drafter}", unit="prompt")):
+        ids = target.chat_ids([{"role": "user", "content": prompt}])
+        gen = GenerationConfig(args.max_new_tokens, args.block_size, sampling, seed=args.seed + i)
+        if i % 2 == 0:  # alternate the order so drift on a noisy machine hits both sides alike
+            base.append(run_engine(target, ids, gen, None))
+            spec.append(run_drafter(ids, gen))
+        else:
+            spec.append(run_drafter(ids, gen))
+            base.append(run_engine(target, ids, gen, None))
+    return summarize(args, target, base, spec)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", required=True, help="JSONL with a `prompt` field per line")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--drafter", required=True, choices=ENGINE_DRAFTERS + HF_BASELINES)
+    parser.add_argument("--steps", type=int, default=1, choices=[1, 2])
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--weights", default=None, help="drafter checkpoint folder (default: weights/<target>/<drafter>)")
+    parser.add_argument("--out", required=True)
+    add_target_args(parser)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    result = bench(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "per_prompt"}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Drafters by name, as the CLI, the bench and the UI offer them."""
+from __future__ import annotations
+
+from app.drafting import Drafter, NgramDrafter
+from app.target import Target
+
+ENGINE_DRAFTERS = ("none", "ngram", "flashmap", "dflash")
+HF_BASELINES = ("hf-generate", "hf-prompt-lookup")  # transformers' own generate, for comparison only
+
+
+class DrafterUnavailable(RuntimeError):
+    """A drafter cannot be used with this target; the message says why (the app falls back to plain)."""
+
+
+def build_drafter(name: str, target: Target, steps: int = 1, weights: str | None = None) -> Drafter | None:
+    """Return a ready drafter, None for plain decoding, or raise DrafterUnavailable with the reason."""
+    if name == "none":
+        return None
+    if name == "ngram":
+        return NgramDrafter()
+    if name in ("flashmap", "dflash"):
+        try:
+            from drafter.runtime import load_engine_drafter
+        except ImportError as err:  # pragma: no cover - the drafter package ships with the app
+            raise DrafterUnavailable(f"drafter package missing: {err}") from err
+        return load_engine_drafter(name, target, steps=steps, weights=weights)
+    raise DrafterUnavailable(f"unknown drafter {name!r}; choose from {ENGINE_DRAFTERS + HF_BASELINES}")

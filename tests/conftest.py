@@ -1,0 +1,27 @@
+import pytest
+import torch
+
+from tests.tiny import make_target, tiny_llama, tiny_qwen3, QWEN3_TEMPLATE
+
+torch.set_num_threads(2)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: runs the embedded default target (SmolLM2-135M) on the CPU")
+
+
+@pytest.fixture(scope="session")
+def tiny_target():
+    return make_target(tiny_llama(vocab_size=64))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_target():
+    return make_target(tiny_qwen3(vocab_size=64), template=QWEN3_TEMPLATE, name="tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def embedded_target():
+    from app.target import TargetConfig, load_target
+
+    return load_target(TargetConfig())

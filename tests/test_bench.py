@@ -1,0 +1,46 @@
+import json
+
+import pytest
+
+from app import bench
+from app.engine import RoundEvent
+from tests.tiny import tiny_llama, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_llama().save_pretrained(folder)
+    tiny_tokenizer(64).save_pretrained(folder)
+    return folder
+
+
+def test_bench_contract(tiny_folder, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"w{10 + i} w11 w12 w10 w11"}) for i in range(3)))
+    out = tmp_path / "r.json"
+    bench.main(["--prompts", str(prompts), "--limit", "2", "--drafter", "ngram", "--block-size", "4",
+                "--max-new-tokens", "12", "--target", str(tiny_folder), "--out", str(out)])
+    result = json.loads(out.read_text())
+    keys = {"target", "drafter", "steps", "block_size", "temperature", "prompts", "new_tokens",
+            "baseline_tokens_per_s", "tokens_per_s", "speedup", "acceptance_length", "per_slot_acceptance",
+            "identical_to_baseline"}
+    assert keys <= result.keys()
+    assert result["prompts"] == 2 and result["identical_to_baseline"] is True
+    assert len(result["per_slot_acceptance"]) == 4 and 1.0 <= result["acceptance_length"] <= 5.0
+    bench.main(["--prompts", str(prompts), "--drafter", "hf-generate", "--max-new-tokens", "12",
+                "--target", str(tiny_folder), "--out", str(out)])
+    assert json.loads(out.read_text())["identical_to_baseline"] is True  # our plain loop == transformers greedy
+    bench.main(["--prompts", str(prompts), "--drafter", "none", "--temperature", "1", "--max-new-tokens", "8",
+                "--target", str(tiny_folder), "--out", str(out)])
+    assert json.loads(out.read_text())["identical_to_baseline"] is None
+
+
+def test_acceptance_stats_condition_on_earlier_slots():
+    def ev(drafted, n):
+        return RoundEvent("round", tuple(drafted), n, 0, (), "", 0.0, 0.0)
+
+    events = [ev([1, 2, 3], 3), ev([1, 2, 3], 1), ev([1, 2, 3], 0), RoundEvent("prefill", (), 0, 0, (), "", 0, 0)]
+    rounds, committed, reached, accepted = bench.acceptance_stats(events, 3)
+    assert (rounds, committed) == (3, 4 + 2 + 1)
+    assert reached == [3, 2, 1] and accepted == [2, 1, 1]

@@ -1,0 +1,196 @@
+import threading
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from app.drafting import Draft, NgramDrafter
+from app.engine import GenerationConfig, PromptError, generate, generate_all
+from app.sampling import SamplingConfig
+from tests.tiny import make_target, tiny_llama
+
+
+class NoisyOracle:
+    """Proposes the known greedy continuation with random corruptions: exercises every accept length."""
+
+    name = "oracle"
+    feature_layers = (1, 2)
+
+    def __init__(self, reference: list[int], corrupt: float, vocab: int, seed: int = 0):
+        self.reference, self.corrupt, self.vocab = reference, corrupt, vocab
+        self.rng = np.random.default_rng(seed)
+        self.committed: list[int] = []
+        self.features_seen = 0
+
+    def reset(self):
+        self.committed, self.features_seen = [], 0
+
+    def extend(self, token_ids, features):
+        assert features is not None and features.shape == (len(token_ids), 64)  # two layers of D = 32
+        self.committed += list(token_ids)
+        self.features_seen += len(token_ids)
+
+    def propose(self, anchor, block_size, sampling, generator):
+        start = len(self.committed) - self.prompt_len + 1  # output index after the anchor
+        block = list(self.reference[start : start + block_size])
+        block += [0] * (block_size - len(block))
+        for i in range(block_size):
+            if self.rng.random() < self.corrupt:
+                block[i] = int(self.rng.integers(self.vocab))
+        return Draft(torch.tensor(block), None)
+
+
+class SkewedSampler:
+    """A deliberately bad stochastic drafter: samples every slot from a fixed skewed q."""
+
+    name = "skewed"
+    feature_layers = ()
+
+    def __init__(self, q_row):
+        self.q_row = torch.tensor(q_row)
+
+    def reset(self):
+        pass
+
+    def extend(self, token_ids, features):
+        pass
+
+    def propose(self, anchor, block_size, sampling, generator):
+        q_draft = self.q_row.expand(block_size, -1)  # (K, V)
+        return Draft(torch.multinomial(q_draft, 1, generator=generator)[:, 0], q_draft)
+
+
+def prompts(n, vocab, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(4, vocab, size=int(rng.integers(1, 12))).tolist() for _ in range(n)]
+
+
+def test_greedy_speculative_equals_plain_for_many_prompts_and_all_k(tiny_target):
+    vocab = tiny_target.vocab_size
+    accept_lengths = set()
+    for i, prompt in enumerate(prompts(24, vocab)):
+        plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=40, block_size=1))
+        for k in (1 + i % 16, 16 - i % 16):
+            gen = GenerationConfig(max_new_tokens=40, block_size=k)
+            oracle = NoisyOracle(plain, corrupt=0.15, vocab=vocab, seed=i)
+            oracle.prompt_len = len(prompt)
+            out, events = generate_all(tiny_target, prompt, gen, oracle)
+            assert out == plain, (i, k)
+            assert oracle.features_seen == len(prompt) + len(out) - 1  # every committed position but the anchor
+            accept_lengths |= {ev.n_accepted for ev in events if ev.drafted}
+            out_ngram, _ = generate_all(tiny_target, prompt, gen, NgramDrafter())
+            assert out_ngram == plain, (i, k)
+    assert set(range(12)) <= accept_lengths  # rejections happened at every early slot
+
+
+def test_kv_cache_rolls_back_to_committed_length(tiny_target):
+    """After each round the cache holds exactly the committed tokens minus the anchor."""
+    seen = []
+    original = tiny_target.model.forward
+
+    def spy(*args, **kwargs):
+        cache = kwargs["past_key_values"]
+        seen.append((cache.get_seq_length(), kwargs["input_ids"].shape[1]))
+        return original(*args, **kwargs)
+
+    prompt = [5, 6, 7, 8]
+    plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=30))
+    oracle = NoisyOracle(plain, corrupt=0.3, vocab=tiny_target.vocab_size)
+    oracle.prompt_len = len(prompt)
+    tiny_target.model.forward = spy
+    try:
+        out, events = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=30, block_size=6), oracle)
+    finally:
+        del tiny_target.model.forward
+    assert out == plain
+    committed = len(prompt)
+    for (cache_len, fed), ev in zip(seen, events):
+        assert cache_len == (0 if ev.kind == "prefill" else committed - 1)
+        committed += 0 if ev.kind == "prefill" else ev.n_accepted + 1
+        if ev.kind == "prefill":
+            committed += 1
+
+
+def test_sampled_output_distribution_equals_target():
+    """Chi-square on the joint of output tokens 2-3 (drafted and verified) against exact target probs."""
+    model = tiny_llama(vocab_size=5, layers=1, seed=3, scale=8.0)
+    target = make_target(model)
+    prompt = [4, 3]
+    sampling = SamplingConfig(temperature=1.0)
+    with torch.no_grad():
+        def next_probs(ids):
+            return torch.softmax(model(torch.tensor([ids])).logits[0, -1].double(), -1)
+
+        p1 = next_probs(prompt)
+        exact = torch.zeros(5, 5, dtype=torch.float64)
+        for y1 in range(5):
+            p2 = next_probs(prompt + [y1])
+            for y2 in range(5):
+                exact[y2] += p1[y1] * p2[y2] * next_probs(prompt + [y1, y2])
+    exact = exact.flatten()  # (25,) joint of (y2, y3)
+    assert exact.max() < 0.5, "the tiny target must not be near-deterministic"
+    for drafter in (SkewedSampler([0.9, 0.025, 0.025, 0.025, 0.025]), NgramDrafter()):
+        counts = np.zeros(25)
+        n = 1500
+        for seed in range(n):
+            gen = GenerationConfig(max_new_tokens=3, block_size=2, sampling=sampling, seed=seed)
+            out, _ = generate_all(target, prompt, gen, drafter)
+            counts[out[1] * 5 + out[2]] += 1
+        keep = exact.numpy() * n >= 5
+        expected = exact.numpy()[keep] * n
+        observed = counts[keep]
+        expected *= observed.sum() / expected.sum()
+        assert chisquare(observed, expected).pvalue > 1e-3, drafter.name
+
+
+def test_eos_stops_and_is_not_emitted(tiny_target):
+    prompt = [9, 10, 11]
+    plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=20))
+    eos_target = make_target(tiny_target.model, eos=(plain[5],))
+    out, events = generate_all(eos_target, prompt, GenerationConfig(max_new_tokens=20), NgramDrafter())
+    assert out == plain[: plain.index(plain[5])]
+    assert events[-1].finish_reason == "eos"
+
+
+def test_max_new_tokens_and_stop_strings(tiny_target):
+    prompt = [12, 13]
+    out, events = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=7, block_size=16), NgramDrafter())
+    assert len(out) == 7 and events[-1].finish_reason == "length"
+    full_text = tiny_target.decode(out)
+    stop = tiny_target.decode(out[3:5])
+    gen = GenerationConfig(max_new_tokens=7, stop_strings=(stop,))
+    events = list(generate(tiny_target, prompt, gen))
+    assert events[-1].finish_reason == "stop"
+    assert events[-1].text == full_text[: full_text.find(stop)]
+
+
+def test_cancel_is_checked_every_round(tiny_target):
+    cancel = threading.Event()
+    events = []
+    for ev in generate(tiny_target, [5, 6], GenerationConfig(max_new_tokens=100), cancel=cancel):
+        events.append(ev)
+        if len(events) == 3:
+            cancel.set()
+    assert events[-1].finish_reason == "cancelled"
+    assert len(events) == 4
+
+
+def test_bad_prompts_and_settings(tiny_target):
+    with pytest.raises(PromptError, match="empty"):
+        list(generate(tiny_target, [], GenerationConfig()))
+    with pytest.raises(PromptError, match="context"):
+        list(generate(tiny_target, [5] * 500, GenerationConfig(max_new_tokens=64)))
+    for k in (0, 17):
+        with pytest.raises(ValueError, match="block size"):
+            GenerationConfig(block_size=k)
+    with pytest.raises(ValueError):
+        GenerationConfig(max_new_tokens=0)
+
+
+def test_ngram_drafter_copies_what_followed_the_latest_match():
+    drafter = NgramDrafter(max_ngram=2)
+    drafter.extend([1, 2, 3, 4, 1, 2, 5, 6, 7, 1], None)
+    draft = drafter.propose(2, 3, SamplingConfig(), torch.Generator())
+    assert draft.tokens.tolist() == [5, 6, 7] and draft.q_draft is None
+    assert drafter.propose(99, 3, SamplingConfig(), torch.Generator()).tokens.numel() == 0

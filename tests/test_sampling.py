@@ -1,0 +1,85 @@
+import pytest
+import torch
+
+from app.sampling import SamplingConfig, residual, target_probs, verify_greedy, verify_sampled
+
+INF = float("inf")
+
+
+def test_greedy_probs_are_one_hot_of_argmax():
+    logits = torch.tensor([[1.0, 5.0, -INF], [1e9, -1e9, 0.0]])
+    probs = target_probs(logits, SamplingConfig(0.0))
+    assert probs.tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]
+
+
+def test_top_k_one_and_tiny_top_p_reduce_to_argmax():
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    argmax = torch.nn.functional.one_hot(logits.argmax(-1), 50).float()
+    assert torch.equal(target_probs(logits, SamplingConfig(1.0, top_k=1)), argmax)
+    assert torch.equal(target_probs(logits, SamplingConfig(1.0, top_p=1e-6)), argmax)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = target_probs(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), SamplingConfig(1.0, top_p=0.8))
+    assert torch.allclose(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+
+
+def test_sampling_config_rejects_bad_values():
+    for bad in (dict(temperature=-1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-2)):
+        with pytest.raises(ValueError):
+            SamplingConfig(**bad)
+
+
+def test_verify_greedy_prefix_and_bonus():
+    logits = torch.full((4, 6), -INF)
+    for slot, tok in enumerate([2, 3, 4, 5]):
+        logits[slot, tok] = 0.0
+    assert verify_greedy(torch.tensor([2, 3, 4]), logits).__dict__ == {"n_accepted": 3, "next_token": 5}
+    assert verify_greedy(torch.tensor([2, 0, 4]), logits).__dict__ == {"n_accepted": 1, "next_token": 3}
+    assert verify_greedy(torch.tensor([1, 3, 4]), logits).__dict__ == {"n_accepted": 0, "next_token": 2}
+    assert verify_greedy(torch.tensor([], dtype=torch.long), logits[:1]).__dict__ == {"n_accepted": 0, "next_token": 2}
+
+
+def test_residual_removes_draft_mass():
+    p_target = torch.tensor([0.5, 0.5, 0.0])
+    assert residual(p_target, torch.tensor([1.0, 0.0, 0.0])).tolist() == [0.0, 1.0, 0.0]
+    assert residual(p_target, p_target).tolist() == p_target.tolist()  # p == q: never reached, stays valid
+
+
+def test_draft_equal_to_target_is_always_accepted():
+    gen = torch.Generator().manual_seed(0)
+    p_target = torch.softmax(torch.randn(5, 10, generator=gen), -1)
+    for _ in range(200):
+        draft = torch.multinomial(p_target[:4], 1, generator=gen)[:, 0]
+        assert verify_sampled(draft, p_target, p_target[:4], gen).n_accepted == 4
+
+
+def test_token_impossible_under_target_is_always_rejected_and_never_resampled():
+    gen = torch.Generator().manual_seed(1)
+    p_target = torch.tensor([[0.0, 0.7, 0.3], [0.2, 0.3, 0.5]])
+    q_draft = torch.tensor([[1.0, 0.0, 0.0]])
+    for _ in range(200):
+        verdict = verify_sampled(torch.tensor([0]), p_target, q_draft, gen)
+        assert verdict.n_accepted == 0 and verdict.next_token != 0
+    # deterministic drafter (q = None) on a token with p = 1 is always accepted
+    sure = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert verify_sampled(torch.tensor([1]), sure, None, gen).__dict__ == {"n_accepted": 1, "next_token": 0}
+
+
+@pytest.mark.parametrize("q_row", [[0.98, 0.01, 0.01], [0.0, 0.0, 1.0], None])
+def test_first_token_distribution_equals_target(q_row):
+    """Whatever the proposal, the committed first token is distributed as p_target (Leviathan et al.)."""
+    gen = torch.Generator().manual_seed(2)
+    p_target = torch.tensor([[0.2, 0.5, 0.3], [1 / 3, 1 / 3, 1 / 3]])
+    counts = torch.zeros(3)
+    n = 20000
+    for _ in range(n):
+        if q_row is None:  # deterministic drafter always proposing token 0
+            draft, q_draft = torch.tensor([0]), None
+        else:
+            q_draft = torch.tensor([q_row])
+            draft = torch.multinomial(q_draft, 1, generator=gen)[:, 0]
+        verdict = verify_sampled(draft, p_target, q_draft, gen)
+        first = int(draft[0]) if verdict.n_accepted else verdict.next_token
+        counts[first] += 1
+    assert torch.allclose(counts / n, p_target[0], atol=0.015)

@@ -1,0 +1,80 @@
+import pytest
+import torch
+
+from app import target as target_mod
+from app.engine import GenerationConfig, generate_all
+from app.target import TargetConfig, TargetLoadError, load_target
+from tests.tiny import QWEN3_TEMPLATE, tiny_qwen3, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-qwen3")
+    tiny_qwen3().save_pretrained(folder)
+    tiny_tokenizer(64, QWEN3_TEMPLATE).save_pretrained(folder)
+    return folder
+
+
+def test_local_folder_loads_with_dtype(tiny_folder):
+    target = load_target(TargetConfig(str(tiny_folder), dtype="bf16", device="cpu"))
+    assert target.model.dtype == torch.bfloat16 and target.device.type == "cpu"
+    assert target.identity["model_type"] == "qwen3" and target.identity["vocab_size"] == 64
+    out, _ = generate_all(target, [5, 6, 7], GenerationConfig(max_new_tokens=5))
+    assert len(out) <= 5
+
+
+def test_chat_template_passes_enable_thinking(tiny_folder):
+    target = load_target(TargetConfig(str(tiny_folder), device="cpu"))
+    assert target.supports_thinking()
+    msgs = [{"role": "user", "content": "w10 w11"}]
+    off, on = target.chat_ids(msgs, enable_thinking=False), target.chat_ids(msgs, enable_thinking=True)
+    assert target.tokenizer.convert_tokens_to_ids("nothink") in off and len(on) == len(off) - 1
+
+
+def test_missing_model_is_a_clear_offline_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(TargetLoadError, match="neither a local folder nor in the Hugging Face cache"):
+        load_target(TargetConfig("nobody/does-not-exist-7b"))
+
+
+def test_quantisation_needs_cuda_and_fp8_needs_ada(tiny_folder, monkeypatch):
+    with pytest.raises(TargetLoadError, match="needs a CUDA GPU"):
+        load_target(TargetConfig(str(tiny_folder), quant="8bit", device="cpu"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
+    with pytest.raises(TargetLoadError, match="compute capability >= 8.9"):
+        target_mod.check_quant_supported("fp8", torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+    target_mod.check_quant_supported("fp8", torch.device("cuda"))
+
+
+def test_weights_that_do_not_fit_are_refused_before_loading(tiny_folder, monkeypatch):
+    monkeypatch.setattr(target_mod, "free_memory_bytes", lambda device: 1000)
+    with pytest.raises(TargetLoadError, match="GiB on cpu but only"):
+        load_target(TargetConfig(str(tiny_folder), device="cpu"))
+
+
+def test_bad_flags_are_refused():
+    with pytest.raises(ValueError, match="--quant"):
+        TargetConfig(quant="int3")
+    with pytest.raises(ValueError, match="--dtype"):
+        TargetConfig(dtype="fp64")
+    if not torch.cuda.is_available():
+        with pytest.raises(TargetLoadError, match="no CUDA GPU"):
+            target_mod.pick_device("cuda")
+
+
+def test_weight_estimate_matches_qwen3_8b_facts():
+    from transformers import Qwen3Config
+
+    cfg = Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)
+    assert 16.0e9 < target_mod.estimate_weight_bytes(cfg, torch.bfloat16, "none") < 16.8e9
+    assert 8.5e9 < target_mod.estimate_weight_bytes(cfg, torch.bfloat16, "fp8") < 10.0e9
+
+
+@pytest.mark.slow
+def test_embedded_default_loads_offline_and_chats(embedded_target):
+    ids = embedded_target.chat_ids([{"role": "user", "content": "What is 2+2?"}])
+    out, events = generate_all(embedded_target, ids, GenerationConfig(max_new_tokens=24))
+    assert embedded_target.identity["vocab_size"] == 49152
+    assert "4" in events[-1].text

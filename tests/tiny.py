@@ -1,0 +1,61 @@
+"""Tiny random targets for fast CPU tests: a few layers, a small word-level vocabulary."""
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from app.target import Target
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+QWEN3_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% if enable_thinking is defined and not enable_thinking %}"
+    " nothink{% endif %}{% endif %}"
+)
+
+
+def tiny_tokenizer(vocab_size: int, template: str = CHAT_TEMPLATE) -> PreTrainedTokenizerFast:
+    """Word-level tokenizer: ids 0..3 are specials, the rest are words w4, w5, ... plus chat words."""
+    words = ["<unk>", "<eos>", "<pad>", "<bos>", "<system>", "<user>", "<assistant>", "nothink"]
+    words += [f"w{i}" for i in range(len(words), vocab_size)]
+    vocab = {w: i for i, w in enumerate(words[:vocab_size])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>", pad_token="<pad>")
+    fast.chat_template = template
+    return fast
+
+
+def tiny_llama(vocab_size: int = 64, layers: int = 2, seed: int = 0, scale: float = 1.0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=1,
+        bos_token_id=3, pad_token_id=2, tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)  # sharper logits make the T>0 tests informative
+    return model
+
+
+def tiny_qwen3(vocab_size: int = 64, layers: int = 4, seed: int = 0) -> Qwen3ForCausalLM:
+    """Real Qwen3 config fields, tiny sizes."""
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=1, bos_token_id=3,
+        pad_token_id=2, use_sliding_window=False,
+    )
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+def make_target(model, eos: tuple[int, ...] = (), template: str = CHAT_TEMPLATE, name: str = "tiny") -> Target:
+    tokenizer = tiny_tokenizer(model.config.vocab_size, template)
+    return Target(model, tokenizer, name, torch.device("cpu"), eos)
