@@ -15,14 +15,14 @@ import torch
 from tqdm import tqdm
 
 from app.engine import GenerationConfig, RoundEvent, generate
+from app.prompts import read_jsonl
 from app.registry import ENGINE_DRAFTERS, HF_BASELINES, build_drafter
 from app.sampling import SamplingConfig
 from app.target import Target, add_target_args, load_target, target_config_from_args
 
 
 def read_prompts(path: str, limit: int | None) -> list[str]:
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    prompts = [row["prompt"] for row in rows]
+    prompts = [row["prompt"] for row in read_jsonl(path)]
     return prompts[:limit] if limit else prompts
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from app.drafting import Drafter, NgramDrafter
 from app.target import Target
 
-ENGINE_DRAFTERS = ("none", "ngram", "flashmap", "dflash")
+ENGINE_DRAFTERS = ("none", "ngram", "flashmap", "dflash", "flashmap-teacher")
 HF_BASELINES = ("hf-generate", "hf-prompt-lookup")  # transformers' own generate, for comparison only
 
 
@@ -18,10 +18,12 @@ def build_drafter(name: str, target: Target, steps: int = 1, weights: str | None
         return None
     if name == "ngram":
         return NgramDrafter()
-    if name in ("flashmap", "dflash"):
+    if name in ("flashmap", "flashmap-teacher", "dflash"):
+        from drafter.checkpoint import CheckpointError
+        from drafter.runtime import load_engine_drafter
+
         try:
-            from drafter.runtime import load_engine_drafter
-        except ImportError as err:  # pragma: no cover - the drafter package ships with the app
-            raise DrafterUnavailable(f"drafter package missing: {err}") from err
-        return load_engine_drafter(name, target, steps=steps, weights=weights)
+            return load_engine_drafter(name, target, steps=steps, weights=weights)
+        except CheckpointError as err:
+            raise DrafterUnavailable(str(err)) from err
     raise DrafterUnavailable(f"unknown drafter {name!r}; choose from {ENGINE_DRAFTERS + HF_BASELINES}")

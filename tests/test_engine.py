@@ -3,12 +3,11 @@ import threading
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from app.drafting import Draft, NgramDrafter
 from app.engine import GenerationConfig, PromptError, generate, generate_all
 from app.sampling import SamplingConfig
-from tests.tiny import make_target, tiny_llama
+from tests.tiny import assert_sampled_distribution_exact, make_target, tiny_llama
 
 
 class NoisyOracle:
@@ -114,34 +113,9 @@ def test_kv_cache_rolls_back_to_committed_length(tiny_target):
 
 def test_sampled_output_distribution_equals_target():
     """Chi-square on the joint of output tokens 2-3 (drafted and verified) against exact target probs."""
-    model = tiny_llama(vocab_size=5, layers=1, seed=3, scale=8.0)
-    target = make_target(model)
-    prompt = [4, 3]
-    sampling = SamplingConfig(temperature=1.0)
-    with torch.no_grad():
-        def next_probs(ids):
-            return torch.softmax(model(torch.tensor([ids])).logits[0, -1].double(), -1)
-
-        p1 = next_probs(prompt)
-        exact = torch.zeros(5, 5, dtype=torch.float64)
-        for y1 in range(5):
-            p2 = next_probs(prompt + [y1])
-            for y2 in range(5):
-                exact[y2] += p1[y1] * p2[y2] * next_probs(prompt + [y1, y2])
-    exact = exact.flatten()  # (25,) joint of (y2, y3)
-    assert exact.max() < 0.5, "the tiny target must not be near-deterministic"
+    target = make_target(tiny_llama(vocab_size=5, layers=1, seed=3, scale=8.0))
     for drafter in (SkewedSampler([0.9, 0.025, 0.025, 0.025, 0.025]), NgramDrafter()):
-        counts = np.zeros(25)
-        n = 1500
-        for seed in range(n):
-            gen = GenerationConfig(max_new_tokens=3, block_size=2, sampling=sampling, seed=seed)
-            out, _ = generate_all(target, prompt, gen, drafter)
-            counts[out[1] * 5 + out[2]] += 1
-        keep = exact.numpy() * n >= 5
-        expected = exact.numpy()[keep] * n
-        observed = counts[keep]
-        expected *= observed.sum() / expected.sum()
-        assert chisquare(observed, expected).pvalue > 1e-3, drafter.name
+        assert_sampled_distribution_exact(target, drafter)
 
 
 def test_eos_stops_and_is_not_emitted(tiny_target):

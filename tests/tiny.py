@@ -1,6 +1,7 @@
 """Tiny random targets for fast CPU tests: a few layers, a small word-level vocabulary."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -59,3 +60,42 @@ def tiny_qwen3(vocab_size: int = 64, layers: int = 4, seed: int = 0) -> Qwen3For
 def make_target(model, eos: tuple[int, ...] = (), template: str = CHAT_TEMPLATE, name: str = "tiny") -> Target:
     tokenizer = tiny_tokenizer(model.config.vocab_size, template)
     return Target(model, tokenizer, name, torch.device("cpu"), eos)
+
+
+def exact_joint_23(target: Target, prompt: list[int]) -> torch.Tensor:
+    """Exact target probability (T=1) of output tokens 2 and 3, marginal over token 1. (V*V,)"""
+    model, v = target.model, target.vocab_size
+
+    def next_probs(ids):
+        return torch.softmax(model(torch.tensor([ids])).logits[0, -1].double(), -1)
+
+    with torch.no_grad():
+        p1 = next_probs(prompt)
+        joint = torch.zeros(v, v, dtype=torch.float64)
+        for y1 in range(v):
+            p2 = next_probs(prompt + [y1])
+            for y2 in range(v):
+                joint[y2] += p1[y1] * p2[y2] * next_probs(prompt + [y1, y2])
+    return joint.flatten()
+
+
+def assert_sampled_distribution_exact(target: Target, drafter, prompt=(4, 3), n: int = 1500) -> None:
+    """Chi-square: tokens 2-3 come from a drafted, verified round; they must follow the target."""
+    from scipy.stats import chisquare
+
+    from app.engine import GenerationConfig, generate_all
+    from app.sampling import SamplingConfig
+
+    v = target.vocab_size
+    exact = exact_joint_23(target, list(prompt)).numpy()
+    assert exact.max() < 0.5, "the tiny target must not be near-deterministic"
+    counts = np.zeros(v * v)
+    for seed in range(n):
+        gen = GenerationConfig(max_new_tokens=3, block_size=2, sampling=SamplingConfig(1.0), seed=seed)
+        out, _ = generate_all(target, list(prompt), gen, drafter)
+        counts[out[1] * v + out[2]] += 1
+    keep = exact * n >= 5
+    expected = exact[keep] * n
+    observed = counts[keep]
+    expected *= observed.sum() / expected.sum()
+    assert chisquare(observed, expected).pvalue > 1e-3, getattr(drafter, "name", drafter)

@@ -1,0 +1,1 @@
+"""The FlashMap drafter: config, network, flow math, training, data, and the engine adapter."""

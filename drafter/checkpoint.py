@@ -1,0 +1,61 @@
+"""Drafter checkpoints: a folder with model.safetensors and config.json (drafter config, the
+identity of the target it was trained for, the draft vocabulary, and how it was trained).
+
+Loading refuses, with the reason, a missing, corrupt or mismatched checkpoint. Only safetensors
+is read: nothing is unpickled.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from drafter.config import DrafterConfig
+
+FORMAT = "flashmap-chat-drafter/1"
+
+
+class CheckpointError(RuntimeError):
+    """A drafter checkpoint cannot be used; the message says why."""
+
+
+def save_checkpoint(folder, net, vocab_ids: torch.Tensor, target_identity: dict, training: dict) -> None:
+    """Trainable weights in bf16 (small repository), frozen E / LM head rows are re-read from the target."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in net.state_dict().items()}
+    state["vocab_ids"] = vocab_ids.to(torch.int64).contiguous()
+    save_file(state, str(folder / "model.safetensors"))
+    meta = {"format": FORMAT, "drafter": net.cfg.to_dict(), "target": target_identity, "training": training}
+    (folder / "config.json").write_text(json.dumps(meta, indent=2))
+
+
+def read_checkpoint(folder, target_identity: dict | None = None):
+    """Return (config, state dict, vocab_ids, meta) or raise CheckpointError."""
+    folder = Path(folder)
+    cfg_path, weights_path = folder / "config.json", folder / "model.safetensors"
+    if not cfg_path.is_file() or not weights_path.is_file():
+        raise CheckpointError(f"no drafter checkpoint at {folder} (need config.json and model.safetensors)")
+    try:
+        meta = json.loads(cfg_path.read_text())
+        cfg = DrafterConfig.from_dict(meta["drafter"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{cfg_path} is not a valid drafter config: {err}") from err
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{cfg_path}: unknown format {meta.get('format')!r}, expected {FORMAT}")
+    if target_identity is not None and meta.get("target") != target_identity:
+        raise CheckpointError(
+            f"drafter at {folder} was trained for target {meta.get('target')}, but the loaded target is "
+            f"{target_identity}"
+        )
+    try:
+        state = load_file(str(weights_path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{weights_path} is corrupt: {err}") from err
+    vocab_ids = state.pop("vocab_ids", None)
+    if vocab_ids is None or vocab_ids.shape != (cfg.draft_vocab,):
+        raise CheckpointError(f"{weights_path}: draft vocabulary missing or of the wrong size")
+    return cfg, {k: v.float() for k, v in state.items()}, vocab_ids, meta

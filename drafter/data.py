@@ -1,0 +1,198 @@
+"""Training data: target-written responses stored as token ids, and blocks with target features.
+
+Shape letters: S = sequences in a batch, T = tokens, F = feature width, B = blocks, K = block size,
+W = context window.
+
+Stage 1 (`generate`): the target answers each prompt (greedy, batched, resumable); every shard of
+`shard_size` prompts is written once as safetensors (flat int32 ids + offsets), so an interrupted
+run resumes at the first missing shard. Disk: about 4 bytes per token (1M tokens ~ 4 MB).
+Stage 2 (`blocks_from_sequences`): target hidden states at the drafter's layers are recomputed
+on the fly for a batch of sequences (one forward per batch, no disk cache), and many anchors are
+sampled per sequence, as DFlash does.
+
+python -m drafter.data generate --prompts FILE.jsonl [FILE ...] --out DIR [--limit N] [--max-new-tokens N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from app.prompts import read_jsonl
+from app.target import Target, add_target_args, load_target, target_config_from_args
+from drafter.losses import Blocks
+
+
+# ---- stage 1: responses --------------------------------------------------------------------
+
+def read_prompt_rows(paths: list[str], limit: int | None) -> list[dict]:
+    rows = []
+    for path in paths:
+        name = Path(path).name
+        if name.startswith("eval_"):
+            raise ValueError(f"{path}: eval prompts are never used for training")
+        file_rows = read_jsonl(path)
+        rows += file_rows[:limit] if limit else file_rows
+    return rows
+
+
+def generate_batch(target: Target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy responses for a batch of chat-formatted prompts (left padded), EOS excluded."""
+    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_token_ids[0]
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # (S, T)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
+    with torch.inference_mode():
+        out = target.model.generate(
+            ids.to(target.device), attention_mask=mask.to(target.device), max_new_tokens=max_new_tokens,
+            do_sample=False, eos_token_id=list(target.eos_token_ids), pad_token_id=pad,
+        )
+    responses = []
+    for row in out[:, width:].tolist():
+        cut = next((i for i, t in enumerate(row) if t in target.eos_token_ids), len(row))
+        responses.append(row[:cut])
+    return responses
+
+
+def write_shard(path: Path, prompts: list[list[int]], responses: list[list[int]]) -> None:
+    seqs = [p + r for p, r in zip(prompts, responses)]
+    lengths = torch.tensor([len(s) for s in seqs])
+    save_file({
+        "tokens": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
+        "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+        "prompt_lens": torch.tensor([len(p) for p in prompts], dtype=torch.int32),
+    }, str(path))
+
+
+def generate(args) -> None:
+    target = load_target(target_config_from_args(args))
+    rows = read_prompt_rows(args.prompts, args.limit)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "meta.json").write_text(json.dumps({"target": target.identity, "prompts": args.prompts,
+                                               "max_new_tokens": args.max_new_tokens}, indent=2))
+    shards = range(0, len(rows), args.shard_size)
+    for start in tqdm(shards, desc="shards", unit="shard"):
+        path = out / f"shard-{start // args.shard_size:05d}.safetensors"
+        if path.exists():
+            continue  # resume: this shard is complete
+        chunk = rows[start:start + args.shard_size]
+        prompts = [target.chat_ids([{"role": "user", "content": r["prompt"]}]) for r in chunk]
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch well
+        responses: list[list[int]] = [[] for _ in prompts]
+        for b in range(0, len(order), args.batch_size):
+            idx = order[b:b + args.batch_size]
+            for i, resp in zip(idx, generate_batch(target, [prompts[i] for i in idx], args.max_new_tokens)):
+                responses[i] = resp
+        tmp = path.with_suffix(".tmp")
+        write_shard(tmp, prompts, responses)
+        tmp.rename(path)
+
+
+# ---- loading sequences -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sequence:
+    tokens: list[int]
+    prompt_len: int
+
+
+def load_sequences(folder) -> list[Sequence]:
+    seqs = []
+    for path in sorted(Path(folder).glob("shard-*.safetensors")):
+        shard = load_file(str(path))
+        tokens, offsets = shard["tokens"].tolist(), shard["offsets"].tolist()
+        for i, plen in enumerate(shard["prompt_lens"].tolist()):
+            seqs.append(Sequence(tokens[offsets[i]:offsets[i + 1]], plen))
+    return seqs
+
+
+def draft_vocabulary(seqs: list[Sequence], size: int) -> torch.Tensor:
+    """The size-1 most frequent response tokens, after -1 for the "other" class. (V,) target ids."""
+    counts: dict[int, int] = {}
+    for seq in seqs:
+        for tok in seq.tokens[seq.prompt_len:]:
+            counts[tok] = counts.get(tok, 0) + 1
+    top = sorted(counts, key=lambda t: -counts[t])[: size - 1]
+    top += [-2 - i for i in range(size - 1 - len(top))]  # pad with never-seen placeholders
+    return torch.tensor([-1] + top, dtype=torch.long)
+
+
+def target_to_draft_map(vocab_ids: torch.Tensor, target_vocab: int) -> torch.Tensor:
+    """(V_t,) draft id per target id, 0 ("other") outside the draft vocabulary."""
+    mapping = torch.zeros(target_vocab, dtype=torch.long)
+    real = vocab_ids >= 0
+    mapping[vocab_ids[real]] = torch.arange(len(vocab_ids))[real]
+    return mapping
+
+
+# ---- stage 2: blocks with target features ---------------------------------------------------
+
+def target_features(target: Target, seqs: list[Sequence], layers: tuple[int, ...]) -> list[torch.Tensor]:
+    """Hidden states (T, F) at `layers` for each sequence, one right-padded batched forward."""
+    width = max(len(s.tokens) for s in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)  # (S, T)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s.tokens)], mask[i, : len(s.tokens)] = torch.tensor(s.tokens), 1
+    with torch.inference_mode():
+        out = target.model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                           output_hidden_states=True, logits_to_keep=1)
+    feats = torch.cat([out.hidden_states[i] for i in layers], dim=-1).float().cpu()  # (S, T, F)
+    return [feats[i, : len(s.tokens)] for i, s in enumerate(seqs)]
+
+
+def blocks_from_sequences(target: Target, seqs: list[Sequence], anchors_per_seq: int, block_size: int,
+                          window: int, layers: tuple[int, ...], to_draft: torch.Tensor,
+                          generator: torch.Generator) -> Blocks:
+    """Sample anchors a in each response (a >= prompt_len - 1): context = features of positions < a
+    (last `window`), anchor = token a, block = tokens a+1..a+K."""
+    feats = target_features(target, seqs, layers)
+    embed = target.model.get_input_embeddings().weight.detach()
+    rows = []
+    for seq, feat in zip(seqs, feats):
+        lo, hi = max(seq.prompt_len - 1, 1), len(seq.tokens) - 1  # need context and at least one target
+        if hi <= lo:
+            continue
+        for a in torch.randint(lo, hi, (anchors_per_seq,), generator=generator).tolist():
+            ctx = feat[max(0, a - window):a]  # (<=W, F)
+            block = seq.tokens[a + 1:a + 1 + block_size]
+            rows.append((ctx, seq.tokens[a], block))
+    b, f = len(rows), feats[0].shape[-1]
+    features = torch.zeros(b, window, f)
+    feature_mask = torch.zeros(b, window, dtype=torch.bool)
+    tokens = torch.zeros(b, block_size, dtype=torch.long)
+    valid = torch.zeros(b, block_size, dtype=torch.bool)
+    for i, (ctx, _anchor, block) in enumerate(rows):
+        features[i, window - len(ctx):], feature_mask[i, window - len(ctx):] = ctx, True
+        tokens[i, : len(block)] = to_draft[torch.tensor(block)]
+        valid[i, : len(block)] = True
+    anchors = torch.tensor([r[1] for r in rows])
+    return Blocks(features, feature_mask, anchors, embed[anchors.to(embed.device)].float().cpu(), tokens, valid)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    gen = sub.add_parser("generate", help="the target writes responses to training prompts")
+    gen.add_argument("--prompts", nargs="+", required=True)
+    gen.add_argument("--out", required=True)
+    gen.add_argument("--limit", type=int, default=None, help="first N prompts of each file")
+    gen.add_argument("--max-new-tokens", type=int, default=256)
+    gen.add_argument("--batch-size", type=int, default=16)
+    gen.add_argument("--shard-size", type=int, default=128)
+    add_target_args(gen)
+    args = parser.parse_args(argv)
+    if args.cmd == "generate":
+        generate(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Drafting a block from a trained network: flow-map jumps, teacher integration, DFlash-style.
+
+Shape letters: B = blocks, K = slots, V = draft vocabulary, D_t = target width.
+Each function returns the per-slot draft distribution (B, K, V) given the noise; the engine's q.
+"""
+from __future__ import annotations
+
+import torch
+
+from drafter.flow import flow_map_step, time_grid
+from drafter.network import DraftNet
+
+
+def noise_embedding_factor(net: DraftNet) -> torch.Tensor:
+    """L with L L^T = E^T E: x0 E ~ N(0, E^T E), so g L^T (g ~ N(0, I_{D_t})) draws x0 E without a
+    vocabulary-sized noise tensor (the first jump from s = 0 only reads x0 through x0 E)."""
+    embed = net.embed_matrix().detach().double()  # (V, D_t)
+    gram = embed.T @ embed  # (D_t, D_t)
+    eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+    return torch.linalg.cholesky(gram + 1e-6 * gram.diagonal().mean() * eye).float()
+
+
+def one_jump(net: DraftNet, ctx, mask, block: int, generator, factor: torch.Tensor) -> torch.Tensor:
+    b, dt = ctx.shape[0], net.cfg.target_hidden
+    x0_embed = torch.randn(b, block, dt, generator=generator).to(ctx.device) @ factor.T  # (B, K, D_t)
+    zeros, ones = torch.zeros(b, device=ctx.device), torch.ones(b, device=ctx.device)
+    return torch.softmax(net(net.noise_input(x0_embed, ones), zeros, ones, ctx, mask).float(), -1)
+
+
+def jumps(net: DraftNet, ctx, mask, block: int, steps: int, generator, diagonal: bool = False) -> torch.Tensor:
+    """Compose `steps` jumps on the grid t_n = tau^{-1}(n/N). With diagonal=True the network is used
+    as the teacher denoiser D_s (s = t), and each jump is an Euler step (eq. 3 rewritten as eq. 5)."""
+    b, v = ctx.shape[0], net.cfg.draft_vocab
+    grid = time_grid(steps, v).to(ctx.device)  # (N+1,)
+    x = torch.randn(b, block, v, generator=generator).to(ctx.device)  # (B, K, V) x0
+    for n in range(steps):
+        s, t = grid[n].expand(b), grid[n + 1].expand(b)
+        t_in = s if diagonal else t
+        delta = torch.softmax(net(net.state_input(x, s, t_in), s, t_in, ctx, mask).float(), -1)  # (B, K, V)
+        if n == steps - 1:
+            return delta
+        x = flow_map_step(x, delta, s, t)
+    raise ValueError("steps must be >= 1")
+
+
+def masked(net: DraftNet, ctx, mask, block: int) -> torch.Tensor:
+    b = ctx.shape[0]
+    zeros = torch.zeros(b, device=ctx.device)
+    return torch.softmax(net(net.masked_input(b)[:, :block], zeros, zeros, ctx, mask).float(), -1)
+
+
+def choose_tokens(probs: torch.Tensor, temperature: float, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Pick one token per slot from probs (K, V). Index 0 ("other") is never proposed: at T=0 the
+    block is cut at the first slot whose argmax is "other"; at T>0 slots sample from q with "other"
+    removed and renormalised, and that q is returned for exact rejection sampling."""
+    if temperature == 0:
+        tokens = probs.argmax(-1)  # (K,)
+        cut = int((tokens == 0).nonzero()[0, 0]) if (tokens == 0).any() else len(tokens)
+        return tokens[:cut], None
+    q_draft = probs.clamp_min(0).pow(1.0 / temperature)  # (K, V)
+    q_draft[:, 0] = 0.0
+    mass = q_draft.sum(-1, keepdim=True)  # (K, 1)
+    usable = (mass[:, 0] > 1e-12).long().cumprod(0).bool()  # (K,) stop where only "other" is left
+    q_draft = q_draft[usable] / mass[usable]
+    tokens = torch.multinomial(q_draft.cpu(), 1, generator=generator)[:, 0].to(probs.device)  # (K,)
+    return tokens, q_draft

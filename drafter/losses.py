@@ -1,0 +1,96 @@
+"""Training objectives for the three stages: flow teacher, flow-map distillation, DFlash-style.
+
+Shape letters: B = blocks, K = slots, V = draft vocabulary, C = context positions, D = drafter width.
+A batch is a `Blocks`: target context and the K clean tokens after each anchor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from drafter.flow import flow_map_step, interpolant, semigroup_weight, slot_weights, t_of_tau
+from drafter.network import DraftNet
+
+FULL_JUMP_FRACTION = 1 / 16  # §4 Distillation: 1/16 of the jumps are full (0, 1) jumps
+
+
+@dataclass
+class Blocks:
+    """Training blocks: raw target context (each network projects it itself) and the clean tokens."""
+
+    features: torch.Tensor  # (B, W, F) target features before each anchor, right-aligned
+    feature_mask: torch.Tensor  # (B, W) True where a context position exists
+    anchors: torch.Tensor  # (B,) anchor token ids (target vocabulary)
+    anchor_embed: torch.Tensor  # (B, D_t) the target's embedding of each anchor
+    tokens: torch.Tensor  # (B, K) draft-vocabulary ids of the clean block (0 = other)
+    valid: torch.Tensor  # (B, K) False past the end of the response
+
+    def context(self, net: DraftNet):
+        return net.context(self.features, self.feature_mask, self.anchors, self.anchor_embed)
+
+
+def weighted_ce(logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, kappa: float) -> torch.Tensor:
+    """Per-slot cross-entropy weighted by w_k (§3.1). target: ids (B, K) or soft probs (B, K, V)."""
+    logp = F.log_softmax(logits.float(), dim=-1)  # (B, K, V)
+    if target.dtype == torch.long:
+        nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, K)
+    else:
+        nll = -(target * logp).sum(-1)  # (B, K)
+    weights = slot_weights(logits.shape[1], kappa).to(logits.device) * valid.float()  # (B, K)
+    return (nll * weights).sum() / weights.sum().clamp_min(1e-8)
+
+
+def teacher_loss(net: DraftNet, batch: Blocks, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Flow teacher D_t: each block gets its own t (tau ~ U[0,1] mapped back) and noise (eqs. 2, 4)."""
+    b, k = batch.tokens.shape
+    v = net.cfg.draft_vocab
+    t = t_of_tau(torch.rand(b, generator=generator), v)  # (B,)
+    x0 = torch.randn(b, k, v, generator=generator)  # (B, K, V)
+    x_t = interpolant(x0, batch.tokens, t)  # (B, K, V)
+    logits = net(net.state_input(x_t, t, t), t, t, *batch.context(net))
+    return weighted_ce(logits, batch.tokens, batch.valid, net.cfg.kappa)
+
+
+def dflash_loss(net: DraftNet, batch: Blocks) -> torch.Tensor:
+    """DFlash-style baseline: a fully masked block denoised in one pass, per-slot weighted CE."""
+    b = batch.tokens.shape[0]
+    zeros = torch.zeros(b)
+    logits = net(net.masked_input(b), zeros, zeros, *batch.context(net))
+    return weighted_ce(logits, batch.tokens, batch.valid, net.cfg.kappa)
+
+
+def jump_times(b: int, vocab: int, generator=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(s, u, t) per block: half zero-length (s = u = t), the rest s < u < t drawn in tau-space,
+    of which FULL_JUMP_FRACTION are full jumps (0, 1) (§3.2, §4)."""
+    taus = torch.rand(b, 3, generator=generator).sort(dim=1).values  # (B, 3)
+    zero_len = torch.rand(b, generator=generator) < 0.5  # (B,)
+    full = ~zero_len & (torch.rand(b, generator=generator) < 2 * FULL_JUMP_FRACTION)
+    taus[zero_len] = taus[zero_len, :1].expand(-1, 3)
+    taus[full, 0], taus[full, 2] = 0.0, 1.0
+    s, u, t = (t_of_tau(taus[:, i], vocab) for i in range(3))
+    t = torch.where(taus[:, 2] >= 1.0, torch.ones_like(t), t)  # the full jump lands exactly on t = 1
+    return s, u, t
+
+
+def distill_loss(student: DraftNet, teacher: DraftNet, batch: Blocks, generator=None) -> torch.Tensor:
+    """Semigroup flow-map distillation (eq. 7). Zero-length jumps match the frozen teacher D_s(I_s);
+    longer jumps match sg(lambda delta_{s,u}(I_s) + (1 - lambda) delta_{u,t}(X_{s,u}(I_s)))."""
+    b, k = batch.tokens.shape
+    v = student.cfg.draft_vocab
+    s, u, t = jump_times(b, v, generator)
+    x0 = torch.randn(b, k, v, generator=generator)  # (B, K, V)
+    x_s = interpolant(x0, batch.tokens, s)  # (B, K, V)
+    ctx, mask = batch.context(student)
+    with torch.no_grad():
+        on_diag = (s == t).view(-1, 1, 1)  # (B, 1, 1)
+        t_ctx, t_mask = batch.context(teacher)
+        d_teacher = torch.softmax(teacher(teacher.state_input(x_s, s, s), s, s, t_ctx, t_mask).float(), -1)
+        d_su = torch.softmax(student(student.state_input(x_s, s, u), s, u, ctx, mask).float(), -1)
+        x_u = flow_map_step(x_s, d_su, s, u)  # (B, K, V) the student's first jump
+        d_ut = torch.softmax(student(student.state_input(x_u, u, t), u, t, ctx, mask).float(), -1)
+        lam = semigroup_weight(s, u, t).view(-1, 1, 1).clamp(0.0, 1.0)
+        target = torch.where(on_diag, d_teacher, lam * d_su + (1 - lam) * d_ut)  # (B, K, V)
+    logits = student(student.state_input(x_s, s, t), s, t, ctx, mask)
+    return weighted_ce(logits, target, batch.valid, student.cfg.kappa)

@@ -1,0 +1,144 @@
+"""The drafter network: a conditional DiT over the K slots of a block (paper §3.1).
+
+Shape letters: B = batch of blocks, K = slots, C = context positions (window + anchor),
+F = concatenated target features (len(feature_layers) * D_t), D_t = target width,
+D = drafter width, V = draft vocabulary, H = heads.
+
+Each block: bidirectional self-attention among slots (QK-norm), cross-attention to the context,
+and a GELU MLP, each modulated by adaLN-Zero on the time pair (s, t). The state enters through the
+target's frozen embedding rows E (V, D_t) and leaves through its frozen LM head rows W (V, D_t).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from drafter.config import DrafterConfig
+from drafter.flow import posterior
+
+
+def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal features of t in [0, 1]. t (B,) -> (B, dim)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(1000.0) * torch.arange(half, device=t.device) / half)  # (dim/2,)
+    angles = 1000.0 * t.float()[:, None] * freqs[None]  # (B, dim/2): t scaled like a diffusion step index
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale[:, None]) + shift[:, None]
+
+
+class Attention(nn.Module):
+    """Multi-head attention with QK-norm; self-attention when context is None."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+        self.q_norm, self.k_norm = nn.RMSNorm(dim // heads), nn.RMSNorm(dim // heads)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+        src = x if context is None else context
+        b, n, d = x.shape
+        split = lambda y: y.view(b, y.shape[1], self.heads, d // self.heads).transpose(1, 2)  # (B, H, N, D/H)
+        q, k, v = self.q_norm(split(self.q(x))), self.k_norm(split(self.k(src))), split(self.v(src))
+        attn_mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, C) True = attend
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, H, K, D/H)
+        return self.o(out.transpose(1, 2).reshape(b, n, d))  # (B, K, D)
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, mlp_ratio: int):
+        super().__init__()
+        self.norms = nn.ModuleList(nn.LayerNorm(dim, elementwise_affine=False) for _ in range(3))
+        self.self_attn, self.cross_attn = Attention(dim, heads), Attention(dim, heads)
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim))
+        self.ada = nn.Linear(dim, 9 * dim)  # shift, scale, gate for each of the three sub-layers
+        nn.init.zeros_(self.ada.weight)  # adaLN-Zero: every block starts as the identity
+        nn.init.zeros_(self.ada.bias)
+
+    def forward(self, x, cond, context, context_mask):
+        mods = self.ada(F.silu(cond)).chunk(9, dim=-1)  # 9 x (B, D)
+        h = modulate(self.norms[0](x), mods[0], mods[1])
+        x = x + mods[2][:, None] * self.self_attn(h)
+        h = modulate(self.norms[1](x), mods[3], mods[4])
+        x = x + mods[5][:, None] * self.cross_attn(h, context, context_mask)
+        h = modulate(self.norms[2](x), mods[6], mods[7])
+        return x + mods[8][:, None] * self.mlp(h)
+
+
+class DraftNet(nn.Module):
+    """Maps slot inputs (B, K, D_t), times (s, t) and target context to per-slot logits (B, K, V)."""
+
+    def __init__(self, cfg: DrafterConfig, embed_rows: torch.Tensor, head_rows: torch.Tensor):
+        super().__init__()
+        self.cfg = cfg
+        d, dt = cfg.d_model, cfg.target_hidden
+        # frozen copies of the target's E and LM head rows for the draft vocabulary (V, D_t); row 0 is
+        # the "other" class (every token outside the draft vocabulary) and is learned instead
+        self.register_buffer("embed_rows", embed_rows.float(), persistent=False)
+        self.register_buffer("head_rows", head_rows.float(), persistent=False)
+        self.other_embed = nn.Parameter(embed_rows.float().mean(0).clone())
+        self.other_head = nn.Parameter(torch.zeros(dt))
+        self.state_norm, self.raw_norm = nn.RMSNorm(dt), nn.RMSNorm(dt)  # App. A: each path normalised
+        self.mask_embed = nn.Parameter(torch.zeros(dt))  # DFlash-style input of a masked slot
+        self.slot_in = nn.Linear(dt, d)
+        self.slot_pos = nn.Parameter(torch.randn(cfg.block_size, d) * 0.02)
+        self.ctx_in = nn.Sequential(nn.Linear(len(cfg.feature_layers) * dt, d), nn.RMSNorm(d))
+        self.anchor_in = nn.Sequential(nn.Linear(dt, d), nn.RMSNorm(d))
+        self.ctx_pos = nn.Parameter(torch.randn(cfg.context_window + 1, d) * 0.02)  # by distance to anchor
+        self.time_mlp = nn.Sequential(nn.Linear(2 * d, d), nn.SiLU(), nn.Linear(d, d))
+        self.blocks = nn.ModuleList(DiTBlock(d, cfg.n_heads, cfg.mlp_ratio) for _ in range(cfg.n_layers))
+        self.out_norm = nn.LayerNorm(d, elementwise_affine=False)
+        self.out_ada = nn.Linear(d, 2 * d)
+        nn.init.zeros_(self.out_ada.weight)
+        nn.init.zeros_(self.out_ada.bias)
+        self.out = nn.Linear(d, dt)
+
+    def state_input(self, x: torch.Tensor, s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """h = RMSNorm(pi_s(x) E) + (t - s) RMSNorm(x E) (App. A, eq. 9). x (B, K, V) -> (B, K, D_t).
+
+        The (t - s) factor multiplies the normalised raw path, so the student equals the teacher's
+        posterior-only input on the diagonal s = t (the paper normalises each term; we scale after).
+        """
+        embed = self.embed_matrix()  # (V, D_t)
+        h = self.state_norm(posterior(x, s) @ embed)  # (B, K, D_t)
+        return h + (t - s).view(-1, 1, 1) * self.raw_norm(x @ embed)
+
+    def noise_input(self, x0_embed: torch.Tensor, s_is_zero_t: torch.Tensor) -> torch.Tensor:
+        """First jump from s = 0 given only x0 E (B, K, D_t): pi_0 is uniform, so pi_0 E = mean(E)."""
+        uniform = self.embed_matrix().mean(0).expand_as(x0_embed)  # (B, K, D_t)
+        return self.state_norm(uniform) + s_is_zero_t.view(-1, 1, 1) * self.raw_norm(x0_embed)
+
+    def masked_input(self, batch: int) -> torch.Tensor:
+        return self.mask_embed.expand(batch, self.cfg.block_size, -1)  # (B, K, D_t)
+
+    def context(self, features: torch.Tensor, mask: torch.Tensor, anchor: torch.Tensor, anchor_embed: torch.Tensor):
+        """features (B, W, F) right-aligned before the anchor, mask (B, W) -> context (B, W+1, D), mask (B, W+1)."""
+        ctx = self.ctx_in(features)  # (B, W, D)
+        anchor_tok = self.anchor_in(anchor_embed)[:, None]  # (B, 1, D)
+        ctx = torch.cat([ctx, anchor_tok], dim=1) + self.ctx_pos[-ctx.shape[1] - 1 :]  # (B, W+1, D)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, W+1)
+        return ctx, mask
+
+    def forward(self, slot_input, s, t, context, context_mask) -> torch.Tensor:
+        """slot_input (B, K, D_t), s, t (B,), context (B, C, D), mask (B, C) -> logits (B, K, V)."""
+        d = self.cfg.d_model
+        k = slot_input.shape[1]
+        x = self.slot_in(slot_input) + self.slot_pos[:k]  # (B, K, D)
+        cond = self.time_mlp(torch.cat([time_embedding(s, d), time_embedding(t, d)], dim=-1))  # (B, D)
+        for block in self.blocks:
+            x = block(x, cond, context, context_mask)
+        shift, scale = self.out_ada(F.silu(cond)).chunk(2, dim=-1)
+        x = self.out(modulate(self.out_norm(x), shift, scale))  # (B, K, D_t)
+        return x @ self.head_matrix().T  # (B, K, V)
+
+    def embed_matrix(self) -> torch.Tensor:
+        return torch.cat([self.other_embed[None], self.embed_rows[1:]])  # (V, D_t)
+
+    def head_matrix(self) -> torch.Tensor:
+        return torch.cat([self.other_head[None], self.head_rows[1:]])  # (V, D_t)

@@ -1,0 +1,123 @@
+"""The FlashMap and DFlash-style drafters as the engine sees them (app.drafting.Drafter).
+
+Shape letters: N = newly committed positions, W = context window, F = feature width,
+K = block size, V = draft vocabulary, V_t = target vocabulary, D_t = target width.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from app.drafting import Draft
+from app.sampling import SamplingConfig
+from drafter import drafting
+from drafter.checkpoint import CheckpointError, read_checkpoint
+from drafter.config import DrafterConfig
+from drafter.network import DraftNet
+
+WEIGHTS_ROOT = Path(__file__).resolve().parent.parent / "weights"
+MODES = ("flowmap", "teacher", "dflash")
+
+
+def default_weights(target_name: str, folder: str) -> Path:
+    """weights/<target>/<folder>, with the target name made filesystem-safe."""
+    return WEIGHTS_ROOT / re.sub(r"[^A-Za-z0-9._-]+", "--", target_name) / folder
+
+
+def frozen_rows(target, vocab_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's embedding and LM-head rows for the draft vocabulary (V, D_t); id -1 ("other") -> 0."""
+    ids = vocab_ids.clamp_min(0).to(target.device)
+    embed = target.model.get_input_embeddings().weight.detach()[ids].float().cpu()
+    head = target.model.get_output_embeddings().weight.detach()[ids].float().cpu()
+    return embed, head
+
+
+def build_net(cfg: DrafterConfig, target, vocab_ids: torch.Tensor) -> DraftNet:
+    embed, head = frozen_rows(target, vocab_ids)
+    return DraftNet(cfg, embed, head)
+
+
+def load_net(folder, target) -> tuple[DraftNet, torch.Tensor, dict]:
+    """Load a checkpoint for this target, or raise CheckpointError saying why not."""
+    cfg, state, vocab_ids, meta = read_checkpoint(folder, target.identity)
+    net = build_net(cfg, target, vocab_ids)
+    missing, unexpected = net.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"{folder}: weights do not match the config (missing {missing}, unexpected {unexpected})")
+    return net.eval(), vocab_ids, meta
+
+
+class FlowDrafter:
+    """Proposes a block from the target's context features and the anchor token.
+
+    mode: flowmap (distilled two-time denoiser, 1 or 2 jumps), teacher (N Euler steps of the flow
+    teacher, for analysis) or dflash (one pass over a fully masked block).
+    """
+
+    def __init__(self, net: DraftNet, vocab_ids: torch.Tensor, target, mode: str, steps: int = 1):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        self.net, self.mode, self.steps = net, mode, steps
+        self.name = mode if mode != "flowmap" else f"flashmap-{steps}step"
+        self.feature_layers = net.cfg.feature_layers
+        self.vocab_ids = vocab_ids  # (V,) target id per draft id, -1 for "other"
+        self.target_vocab = target.vocab_size
+        self.input_embeddings = target.model.get_input_embeddings().weight.detach()  # (V_t, D_t)
+        self.factor = drafting.noise_embedding_factor(net) if mode == "flowmap" else None
+        self.features: list[torch.Tensor] = []
+        self.shared_noise = True  # False: per-slot independent noise (the shuffle test, §6.2)
+
+    def reset(self) -> None:
+        self.features = []
+
+    def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
+        self.features.append(features.float().cpu())  # (N, F)
+        window = torch.cat(self.features)[-self.net.cfg.context_window :]  # (<=W, F)
+        self.features = [window]
+
+    def context(self, anchor: int):
+        feats = self.features[0][None]  # (1, W, F)
+        anchor_embed = self.input_embeddings[anchor].float().cpu()[None]  # (1, D_t)
+        mask = torch.ones(feats.shape[:2], dtype=torch.bool)  # (1, W)
+        return self.net.context(feats, mask, torch.tensor([anchor]), anchor_embed)
+
+    def block_probs(self, anchor: int, block: int, generator) -> torch.Tensor:
+        """Per-slot draft distribution (K, V) given one noise draw shared by the block, or, for the
+        shuffle test (§6.2), slot k taken from the k-th of K independent draws (same marginals,
+        no dependence between slots)."""
+        ctx, mask = self.context(anchor)
+        if not self.shared_noise:
+            ctx, mask = ctx.expand(block, -1, -1), mask.expand(block, -1)  # (K, C, D): K independent draws
+            return self._probs(ctx, mask, block, generator).diagonal(dim1=0, dim2=1).T  # (K, V)
+        return self._probs(ctx, mask, block, generator)[0]
+
+    def _probs(self, ctx, mask, block: int, generator) -> torch.Tensor:
+        if self.mode == "dflash":
+            return drafting.masked(self.net, ctx, mask, block)
+        if self.mode == "flowmap" and self.steps == 1:
+            return drafting.one_jump(self.net, ctx, mask, block, generator, self.factor)
+        return drafting.jumps(self.net, ctx, mask, block, self.steps, generator, diagonal=self.mode == "teacher")
+
+    @torch.inference_mode()
+    def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
+        probs = self.block_probs(anchor, block_size, generator)  # (K, V)
+        tokens, q_small = drafting.choose_tokens(probs, sampling.temperature, generator)
+        target_tokens = self.vocab_ids[tokens]  # (K',) target ids
+        if q_small is None:
+            return Draft(target_tokens, None)
+        q_draft = torch.zeros(len(tokens), self.target_vocab)  # (K', V_t): q = 0 outside the draft vocabulary
+        q_draft[:, self.vocab_ids[1:]] = q_small[:, 1:]
+        return Draft(target_tokens, q_draft)
+
+
+def load_engine_drafter(name: str, target, steps: int = 1, weights: str | None = None) -> FlowDrafter:
+    """name: flashmap | flashmap-teacher | dflash. Raises CheckpointError with the reason."""
+    folder = {"flashmap": "flashmap", "flashmap-teacher": "flashmap-teacher", "dflash": "dflash"}[name]
+    path = Path(weights) if weights else default_weights(target.identity["name"], folder)
+    net, vocab_ids, _meta = load_net(path, target)
+    mode = {"flashmap": "flowmap", "flashmap-teacher": "teacher", "dflash": "dflash"}[name]
+    if mode == "flowmap" and net.cfg.kind != "flashmap" or mode == "dflash" and net.cfg.kind != "dflash":
+        raise CheckpointError(f"{path} holds a {net.cfg.kind} drafter, not {name}")
+    return FlowDrafter(net, vocab_ids, target, mode, steps=steps)

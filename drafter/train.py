@@ -1,0 +1,192 @@
+"""Train a drafter: the FlashMap flow teacher, the distilled flow map, or the DFlash-style baseline.
+
+python -m drafter.train --stage teacher --data DIR --out weights/<target>/flashmap-teacher [--steps N]
+python -m drafter.train --stage distill --init weights/<target>/flashmap-teacher --data DIR --out weights/<target>/flashmap
+python -m drafter.train --stage dflash  --data DIR --out weights/<target>/dflash
+
+Every `--save-every` steps the folder gets model.safetensors + config.json (drafter config, target
+identity, training record) and train_state.safetensors (optimizer moments, step); rerunning the same
+command resumes from it. Optimiser (§4): AdamW (0.9, 0.95), clip 1.0; teacher and DFlash-style: weight
+decay 0.1, warmup + cosine; distillation: no weight decay, warmup-stable-decay (20% decay).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from app.target import add_target_args, load_target, target_config_from_args
+from drafter.checkpoint import save_checkpoint
+from drafter.config import DrafterConfig, spread_layers
+from drafter.data import blocks_from_sequences, draft_vocabulary, load_sequences, target_to_draft_map
+from drafter.losses import dflash_loss, distill_loss, teacher_loss
+from drafter.runtime import build_net, load_net
+
+STAGES = ("teacher", "distill", "dflash")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    stage: str
+    data: str
+    out: str
+    init: str | None = None  # distill: the teacher checkpoint
+    steps: int = 2000
+    batch_seqs: int = 8  # sequences per step (one target forward)
+    anchors_per_seq: int = 16  # blocks per sequence
+    lr: float = 6e-4
+    warmup_frac: float = 0.04
+    decay_frac: float = 0.2  # WSD only
+    weight_decay: float = 0.1
+    save_every: int = 100
+    seed: int = 0
+    threads: int = 0  # 0: torch default
+
+    def __post_init__(self):
+        if self.stage not in STAGES:
+            raise ValueError(f"--stage must be one of {STAGES}")
+        if self.stage == "distill" and not self.init:
+            raise ValueError("--stage distill needs --init <teacher checkpoint>")
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Warmup then cosine (teacher, dflash) or warmup-stable-decay (distill), as in §4."""
+    warm = max(1, int(cfg.warmup_frac * cfg.steps))
+    if step < warm:
+        return (step + 1) / warm
+    if cfg.stage == "distill":
+        decay_start = int((1 - cfg.decay_frac) * cfg.steps)
+        return 1.0 if step < decay_start else max(0.0, (cfg.steps - step) / max(1, cfg.steps - decay_start))
+    progress = (step - warm) / max(1, cfg.steps - warm)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def save_train_state(path: Path, opt: torch.optim.Optimizer, step: int) -> None:
+    """Optimizer moments as safetensors (never pickled): exp_avg.i, exp_avg_sq.i, step.i per param."""
+    tensors = {"global_step": torch.tensor(step)}
+    for i, state in opt.state_dict()["state"].items():
+        for key, value in state.items():
+            tensors[f"{key}.{i}"] = torch.as_tensor(value).clone()
+    save_file(tensors, str(path))
+
+
+def load_train_state(path: Path, opt: torch.optim.Optimizer) -> int:
+    tensors = load_file(str(path))
+    state = opt.state_dict()
+    for name, value in tensors.items():
+        if name == "global_step":
+            continue
+        key, i = name.rsplit(".", 1)
+        state["state"].setdefault(int(i), {})[key] = value
+    opt.load_state_dict(state)
+    return int(tensors["global_step"])
+
+
+def build_student(cfg: TrainConfig, args, target, seqs):
+    """Returns (net, teacher or None, vocab_ids)."""
+    if cfg.stage == "distill":
+        teacher, vocab_ids, _ = load_net(cfg.init, target)
+        teacher.requires_grad_(False)
+        return copy.deepcopy(teacher).train().requires_grad_(True), teacher, vocab_ids
+    dcfg = DrafterConfig(
+        kind="dflash" if cfg.stage == "dflash" else "flashmap", block_size=args.block_size, d_model=args.d_model,
+        n_layers=args.n_layers, n_heads=args.n_heads, feature_layers=spread_layers(
+            target.model.config.num_hidden_layers, args.n_feature_layers),
+        target_hidden=target.model.config.hidden_size, draft_vocab=args.draft_vocab,
+        context_window=args.context_window,
+    )
+    vocab_ids = draft_vocabulary(seqs, dcfg.draft_vocab)
+    return build_net(dcfg, target, vocab_ids).train(), None, vocab_ids
+
+
+def loss_for(cfg: TrainConfig, net, teacher, blocks, gen):
+    if cfg.stage == "teacher":
+        return teacher_loss(net, blocks, gen)
+    if cfg.stage == "dflash":
+        return dflash_loss(net, blocks)
+    return distill_loss(net, teacher, blocks, gen)
+
+
+def train(cfg: TrainConfig, args) -> Path:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    target = load_target(target_config_from_args(args))
+    seqs = [s for s in load_sequences(cfg.data) if len(s.tokens) - s.prompt_len >= 2]
+    if not seqs:
+        raise SystemExit(f"no training sequences in {cfg.data}; run python -m drafter.data generate first")
+    out = Path(cfg.out)
+    net, teacher, vocab_ids = build_student(cfg, args, target, seqs)
+    if (out / "config.json").exists():  # resume: weights (and vocabulary) from the last save
+        net, vocab_ids, _ = load_net(out, target)
+        net.train()
+    to_draft = target_to_draft_map(vocab_ids, target.vocab_size)
+    decay = 0.0 if cfg.stage == "distill" else cfg.weight_decay
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=decay, foreach=True)
+    state_path = out / "train_state.safetensors"
+    start = load_train_state(state_path, opt) if state_path.exists() else 0
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, cfg), last_epoch=start - 1)
+    gen = torch.Generator().manual_seed(cfg.seed + start)  # a resumed run draws fresh batches
+    training = {"train_config": asdict(cfg), "data": cfg.data, "sequences": len(seqs)}
+    progress = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.stage}")
+    began, running = time.time(), None
+    for step in progress:
+        idx = torch.randint(len(seqs), (cfg.batch_seqs,), generator=gen).tolist()
+        blocks = blocks_from_sequences(target, [seqs[i] for i in idx], cfg.anchors_per_seq, net.cfg.block_size,
+                                       net.cfg.context_window, net.cfg.feature_layers, to_draft, gen)
+        loss = loss_for(cfg, net, teacher, blocks, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
+        progress.set_postfix(loss=f"{running:.3f}", lr=f"{sched.get_last_lr()[0]:.2e}")
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            record = dict(training, step=step + 1, loss_ema=running,
+                          seconds_this_run=round(time.time() - began, 1))
+            save_checkpoint(out, net, vocab_ids, target.identity, record)
+            save_train_state(state_path, opt, step + 1)
+    return out
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stage", required=True, choices=STAGES)
+    parser.add_argument("--data", required=True, help="folder written by python -m drafter.data generate")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--init", default=None)
+    for field, default in [("steps", 2000), ("batch-seqs", 8), ("anchors-per-seq", 16), ("save-every", 100),
+                           ("seed", 0), ("threads", 0)]:
+        parser.add_argument(f"--{field}", type=int, default=default)
+    for field, default in [("lr", None), ("warmup-frac", 0.04), ("decay-frac", 0.2), ("weight-decay", 0.1)]:
+        parser.add_argument(f"--{field}", type=float, default=default)
+    # network shape (new teacher / dflash only; distill copies the teacher's)
+    for field, default in [("block-size", 16), ("d-model", 256), ("n-layers", 4), ("n-heads", 4),
+                           ("n-feature-layers", 4), ("draft-vocab", 4096), ("context-window", 128)]:
+        parser.add_argument(f"--{field}", type=int, default=default)
+    add_target_args(parser)
+    return parser.parse_args(argv)
+
+
+def config_from_args(args) -> TrainConfig:
+    lr = args.lr if args.lr is not None else (5e-5 if args.stage == "distill" else 6e-4)
+    return TrainConfig(args.stage, args.data, args.out, args.init, args.steps, args.batch_seqs,
+                       args.anchors_per_seq, lr, args.warmup_frac, args.decay_frac, args.weight_decay,
+                       args.save_every, args.seed, args.threads)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    print(f"saved {train(config_from_args(args), args)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+import copy
+import json
+
+import pytest
+import torch
+
+from app.engine import GenerationConfig, generate_all
+from app.registry import DrafterUnavailable, build_drafter
+from drafter.checkpoint import CheckpointError, save_checkpoint
+from drafter.config import DrafterConfig
+from drafter.data import Sequence, blocks_from_sequences, draft_vocabulary, target_to_draft_map
+from drafter.losses import dflash_loss, distill_loss, teacher_loss
+from drafter.runtime import FlowDrafter, build_net, load_engine_drafter, load_net
+from tests.tiny import assert_sampled_distribution_exact, make_target, tiny_llama
+
+
+def tiny_cfg(kind="flashmap", vocab=16, hidden=32):
+    return DrafterConfig(kind=kind, block_size=4, d_model=32, n_layers=2, n_heads=2, mlp_ratio=2,
+                         feature_layers=(1, 2), target_hidden=hidden, draft_vocab=vocab, context_window=8)
+
+
+def tiny_seqs(n=6, vocab=64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [Sequence(torch.randint(4, vocab, (20,), generator=gen).tolist(), 6) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_target):
+    seqs = tiny_seqs()
+    vocab_ids = draft_vocabulary(seqs, 16)
+    to_draft = target_to_draft_map(vocab_ids, tiny_target.vocab_size)
+    blocks = blocks_from_sequences(tiny_target, seqs, 4, 4, 8, (1, 2), to_draft, torch.Generator().manual_seed(0))
+    return seqs, vocab_ids, blocks
+
+
+def test_draft_vocabulary_maps_back_and_other_is_zero(setup, tiny_target):
+    _seqs, vocab_ids, blocks = setup
+    assert vocab_ids[0] == -1 and len(set(vocab_ids.tolist())) == 16
+    to_draft = target_to_draft_map(vocab_ids, tiny_target.vocab_size)
+    assert all(int(vocab_ids[to_draft[t]]) == t for t in vocab_ids[1:].tolist() if t >= 0)
+    assert blocks.tokens.max() < 16 and (blocks.tokens == 0).any()  # some tokens fall outside: "other"
+
+
+def test_blocks_shapes_and_context_alignment(setup):
+    _seqs, _vocab, blocks = setup
+    b = blocks.tokens.shape[0]
+    assert blocks.features.shape == (b, 8, 64) and blocks.feature_mask.shape == (b, 8)
+    assert blocks.valid.shape == (b, 4) and blocks.anchor_embed.shape == (b, 32)
+    assert bool(blocks.feature_mask[:, -1].all())  # right-aligned: the position before the anchor exists
+
+
+def test_network_shapes_and_masked_context_is_ignored(setup, tiny_target):
+    _seqs, vocab_ids, blocks = setup
+    net = build_net(tiny_cfg(), tiny_target, vocab_ids)
+    for p in net.parameters():  # leave adaLN-Zero: make every path matter for this check
+        torch.nn.init.normal_(p, std=0.2)
+    x = torch.randn(blocks.tokens.shape[0], 4, 16)
+    s, t = torch.full((len(x),), 0.3), torch.full((len(x),), 0.7)
+    logits = net(net.state_input(x, s, t), s, t, *blocks.context(net))
+    assert logits.shape == (len(x), 4, 16)
+    changed = copy.deepcopy(blocks)
+    changed.features[~changed.feature_mask] = 100.0  # garbage where there is no context
+    assert torch.allclose(logits, net(net.state_input(x, s, t), s, t, *changed.context(net)), atol=1e-5)
+    other = net(net.state_input(x, s, t), s, t, *net.context(blocks.features + 1, blocks.feature_mask,
+                                                                blocks.anchors, blocks.anchor_embed))
+    assert not torch.allclose(logits, other)
+
+
+@pytest.mark.parametrize("stage", ["teacher", "distill", "dflash"])
+def test_a_training_step_lowers_the_loss(stage, setup, tiny_target):
+    _seqs, vocab_ids, blocks = setup
+    torch.manual_seed(0)
+    net = build_net(tiny_cfg("dflash" if stage == "dflash" else "flashmap"), tiny_target, vocab_ids)
+    teacher = copy.deepcopy(net).requires_grad_(False)
+
+    def loss():
+        gen = torch.Generator().manual_seed(5)  # same noise and times before and after the step
+        if stage == "teacher":
+            return teacher_loss(net, blocks, gen)
+        if stage == "dflash":
+            return dflash_loss(net, blocks)
+        return distill_loss(net, teacher, blocks, gen)
+
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=3e-3)
+    before = loss()
+    for _ in range(5):
+        opt.zero_grad()
+        loss().backward()
+        opt.step()
+    assert loss().item() < before.item()
+
+
+def test_checkpoint_round_trip_and_refusals(setup, tiny_target, tmp_path):
+    _seqs, vocab_ids, _blocks = setup
+    net = build_net(tiny_cfg(), tiny_target, vocab_ids)
+    save_checkpoint(tmp_path / "ok", net, vocab_ids, tiny_target.identity, {"steps": 0})
+    loaded, loaded_vocab, meta = load_net(tmp_path / "ok", tiny_target)
+    assert torch.equal(loaded_vocab, vocab_ids) and meta["training"] == {"steps": 0}
+    for key, value in net.state_dict().items():
+        assert torch.allclose(loaded.state_dict()[key], value.bfloat16().float())
+    other = make_target(tiny_llama(vocab_size=64, layers=3), name="another-tiny")
+    with pytest.raises(CheckpointError, match="trained for target"):
+        load_net(tmp_path / "ok", other)
+    with pytest.raises(CheckpointError, match="no drafter checkpoint"):
+        load_net(tmp_path / "missing", tiny_target)
+    (tmp_path / "ok" / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_net(tmp_path / "ok", tiny_target)
+    with pytest.raises(DrafterUnavailable, match="no drafter checkpoint"):
+        build_drafter("flashmap", tiny_target, weights=str(tmp_path / "missing"))
+
+
+def test_checkpoint_of_the_wrong_kind_is_refused(setup, tiny_target, tmp_path):
+    _seqs, vocab_ids, _blocks = setup
+    save_checkpoint(tmp_path, build_net(tiny_cfg("dflash"), tiny_target, vocab_ids), vocab_ids,
+                    tiny_target.identity, {})
+    with pytest.raises(CheckpointError, match="holds a dflash drafter"):
+        load_engine_drafter("flashmap", tiny_target, weights=str(tmp_path))
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["drafter"]["block_size"] = "sixteen"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError):
+        load_engine_drafter("dflash", tiny_target, weights=str(tmp_path))
+
+
+def flow_drafters(target, vocab_ids, cfg_vocab=16):
+    torch.manual_seed(0)
+    hidden = target.model.config.hidden_size
+    flow = build_net(tiny_cfg("flashmap", cfg_vocab, hidden), target, vocab_ids)
+    dflash = build_net(tiny_cfg("dflash", cfg_vocab, hidden), target, vocab_ids)
+    for net in (flow, dflash):  # untrained but not degenerate
+        for p in net.parameters():
+            torch.nn.init.normal_(p, std=0.3)
+    return [FlowDrafter(flow, vocab_ids, target, "flowmap", 1), FlowDrafter(flow, vocab_ids, target, "flowmap", 2),
+            FlowDrafter(flow, vocab_ids, target, "teacher", 4), FlowDrafter(dflash, vocab_ids, target, "dflash")]
+
+
+def test_engine_is_lossless_with_flow_drafters_at_t0(setup, tiny_target):
+    _seqs, vocab_ids, _blocks = setup
+    for drafter in flow_drafters(tiny_target, vocab_ids):
+        for shared in (True, False):
+            drafter.shared_noise = shared
+            for prompt in ([5, 6, 7], [9, 10, 11, 12, 13]):
+                gen = GenerationConfig(max_new_tokens=24, block_size=4)
+                plain, _ = generate_all(tiny_target, prompt, gen)
+                out, events = generate_all(tiny_target, prompt, gen, drafter)
+                assert out == plain, drafter.name
+                assert all(len(ev.drafted) <= 4 for ev in events)
+
+
+def test_engine_is_lossless_with_flow_drafters_at_t1():
+    target = make_target(tiny_llama(vocab_size=5, layers=2, seed=3, scale=8.0))
+    vocab_ids = torch.tensor([-1, 4, 2, 0])  # token 1 and 3 are outside the draft vocabulary: q = 0 there
+    for drafter in flow_drafters(target, vocab_ids, cfg_vocab=4)[::3]:  # flow map 1-step and DFlash-style
+        assert_sampled_distribution_exact(target, drafter, n=1200)
