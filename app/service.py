@@ -1,0 +1,128 @@
+"""What the UI needs from the engine, without any UI code: drafters for the loaded target,
+settings -> GenerationConfig, a running conversation's statistics, and plain-decoding speed.
+
+One model, many tabs: `lock` serialises every use of the target (Gradio's queue already runs
+one event at a time; the lock also covers the API endpoints).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from app.engine import GenerationConfig, RoundEvent, generate
+from app.registry import DrafterUnavailable, build_drafter
+from app.sampling import SamplingConfig
+from app.target import Target
+
+DRAFTER_LABELS = {"flashmap": "FlashMap", "dflash": "DFlash-style", "ngram": "n-gram", "none": "none (plain)"}
+CALIBRATION_PROMPT = "Write a short Python function that returns the sum of a list of numbers."
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    drafter: str = "flashmap"
+    block_size: int = 8
+    steps: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    enable_thinking: bool = False
+    system_prompt: str = ""
+    seed: int = 0
+
+    def __post_init__(self):
+        self.generation()  # validates K, max new tokens and sampling settings up front
+
+    def generation(self) -> GenerationConfig:
+        return GenerationConfig(self.max_new_tokens, self.block_size,
+                                SamplingConfig(self.temperature, self.top_p), seed=self.seed)
+
+
+@dataclass
+class ConversationStats:
+    """Acceptance over a conversation: tokens committed per target forward and per-slot rates."""
+
+    rounds: int = 0
+    committed: int = 0
+    reached: list[int] = field(default_factory=lambda: [0] * 16)
+    accepted: list[int] = field(default_factory=lambda: [0] * 16)
+
+    def add(self, ev: RoundEvent) -> None:
+        if ev.kind != "round" or ev.finish_reason == "cancelled":
+            return
+        self.rounds += 1
+        self.committed += ev.n_accepted + 1
+        for slot in range(len(ev.drafted)):
+            self.reached[slot] += 1
+            if slot >= ev.n_accepted:
+                break
+            self.accepted[slot] += 1
+
+    @property
+    def acceptance_length(self) -> float | None:
+        return self.committed / self.rounds if self.rounds else None
+
+    def per_slot(self) -> list[tuple[int, float]]:
+        return [(k + 1, a / r) for k, (a, r) in enumerate(zip(self.accepted, self.reached)) if r]
+
+
+class ChatService:
+    def __init__(self, target: Target, weights: dict[str, str] | None = None):
+        self.target = target
+        self.weights = weights or {}
+        self.lock = threading.Lock()
+        self._drafters: dict[tuple[str, int], object] = {}
+        self.unavailable: dict[str, str] = {}
+        self.plain_tokens_per_s: float | None = None
+        self.last_events: list[RoundEvent] = []
+        for name in ("flashmap", "dflash"):  # probe checkpoints once so the UI lists only what works
+            try:
+                self.drafter(name, 1)
+            except DrafterUnavailable as err:
+                self.unavailable[name] = str(err)
+
+    def available(self) -> list[str]:
+        return [name for name in ("flashmap", "dflash", "ngram", "none") if name not in self.unavailable]
+
+    def drafter(self, name: str, steps: int):
+        """The drafter for this target (cached), None for plain; DrafterUnavailable says why not."""
+        if name in self.unavailable:
+            raise DrafterUnavailable(self.unavailable[name])
+        key = (name, steps)
+        if key not in self._drafters:
+            self._drafters[key] = build_drafter(name, self.target, steps=steps, weights=self.weights.get(name))
+        return self._drafters[key]
+
+    def prompt_ids(self, history: list[dict], message: str, settings: ChatSettings) -> list[int]:
+        messages = ([{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else [])
+        messages += [{"role": m["role"], "content": m["content"]} for m in history if isinstance(m.get("content"), str)]
+        messages.append({"role": "user", "content": message})
+        return self.target.chat_ids(messages, enable_thinking=settings.enable_thinking)
+
+    def stream(self, prompt_ids: list[int], settings: ChatSettings, drafter, cancel=None):
+        """Yield (event, tokens/s so far) for one reply, holding the model lock."""
+        with self.lock:
+            start, n_tokens = time.perf_counter(), 0
+            self.last_events = []
+            for ev in generate(self.target, prompt_ids, settings.generation(), drafter, cancel):
+                n_tokens += len(ev.committed)
+                self.last_events.append(ev)
+                yield ev, n_tokens / max(time.perf_counter() - start, 1e-9)
+            if drafter is None and n_tokens >= 16:
+                self.plain_tokens_per_s = n_tokens / (time.perf_counter() - start)
+
+    def calibrate_plain(self, max_new_tokens: int = 48) -> float:
+        """Measure plain decoding on this machine (a fixed prompt), so speed figures are not assumed."""
+        ids = self.target.chat_ids([{"role": "user", "content": CALIBRATION_PROMPT}])
+        settings = ChatSettings(drafter="none", max_new_tokens=max_new_tokens)
+        for _ in self.stream(ids, settings, None):
+            pass
+        return self.plain_tokens_per_s or 0.0
+
+    def run_once(self, prompt_ids: list[int], settings: ChatSettings, drafter) -> tuple[str, list[int], float]:
+        """Whole reply: (text, token ids, tokens/s)."""
+        text, tokens, tps = "", [], 0.0
+        for ev, tps in self.stream(prompt_ids, settings, drafter):
+            text, tokens = ev.text, tokens + list(ev.committed)
+        return text, tokens, tps

@@ -1,0 +1,84 @@
+import gradio as gr
+import pytest
+
+from app import ui
+from app.service import ChatService, ChatSettings, ConversationStats
+from tests.tiny import make_target, tiny_llama
+
+SETTINGS = ["ngram", 4, 1, 0.0, 1.0, 24, False, ""]  # drafter, K, steps, T, top-p, max new, thinking, system
+
+
+@pytest.fixture(scope="module")
+def service():
+    return ChatService(make_target(tiny_llama(vocab_size=64), name="tiny-ui"))
+
+
+def test_only_working_drafters_are_offered(service):
+    assert service.available() == ["ngram", "none"]
+    assert "no drafter checkpoint" in service.unavailable["flashmap"]
+
+
+def test_chat_streams_reply_panel_and_stats(service):
+    outputs = list(ui.chat(service, "w10 w11 w12 w10 w11", [], None, *SETTINGS))
+    assert len(outputs) > 2
+    history, panel, stats_md, frame, stats = outputs[-1]
+    assert [m["role"] for m in history] == ["user", "assistant"] and history[-1]["content"]
+    assert "fm-bonus" in panel and "✓ accepted" in panel  # the legend names each mark
+    assert "tokens/s" in stats_md and stats.rounds > 0
+    assert list(frame.columns) == ["slot", "acceptance"]
+    # the conversation goes on: history is passed back in, stats accumulate
+    more = list(ui.chat(service, "w20", history, stats, *SETTINGS))[-1]
+    assert len(more[0]) == 4 and more[4].rounds > stats.rounds - 1
+
+
+def test_panel_marks_accepted_rejected_unreached_and_target():
+    from app.engine import RoundEvent
+
+    class Svc:
+        class target:
+            tokenizer = make_target(tiny_llama(vocab_size=64)).tokenizer
+
+    ev = RoundEvent("round", (10, 11, 12, 13), 1, 20, (10, 20), "", 0.0, 0.0)
+    row = ui.render_round(Svc, 1, ev)
+    assert row.count("fm-acc") == 1 and row.count("fm-rej") == 1 and row.count("fm-unr") == 2
+    assert "✓w10" in row and "✗w11" in row and "·w12" in row and "★w20" in row
+
+
+def test_unavailable_drafter_falls_back_with_a_warning(service):
+    settings = ChatSettings(drafter="flashmap")
+    drafter, warning = ui.resolve_drafter(service, settings)
+    assert drafter is None and "using plain decoding" in warning
+
+
+def test_bad_input_is_a_clear_error_not_a_trace(service):
+    with pytest.raises(gr.Error, match="empty"):
+        list(ui.chat(service, "   ", [], None, *SETTINGS))
+    with pytest.raises(gr.Error, match="context"):
+        list(ui.chat(service, " ".join(["w9"] * 600), [], None, *SETTINGS))
+    with pytest.raises(gr.Error, match="block size"):
+        list(ui.chat(service, "w9", [], None, "ngram", 40, 1, 0.0, 1.0, 24, False, ""))
+
+
+def test_compare_runs_both_and_checks_identity(service):
+    plain, spec, summary, frame = ui.compare(service, "w10 w11 w12 w10 w11", "ngram", 4, 1, 0.0, 24)
+    assert plain == spec and "identical" in summary and "Speedup" in summary
+    assert list(frame["decoding"]) == ["plain", "n-gram"]
+
+
+def test_stats_count_rounds_like_the_bench():
+    from app.bench import acceptance_stats
+    from app.engine import RoundEvent
+
+    events = [RoundEvent("round", (1, 2, 3), n, 0, (), "", 0.0, 0.0) for n in (3, 1, 0)]
+    stats = ConversationStats()
+    for ev in events:
+        stats.add(ev)
+    rounds, committed, reached, accepted = acceptance_stats(events, 3)
+    assert stats.acceptance_length == committed / rounds
+    assert stats.per_slot() == [(k + 1, a / r) for k, (a, r) in enumerate(zip(accepted, reached))]
+
+
+def test_ui_builds_with_api_endpoints(service):
+    demo = ui.build_ui(service, "flashmap")
+    names = {dep.api_name for dep in demo.fns.values() if getattr(dep, "api_name", None)}
+    assert {"chat", "draft_panel", "compare"} <= names
