@@ -62,8 +62,9 @@ def dflash_loss(net: DraftNet, batch: Blocks) -> torch.Tensor:
 
 
 def jump_times(b: int, vocab: int, generator=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(s, u, t) per block: half zero-length (s = u = t), the rest s < u < t drawn in tau-space,
-    of which FULL_JUMP_FRACTION are full jumps (0, 1) (§3.2, §4)."""
+    """(s, u, t) per block: half zero-length (s = u = t), the rest s < u < t drawn in tau-space;
+    FULL_JUMP_FRACTION of all blocks (so twice that of the non-zero half) are full jumps (0, 1), with u
+    random in between (§3.2, §4)."""
     taus = torch.rand(b, 3, generator=generator).sort(dim=1).values  # (B, 3)
     zero_len = torch.rand(b, generator=generator) < 0.5  # (B,)
     full = ~zero_len & (torch.rand(b, generator=generator) < 2 * FULL_JUMP_FRACTION)
