@@ -5,6 +5,8 @@ Each function returns the per-slot draft distribution (B, K, V) given the noise;
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from drafter.flow import flow_map_step, time_grid
@@ -41,6 +43,54 @@ def jumps(net: DraftNet, ctx, mask, block: int, steps: int, generator, diagonal:
             return delta
         x = flow_map_step(x, delta, s, t)
     raise ValueError("steps must be >= 1")
+
+
+@dataclass(frozen=True)
+class NoiseBank:
+    """App. B: for M noise draws x0, the parts of the second jump's input that depend only on x0 and
+    alpha = u / (1 - u): x0 E, W/S = softmax(alpha x0) E and log S (eq. 10). M = bank size."""
+
+    u: float
+    x0_embed: torch.Tensor  # (M, D_t)
+    weighted_embed: torch.Tensor  # (M, D_t) W(x0) / S(x0)
+    log_s: torch.Tensor  # (M,)
+    x0: torch.Tensor | None = None  # (M, V), kept only to test the corrections against the exact jump
+
+
+def build_noise_bank(net: DraftNet, size: int, generator, keep_noise: bool = False, chunk: int = 256) -> NoiseBank:
+    v = net.cfg.draft_vocab
+    u = float(time_grid(2, v)[1])
+    alpha = u / (1 - u)
+    embed = net.embed_matrix().detach()  # (V, D_t)
+    parts = []
+    for start in range(0, size, chunk):
+        x0 = torch.randn(min(chunk, size - start), v, generator=generator)  # (m, V)
+        parts.append((x0 @ embed, torch.softmax(alpha * x0, -1) @ embed, torch.logsumexp(alpha * x0, -1), x0))
+    x0_embed, weighted, log_s, x0 = (torch.cat(p) for p in zip(*parts))
+    return NoiseBank(u, x0_embed, weighted, log_s, x0 if keep_noise else None)
+
+
+def two_jumps_banked(net: DraftNet, ctx, mask, block: int, bank: NoiseBank, generator, top: int = 16,
+                     redraw: bool = True) -> torch.Tensor:
+    """Two jumps (0 -> u -> 1) reading only `top` rows of E per slot in the second jump (App. B).
+
+    Each slot picks a bank entry; the first jump needs only x0 E. The second jump's posterior
+    pi_u(x_u) ∝ exp(alpha x0 + alpha^2 delta) is the bank's W/S plus a correction on the top tokens
+    of delta (eq. 10), whose noise is redrawn (or, redraw=False, read from a bank that kept it)."""
+    b, u = ctx.shape[0], bank.u
+    alpha = u / (1 - u)
+    idx = torch.randint(len(bank.log_s), (b, block), generator=generator)  # (B, K)
+    x0_embed, weighted, log_s = bank.x0_embed[idx], bank.weighted_embed[idx], bank.log_s[idx]  # (B,K,D_t) x2, (B,K)
+    zeros, us, ones = (torch.full((b,), value) for value in (0.0, u, 1.0))
+    delta = torch.softmax(net(net.noise_input(x0_embed, us), zeros, us, ctx, mask).float(), -1)  # (B, K, V)
+    d_top, top_ids = delta.topk(min(top, delta.shape[-1]), dim=-1)  # (B, K, T)
+    z_top = torch.randn(d_top.shape, generator=generator) if redraw else bank.x0[idx].gather(-1, top_ids)
+    e_top = net.embed_matrix()[top_ids]  # (B, K, T, D_t)
+    r_over_s = torch.exp(alpha * z_top - log_s[..., None]) * torch.expm1(alpha**2 * d_top)  # (B, K, T)
+    posterior_embed = (weighted + (r_over_s[..., None] * e_top).sum(-2)) / (1 + r_over_s.sum(-1, keepdim=True))
+    raw_embed = (1 - u) * x0_embed + u * (d_top[..., None] * e_top).sum(-2)  # x_u E on the top tokens
+    h = net.state_norm(posterior_embed) + (1 - u) * net.raw_norm(raw_embed)  # eq. 9 with (t - s) = 1 - u
+    return torch.softmax(net(h, us, ones, ctx, mask).float(), -1)
 
 
 def masked(net: DraftNet, ctx, mask, block: int) -> torch.Tensor:

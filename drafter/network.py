@@ -109,10 +109,11 @@ class DraftNet(nn.Module):
         h = self.state_norm(posterior(x, s) @ embed)  # (B, K, D_t)
         return h + (t - s).view(-1, 1, 1) * self.raw_norm(x @ embed)
 
-    def noise_input(self, x0_embed: torch.Tensor, s_is_zero_t: torch.Tensor) -> torch.Tensor:
-        """First jump from s = 0 given only x0 E (B, K, D_t): pi_0 is uniform, so pi_0 E = mean(E)."""
+    def noise_input(self, x0_embed: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """state_input for a jump from s = 0 to t given only x0 E (B, K, D_t): pi_0 is uniform, so
+        pi_0 E = mean(E), and the raw path is t * RMSNorm(x0 E)."""
         uniform = self.embed_matrix().mean(0).expand_as(x0_embed)  # (B, K, D_t)
-        return self.state_norm(uniform) + s_is_zero_t.view(-1, 1, 1) * self.raw_norm(x0_embed)
+        return self.state_norm(uniform) + t.view(-1, 1, 1) * self.raw_norm(x0_embed)
 
     def masked_input(self, batch: int) -> torch.Tensor:
         return self.mask_embed.expand(batch, self.cfg.block_size, -1)  # (B, K, D_t)

@@ -19,6 +19,7 @@ from drafter.network import DraftNet
 
 WEIGHTS_ROOT = Path(__file__).resolve().parent.parent / "weights"
 MODES = ("flowmap", "teacher", "dflash")
+BANK_SIZE = 2048  # noise draws precomputed for 2-step drafting (the paper uses 8,192 on a GPU)
 
 
 def default_weights(target_name: str, folder: str) -> Path:
@@ -66,6 +67,7 @@ class FlowDrafter:
         self.target_vocab = target.vocab_size
         self.input_embeddings = target.model.get_input_embeddings().weight.detach()  # (V_t, D_t)
         self.factor = drafting.noise_embedding_factor(net) if mode == "flowmap" else None
+        self.bank: drafting.NoiseBank | None = None  # App. B noise bank, built on the first 2-step draft
         self.features: list[torch.Tensor] = []
         self.shared_noise = True  # False: per-slot independent noise (the shuffle test, §6.2)
 
@@ -98,6 +100,10 @@ class FlowDrafter:
             return drafting.masked(self.net, ctx, mask, block)
         if self.mode == "flowmap" and self.steps == 1:
             return drafting.one_jump(self.net, ctx, mask, block, generator, self.factor)
+        if self.mode == "flowmap" and self.steps == 2:
+            if self.bank is None:
+                self.bank = drafting.build_noise_bank(self.net, BANK_SIZE, torch.Generator().manual_seed(0))
+            return drafting.two_jumps_banked(self.net, ctx, mask, block, self.bank, generator)
         return drafting.jumps(self.net, ctx, mask, block, self.steps, generator, diagonal=self.mode == "teacher")
 
     @torch.inference_mode()

@@ -153,3 +153,35 @@ def test_engine_is_lossless_with_flow_drafters_at_t1():
     vocab_ids = torch.tensor([-1, 4, 2, 0])  # token 1 and 3 are outside the draft vocabulary: q = 0 there
     for drafter in flow_drafters(target, vocab_ids, cfg_vocab=4)[::3]:  # flow map 1-step and DFlash-style
         assert_sampled_distribution_exact(target, drafter, n=1200)
+
+
+def test_banked_two_step_equals_the_exact_two_jumps(setup, tiny_target):
+    """App. B with every token corrected and the bank's own noise is the exact second-jump input."""
+    from drafter import drafting
+    from drafter.flow import flow_map_step
+
+    _seqs, vocab_ids, blocks = setup
+    net = flow_drafters(tiny_target, vocab_ids)[0].net
+    bank = drafting.build_noise_bank(net, 1, torch.Generator().manual_seed(3), keep_noise=True)
+    ctx, mask = blocks.context(net)
+    ctx, mask = ctx[:1], mask[:1]
+    with torch.no_grad():
+        banked = drafting.two_jumps_banked(net, ctx, mask, 4, bank, torch.Generator(), top=16, redraw=False)
+        x0 = bank.x0.expand(1, 4, -1)  # (1, K, V) every slot drew bank entry 0
+        zero, u, one = torch.zeros(1), torch.tensor([bank.u]), torch.ones(1)
+        first = torch.softmax(net(net.state_input(x0, zero, u), zero, u, ctx, mask), -1)
+        x_u = flow_map_step(x0, first, zero, u)
+        exact = torch.softmax(net(net.state_input(x_u, u, one), u, one, ctx, mask), -1)
+        assert torch.allclose(banked, exact, atol=1e-4)
+        cheap = drafting.two_jumps_banked(net, ctx, mask, 4, bank, torch.Generator(), top=4)
+        assert cheap.shape == (1, 4, 16) and torch.allclose(cheap.sum(-1), torch.ones(1, 4))
+
+
+def test_tiny_qwen3_through_the_engine_with_flow_drafters(tiny_qwen3_target):
+    seqs = tiny_seqs(vocab=64, seed=1)
+    vocab_ids = draft_vocabulary(seqs, 16)
+    for drafter in flow_drafters(tiny_qwen3_target, vocab_ids):
+        gen = GenerationConfig(max_new_tokens=20, block_size=4)
+        plain, _ = generate_all(tiny_qwen3_target, [5, 6, 7, 8], gen)
+        out, _ = generate_all(tiny_qwen3_target, [5, 6, 7, 8], gen, drafter)
+        assert out == plain, drafter.name
