@@ -136,14 +136,27 @@ def compare(service: ChatService, prompt: str, drafter_name: str, block_size, st
     label = DRAFTER_LABELS.get(drafter_name, drafter_name) if drafter is not None else "none"
     if settings.temperature == 0:
         same = plain_tokens == spec_tokens
-        check = "✅ identical to plain decoding, token for token" if same else "❌ outputs differ"
+        check = "✓ identical to plain decoding, token for token" if same else "✗ outputs differ"
     else:
         check = "T > 0: outputs are samples; both follow the target's distribution exactly"
     summary = (f"**Plain:** {plain_tps:.1f} tokens/s ({len(plain_tokens)} tokens)  \n"
                f"**{label}:** {spec_tps:.1f} tokens/s ({len(spec_tokens)} tokens)  \n"
                f"**Speedup:** × {spec_tps / plain_tps:.2f}  \n**Check:** {check}")
-    frame = pd.DataFrame({"decoding": ["plain", label], "tokens/s": [plain_tps, spec_tps]})
-    return plain_text, spec_text, summary, frame
+    return plain_text, spec_text, summary, speed_chart(["plain", label], [plain_tps, spec_tps])
+
+
+def speed_chart(labels: list[str], tokens_per_s: list[float]):
+    """A matplotlib bar chart of tokens/s, one bar per decoding mode."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 2.6), layout="constrained")
+    ax = fig.add_subplot()
+    bars = ax.barh(labels, tokens_per_s, color=["#9e9e9e", "#2e9e48"][: len(labels)])
+    ax.bar_label(bars, fmt="%.1f tok/s", padding=3)
+    ax.set_xlabel("tokens / s")
+    ax.set_xlim(0, max(tokens_per_s) * 1.3)
+    ax.invert_yaxis()
+    return fig
 
 
 def example_prompts(shared_data: str = "../shared/data/prompts") -> list[str]:
@@ -206,7 +219,7 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
             clear.click(lambda: ([], render_panel(service, []), None), None, [chatbot, panel, stats],
                         api_visibility="private")
         with gr.Tab("Compare"):
-            c_prompt = gr.Textbox(label="Prompt", lines=3)
+            c_prompt = gr.Textbox(label="Prompt", lines=3, elem_id="compare-prompt")
             gr.Examples(example_prompts(), inputs=c_prompt, label="Examples (math, code, chat)")
             with gr.Row():
                 c_drafter = gr.Dropdown([c for c in choices if c[1] != "none"] or choices, value=default, label="Drafter")
@@ -219,8 +232,7 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
                 c_plain = gr.Textbox(label="Plain decoding", lines=12)
                 c_spec = gr.Textbox(label="Speculative decoding", lines=12)
             c_summary = gr.Markdown(elem_id="compare-summary")
-            c_chart = gr.BarPlot(pd.DataFrame({"decoding": [], "tokens/s": []}), x="decoding", y="tokens/s",
-                                 title="Tokens per second")
+            c_chart = gr.Plot(label="Tokens per second", elem_id="compare-chart")
             c_run.click(lambda *a: compare(service, *a), [c_prompt, c_drafter, c_block, c_steps, c_temp, c_max],
                         [c_plain, c_spec, c_summary, c_chart], api_name="compare")
 

@@ -60,9 +60,9 @@ def test_bad_input_is_a_clear_error_not_a_trace(service):
 
 
 def test_compare_runs_both_and_checks_identity(service):
-    plain, spec, summary, frame = ui.compare(service, "w10 w11 w12 w10 w11", "ngram", 4, 1, 0.0, 24)
+    plain, spec, summary, figure = ui.compare(service, "w10 w11 w12 w10 w11", "ngram", 4, 1, 0.0, 24)
     assert plain == spec and "identical" in summary and "Speedup" in summary
-    assert list(frame["decoding"]) == ["plain", "n-gram"]
+    assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["plain", "n-gram"]
 
 
 def test_stats_count_rounds_like_the_bench():

@@ -1,0 +1,64 @@
+"""Take the README's screenshots: start `python app.py`, chat once, run the compare tab, save PNGs.
+
+python scripts/screenshots.py [--out docs] [--drafter flashmap]   (needs Debian's chromium)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def start_app(port: int, drafter: str) -> tuple[subprocess.Popen, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--drafter", drafter], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    for line in proc.stdout:
+        print(line, end="")
+        if "Running on local URL:" in line:
+            return proc, line.split("URL:")[1].strip()
+    raise SystemExit("the app did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=str(ROOT / "docs"))
+    parser.add_argument("--drafter", default="flashmap")
+    parser.add_argument("--port", type=int, default=7871)
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    proc, url = start_app(args.port, args.drafter)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url)
+            page.get_by_label("Message").fill("Write a Python function that returns the n-th Fibonacci number.")
+            page.get_by_role("button", name="Send").click()
+            page.locator("#draft-panel .fm-bonus").first.wait_for(timeout=120_000)
+            page.wait_for_function("() => !document.querySelector('.generating, .pending')", timeout=300_000)
+            time.sleep(1)
+            page.screenshot(path=f"{args.out}/screenshot-chat.png", full_page=True)
+            page.get_by_role("tab", name="Compare").click()
+            page.locator("#compare-prompt textarea").fill("Write a Python function that checks whether a number is prime.")
+            page.get_by_role("button", name="Run both").click()
+            page.locator("#compare-summary").get_by_text("Speedup").wait_for(timeout=300_000)
+            time.sleep(4)  # the chart renders after the summary
+            page.screenshot(path=f"{args.out}/screenshot-compare.png", full_page=True)
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    print(f"saved {args.out}/screenshot-chat.png and screenshot-compare.png")
+
+
+if __name__ == "__main__":
+    main()
