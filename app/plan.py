@@ -1,0 +1,78 @@
+"""Memory plan for loading a target on a GPU: weights + KV cache + drafter + working buffers against
+free memory, picking the fastest option that fits (bf16 > FP8 > 8-bit LLM.int8, which decodes
+several times slower than bf16; FP8 needs compute capability >= 8.9).
+
+Offline planning for the Qwen3 family works from built-in architecture facts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from app.target import estimate_weight_bytes
+
+GIB = 2**30
+# Built-in facts (config.json of each model), so a plan needs no download.
+QWEN3_FACTS = {
+    "Qwen/Qwen3-4B": dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                          head_dim=128, intermediate_size=9728, vocab_size=151936, tie_word_embeddings=True),
+    "Qwen/Qwen3-8B": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                          head_dim=128, intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False),
+    "Qwen/Qwen3-14B": dict(hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=8,
+                           head_dim=128, intermediate_size=17408, vocab_size=151936, tie_word_embeddings=False),
+}
+SPEED_ORDER = ("none", "fp8", "8bit")  # fastest first; "none" = bf16 weights
+WORKING_BYTES = int(1.5 * GIB)  # CUDA context, activations, logits over the vocabulary, allocator slack
+
+
+@dataclass(frozen=True)
+class Option:
+    quant: str
+    weights: int
+    total: int
+    fits: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    quant: str | None  # None: nothing fits
+    options: tuple[Option, ...]
+    free: int
+
+    def describe(self) -> str:
+        rows = [f"  {o.quant:>4}: {o.total / GIB:5.1f} GiB ({o.why})" for o in self.options]
+        head = f"memory plan, {self.free / GIB:.1f} GiB free:"
+        choice = f"-> --quant {self.quant}" if self.quant else "-> nothing fits: lower --context or use a smaller model"
+        return "\n".join([head, *rows, choice])
+
+
+def facts_config(target: str):
+    return SimpleNamespace(**QWEN3_FACTS[target]) if target in QWEN3_FACTS else None
+
+
+def kv_cache_bytes(config, context: int, bytes_per_value: int = 2) -> int:
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * context * bytes_per_value
+
+
+def plan_memory(config, free_bytes: int, capability: tuple[int, int], context: int = 8192,
+                drafter_bytes: int = GIB) -> Plan:
+    """Evaluate bf16, FP8 and 8-bit; choose the fastest one that fits in free_bytes."""
+    import torch
+
+    fixed = kv_cache_bytes(config, context) + drafter_bytes + WORKING_BYTES
+    options = []
+    for quant in SPEED_ORDER:
+        weights = estimate_weight_bytes(config, torch.bfloat16, quant)
+        total = weights + fixed
+        if quant == "fp8" and capability < (8, 9):
+            options.append(Option(quant, weights, total, False, f"needs compute capability 8.9, GPU has "
+                                  f"{capability[0]}.{capability[1]}"))
+            continue
+        fits = total <= free_bytes
+        speed = {"none": "bf16, fastest", "fp8": "FP8 weights", "8bit": "LLM.int8, several times slower"}[quant]
+        options.append(Option(quant, weights, total, fits, f"{speed}; {'fits' if fits else 'too big'}"))
+    chosen = next((o.quant for o in options if o.fits), None)
+    return Plan(chosen, tuple(options), free_bytes)
