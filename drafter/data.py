@@ -6,11 +6,12 @@ W = context window.
 Stage 1 (`generate`): the target answers each prompt (greedy, batched, resumable); every shard of
 `shard_size` prompts is written once as safetensors (flat int32 ids + offsets), so an interrupted
 run resumes at the first missing shard. Disk: about 4 bytes per token (1M tokens ~ 4 MB).
-Stage 2 (`blocks_from_sequences`): target hidden states at the drafter's layers are recomputed
-on the fly for a batch of sequences (one forward per batch, no disk cache), and many anchors are
-sampled per sequence, as DFlash does.
+Stage 2 (`blocks_from_sequences`): target hidden states at the drafter's layers come from the
+feature cache (`features`, bf16 per shard) when it exists, else they are recomputed on the fly for
+the batch (one target forward per step); many anchors are sampled per sequence, as DFlash does.
 
 python -m drafter.data generate --prompts FILE.jsonl [FILE ...] --out DIR [--limit N] [--max-new-tokens N]
+python -m drafter.data features --data DIR --layers 1 10 20 29     (optional cache; ~4.6 KB per token)
 """
 from __future__ import annotations
 
@@ -102,16 +103,49 @@ def generate(args) -> None:
 class Sequence:
     tokens: list[int]
     prompt_len: int
+    features: torch.Tensor | None = None  # (T, F) cached target features (bf16), when extracted
 
 
-def load_sequences(folder) -> list[Sequence]:
-    seqs = []
-    for path in sorted(Path(folder).glob("shard-*.safetensors")):
-        shard = load_file(str(path))
-        tokens, offsets = shard["tokens"].tolist(), shard["offsets"].tolist()
-        for i, plen in enumerate(shard["prompt_lens"].tolist()):
-            seqs.append(Sequence(tokens[offsets[i]:offsets[i + 1]], plen))
-    return seqs
+def shard_paths(folder) -> list[Path]:
+    return sorted(Path(folder).glob("shard-*.safetensors"))
+
+
+def features_dir(folder, layers: tuple[int, ...]) -> Path:
+    return Path(folder) / ("features-" + "-".join(str(i) for i in layers))
+
+
+def read_shard(path: Path, features_path: Path | None = None) -> list[Sequence]:
+    shard = load_file(str(path))
+    tokens, offsets = shard["tokens"].tolist(), shard["offsets"].tolist()
+    feats = load_file(str(features_path))["features"] if features_path and features_path.exists() else None
+    return [Sequence(tokens[offsets[i]:offsets[i + 1]], plen,
+                     None if feats is None else feats[offsets[i]:offsets[i + 1]])
+            for i, plen in enumerate(shard["prompt_lens"].tolist())]
+
+
+def load_sequences(folder, layers: tuple[int, ...] | None = None) -> list[Sequence]:
+    """All sequences; with `layers`, the cached features of those layers where they were extracted."""
+    feat_dir = features_dir(folder, layers) if layers else None
+    return [seq for path in shard_paths(folder)
+            for seq in read_shard(path, feat_dir / path.name if feat_dir else None)]
+
+
+def extract_features(args) -> None:
+    """Cache target features for every shard (bf16, ~2 bytes x F per token), resumable per shard."""
+    target = load_target(target_config_from_args(args))
+    layers = tuple(args.layers)
+    out = features_dir(args.data, layers)
+    out.mkdir(parents=True, exist_ok=True)
+    for path in tqdm(shard_paths(args.data), desc="features", unit="shard"):
+        if (out / path.name).exists():
+            continue
+        seqs = read_shard(path)
+        feats = []
+        for start in range(0, len(seqs), args.batch_size):
+            feats += target_features(target, seqs[start:start + args.batch_size], layers)
+        tmp = (out / path.name).with_suffix(".tmp")
+        save_file({"features": torch.cat(feats).to(torch.bfloat16).contiguous()}, str(tmp))  # (sum T, F)
+        tmp.rename(out / path.name)
 
 
 def draft_vocabulary(seqs: list[Sequence], size: int) -> torch.Tensor:
@@ -154,7 +188,10 @@ def blocks_from_sequences(target: Target, seqs: list[Sequence], anchors_per_seq:
                           generator: torch.Generator) -> Blocks:
     """Sample anchors a in each response (a >= prompt_len - 1): context = features of positions < a
     (last `window`), anchor = token a, block = tokens a+1..a+K."""
-    feats = target_features(target, seqs, layers)
+    if all(s.features is not None for s in seqs):
+        feats = [s.features.float() for s in seqs]  # cached: no target forward this step
+    else:
+        feats = target_features(target, seqs, layers)
     embed = target.model.get_input_embeddings().weight.detach()
     rows = []
     for seq, feat in zip(seqs, feats):
@@ -189,9 +226,16 @@ def main(argv=None) -> None:
     gen.add_argument("--batch-size", type=int, default=16)
     gen.add_argument("--shard-size", type=int, default=128)
     add_target_args(gen)
+    feat = sub.add_parser("features", help="cache the target's hidden states at the drafter's layers")
+    feat.add_argument("--data", required=True)
+    feat.add_argument("--layers", type=int, nargs="+", required=True, help="e.g. 1 10 20 29 for SmolLM2-135M")
+    feat.add_argument("--batch-size", type=int, default=8)
+    add_target_args(feat)
     args = parser.parse_args(argv)
     if args.cmd == "generate":
         generate(args)
+    else:
+        extract_features(args)
 
 
 if __name__ == "__main__":

@@ -123,6 +123,7 @@ def train(cfg: TrainConfig, args) -> Path:
         raise SystemExit(f"no training sequences in {cfg.data}; run python -m drafter.data generate first")
     out = Path(cfg.out)
     net, teacher, vocab_ids = build_student(cfg, args, target, seqs)
+    seqs = [s for s in load_sequences(cfg.data, net.cfg.feature_layers) if len(s.tokens) - s.prompt_len >= 2]
     if (out / "config.json").exists():  # resume: weights (and vocabulary) from the last save
         net, vocab_ids, _ = load_net(out, target)
         net.train()

@@ -185,3 +185,27 @@ def test_tiny_qwen3_through_the_engine_with_flow_drafters(tiny_qwen3_target):
         plain, _ = generate_all(tiny_qwen3_target, [5, 6, 7, 8], gen)
         out, _ = generate_all(tiny_qwen3_target, [5, 6, 7, 8], gen, drafter)
         assert out == plain, drafter.name
+
+
+def test_cached_features_match_the_on_the_fly_ones(tiny_target, tmp_path, monkeypatch):
+    import drafter.data as data_mod
+    from drafter.data import extract_features, features_dir, load_sequences, write_shard
+
+    seqs = tiny_seqs()
+    write_shard(tmp_path / "shard-00000.safetensors", [s.tokens[:6] for s in seqs], [s.tokens[6:] for s in seqs])
+
+    class Args:  # what argparse gives extract_features; the tiny target is injected
+        data, layers, batch_size = str(tmp_path), [1, 2], 4
+
+    monkeypatch.setattr(data_mod, "target_config_from_args", lambda args: None)
+    monkeypatch.setattr(data_mod, "load_target", lambda cfg: tiny_target)
+    extract_features(Args)
+    assert (features_dir(tmp_path, (1, 2)) / "shard-00000.safetensors").exists()
+    cached = load_sequences(tmp_path, (1, 2))
+    assert [s.tokens for s in cached] == [s.tokens for s in seqs]
+    vocab_ids = draft_vocabulary(seqs, 16)
+    to_draft = target_to_draft_map(vocab_ids, tiny_target.vocab_size)
+    fly = blocks_from_sequences(tiny_target, seqs, 4, 4, 8, (1, 2), to_draft, torch.Generator().manual_seed(0))
+    hit = blocks_from_sequences(tiny_target, cached, 4, 4, 8, (1, 2), to_draft, torch.Generator().manual_seed(0))
+    assert torch.equal(fly.tokens, hit.tokens) and torch.equal(fly.feature_mask, hit.feature_mask)
+    assert torch.allclose(fly.features, hit.features, atol=0.05, rtol=0.02)  # bf16 cache
