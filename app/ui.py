@@ -5,9 +5,11 @@ Every callback is a plain function of (service, inputs) so tests can call it wit
 from __future__ import annotations
 
 import html
+from contextlib import contextmanager
 
 import gradio as gr
 import pandas as pd
+import torch
 
 from app.engine import PromptError, RoundEvent
 from app.prompts import read_jsonl
@@ -89,11 +91,10 @@ def resolve_drafter(service: ChatService, settings: ChatSettings):
         return None, f"{DRAFTER_LABELS.get(settings.drafter, settings.drafter)} unavailable, using plain decoding: {err}"
 
 
-def chat(service: ChatService, message: str, history: list[dict], stats: ConversationStats | None, *settings_args):
-    """Streams (history, panel html, stats markdown, slot chart, stats) while the reply is written."""
-    stats = stats or ConversationStats()
-    history = list(history or [])
-    if not (message or "").strip():
+def prepare(service: ChatService, text: str, *settings_args) -> tuple[ChatSettings, object]:
+    """Validate a request: (settings, drafter or None). Bad input raises a gr.Error with the reason;
+    an unusable drafter falls back to plain decoding with a warning."""
+    if not (text or "").strip():
         raise gr.Error("Type a message first: the prompt is empty.")
     try:
         settings = settings_from(*settings_args)
@@ -102,37 +103,44 @@ def chat(service: ChatService, message: str, history: list[dict], stats: Convers
     drafter, warning = resolve_drafter(service, settings)
     if warning:
         gr.Warning(warning)
+    return settings, drafter
+
+
+@contextmanager
+def user_errors():
+    """Turn the failures a user can cause into a clear message instead of a stack trace."""
     try:
+        yield
+    except PromptError as err:
+        raise gr.Error(str(err)) from err
+    except (MemoryError, torch.OutOfMemoryError) as err:
+        raise gr.Error("Out of memory: lower max new tokens, shorten the chat, or start a new one.") from err
+
+
+def chat(service: ChatService, message: str, history: list[dict], stats: ConversationStats | None, *settings_args):
+    """Streams (history, panel html, stats markdown, slot chart, stats) while the reply is written."""
+    stats = stats or ConversationStats()
+    history = list(history or [])
+    settings, drafter = prepare(service, message, *settings_args)
+    shown = settings.drafter if drafter is not None else "none"
+    with user_errors():
         prompt_ids = service.prompt_ids(history, message, settings)
         history += [{"role": "user", "content": message}, {"role": "assistant", "content": ""}]
         for ev, tps in service.stream(prompt_ids, settings, drafter):
             stats.add(ev)
             history[-1]["content"] = ev.text
-            yield (history, render_panel(service, service.last_events), render_stats(service, stats, tps,
-                   settings.drafter if drafter is not None else "none"), slot_frame(stats), stats)
-    except PromptError as err:
-        raise gr.Error(str(err)) from err
-    except MemoryError as err:
-        raise gr.Error("Out of memory: lower max new tokens or start a new chat.") from err
+            yield (history, render_panel(service, service.last_events), render_stats(service, stats, tps, shown),
+                   slot_frame(stats), stats)
 
 
 def compare(service: ChatService, prompt: str, drafter_name: str, block_size, steps, temperature, max_new_tokens):
     """Plain decoding and the drafter on one prompt, same settings: outputs, speeds, identity check."""
-    if not (prompt or "").strip():
-        raise gr.Error("Type a prompt to compare.")
-    try:
-        settings = settings_from(drafter_name, block_size, steps, temperature, 1.0, max_new_tokens, False, "")
-    except ValueError as err:
-        raise gr.Error(str(err)) from err
-    drafter, warning = resolve_drafter(service, settings)
-    if warning:
-        gr.Warning(warning)
-    try:
+    settings, drafter = prepare(service, prompt, drafter_name, block_size, steps, temperature, 1.0, max_new_tokens,
+                                False, "")
+    with user_errors():
         ids = service.prompt_ids([], prompt, settings)
         plain_text, plain_tokens, plain_tps = service.run_once(ids, settings, None)
         spec_text, spec_tokens, spec_tps = service.run_once(ids, settings, drafter)
-    except PromptError as err:
-        raise gr.Error(str(err)) from err
     label = DRAFTER_LABELS.get(drafter_name, drafter_name) if drafter is not None else "none"
     if settings.temperature == 0:
         same = plain_tokens == spec_tokens
@@ -238,13 +246,12 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
 
         def api_chat(message: str) -> str:
             """Reply to one user message with the default drafter and settings (streamed)."""
-            settings = ChatSettings(drafter=default)
-            drafter_obj, _warning = resolve_drafter(service, settings)
-            try:
+            defaults = ChatSettings(drafter=default)
+            settings, drafter_obj = prepare(service, message, default, defaults.block_size, defaults.steps,
+                                            defaults.temperature, defaults.top_p, defaults.max_new_tokens, False, "")
+            with user_errors():
                 for ev, _tps in service.stream(service.prompt_ids([], message, settings), settings, drafter_obj):
                     yield ev.text
-            except PromptError as err:
-                raise gr.Error(str(err)) from err
 
         def api_draft_panel() -> str:
             """The draft panel of the most recent reply, as plain text rows (for scripts and tests)."""
