@@ -100,6 +100,15 @@ def rollback(cache: DynamicCache, n_rejected: int) -> None:
         cache.crop(-n_rejected)
 
 
+def clip_draft(draft: Draft | None, k: int) -> Draft:
+    """No draft -> an empty one; a drafter that overshoots the room left is cut to k slots."""
+    if draft is None:
+        return Draft(torch.empty(0, dtype=torch.long), None)
+    if len(draft.tokens) <= k:
+        return draft
+    return Draft(draft.tokens[:k], None if draft.q_draft is None else draft.q_draft[:k])
+
+
 def check_prompt(target: Target, prompt_ids: list[int], gen: GenerationConfig) -> None:
     if not prompt_ids:
         raise PromptError("The prompt is empty.")
@@ -172,7 +181,7 @@ def generate(
             room = gen.max_new_tokens - len(state.output)
             k = min(gen.block_size, room - 1)
             draft = drafter.propose(anchor, k, gen.sampling, draft_gen) if drafter is not None and k > 0 else None
-            draft = draft if draft is not None else Draft(torch.empty(0, dtype=torch.long), None)
+            draft = clip_draft(draft, k)
             t1 = clock()
             block = [anchor] + draft.tokens.tolist()  # (K+1,)
             logits, features = target_forward(target, block, cache, layers)
