@@ -109,12 +109,14 @@ class FlowDrafter:
     @torch.inference_mode()
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         probs = self.block_probs(anchor, block_size, generator)  # (K, V)
+        real = self.vocab_ids >= 0  # (V,) False for "other" and unused padding slots of a small vocabulary
+        probs = torch.cat([probs[:, ~real].sum(-1, keepdim=True), probs[:, 1:] * real[1:]], dim=-1)  # pad -> other
         tokens, q_small = drafting.choose_tokens(probs, sampling.temperature, generator)
         target_tokens = self.vocab_ids[tokens]  # (K',) target ids
         if q_small is None:
             return Draft(target_tokens, None)
         q_draft = torch.zeros(len(tokens), self.target_vocab)  # (K', V_t): q = 0 outside the draft vocabulary
-        q_draft[:, self.vocab_ids[1:]] = q_small[:, 1:]
+        q_draft[:, self.vocab_ids[real]] = q_small[:, real]
         return Draft(target_tokens, q_draft)
 
 

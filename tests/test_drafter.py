@@ -209,3 +209,20 @@ def test_cached_features_match_the_on_the_fly_ones(tiny_target, tmp_path, monkey
     hit = blocks_from_sequences(tiny_target, cached, 4, 4, 8, (1, 2), to_draft, torch.Generator().manual_seed(0))
     assert torch.equal(fly.tokens, hit.tokens) and torch.equal(fly.feature_mask, hit.feature_mask)
     assert torch.allclose(fly.features, hit.features, atol=0.05, rtol=0.02)  # bf16 cache
+
+
+def test_unused_vocabulary_slots_are_never_proposed(setup, tiny_target):
+    """A draft vocabulary padded with placeholders (fewer distinct tokens than slots) stays valid."""
+    from app.sampling import SamplingConfig
+
+    _seqs, vocab_ids, _blocks = setup
+    padded = vocab_ids.clone()
+    padded[8:] = -2 - torch.arange(8)  # half the slots unused
+    for drafter in flow_drafters(tiny_target, padded):
+        drafter.extend([5, 6, 7], torch.randn(3, 64))
+        for temperature in (0.0, 1.0):
+            for seed in range(20):
+                draft = drafter.propose(9, 4, SamplingConfig(temperature), torch.Generator().manual_seed(seed))
+                assert bool((draft.tokens >= 0).all()) and set(draft.tokens.tolist()) <= set(padded[1:8].tolist())
+                if draft.q_draft is not None:
+                    assert torch.allclose(draft.q_draft.sum(-1), torch.ones(len(draft.tokens)))
