@@ -93,6 +93,7 @@ def summarize(args, target: Target, base: list[Run], spec: list[Run]) -> dict:
         "target": target.name,
         "drafter": args.drafter,
         "steps": args.steps,
+        "noise": args.noise,
         "block_size": args.block_size,
         "temperature": args.temperature,
         "prompts": len(spec),
@@ -117,6 +118,10 @@ def make_runner(args, target: Target):
         lookup = args.drafter == "hf-prompt-lookup"
         return lambda ids, gen: run_hf(target, ids, gen, lookup)
     drafter = build_drafter(args.drafter, target, steps=args.steps, weights=args.weights)
+    if args.noise == "shuffled":
+        if not hasattr(drafter, "shared_noise"):
+            raise SystemExit(f"--noise shuffled needs a flow drafter, not {args.drafter}")
+        drafter.shared_noise = False
     return lambda ids, gen: run_engine(target, ids, gen, drafter)
 
 
@@ -145,7 +150,9 @@ def parse_args(argv=None):
     parser.add_argument("--prompts", required=True, help="JSONL with a `prompt` field per line")
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--drafter", required=True, choices=ENGINE_DRAFTERS + HF_BASELINES)
-    parser.add_argument("--steps", type=int, default=1, choices=[1, 2])
+    parser.add_argument("--steps", type=int, default=1, help="FlashMap jumps (1 or 2; teacher: Euler steps, e.g. 16)")
+    parser.add_argument("--noise", default="shared", choices=["shared", "shuffled"],
+                        help="shuffled: independent noise per slot (the shuffle test, paper §6.2)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -160,6 +167,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.steps < 1:
+        raise SystemExit("--steps must be >= 1")
     result = bench(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
