@@ -18,6 +18,7 @@ from app.engine import GenerationConfig, RoundEvent, generate
 from app.prompts import read_jsonl
 from app.registry import ENGINE_DRAFTERS, HF_BASELINES, build_drafter
 from app.sampling import SamplingConfig
+from app.stats import AcceptanceStats
 from app.target import Target, add_target_args, load_target, target_config_from_args
 
 
@@ -64,27 +65,10 @@ def run_hf(target: Target, prompt_ids: list[int], gen: GenerationConfig, prompt_
     return Run(tokens, seconds)
 
 
-def acceptance_stats(events: list[RoundEvent], block_size: int) -> tuple[int, int, list[int], list[int]]:
-    """(rounds, committed-per-round total, reached[k], accepted[k]) over drafting rounds."""
-    rounds = [ev for ev in events if ev.kind == "round" and ev.finish_reason != "cancelled"]
-    reached, accepted = [0] * block_size, [0] * block_size
-    for ev in rounds:
-        for slot in range(len(ev.drafted)):
-            reached[slot] += 1
-            if slot >= ev.n_accepted:
-                break
-            accepted[slot] += 1
-    return len(rounds), sum(ev.n_accepted + 1 for ev in rounds), reached, accepted
-
-
 def summarize(args, target: Target, base: list[Run], spec: list[Run]) -> dict:
-    rounds = committed = 0
-    reached, accepted = [0] * args.block_size, [0] * args.block_size
+    stats = AcceptanceStats()
     for run in spec:
-        r, c, re, ac = acceptance_stats(run.events, args.block_size)
-        rounds, committed = rounds + r, committed + c
-        reached = [a + b for a, b in zip(reached, re)]
-        accepted = [a + b for a, b in zip(accepted, ac)]
+        stats.add_all(run.events)
     base_tokens, spec_tokens = sum(len(r.tokens) for r in base), sum(len(r.tokens) for r in spec)
     base_tps = base_tokens / sum(r.seconds for r in base)
     spec_tps = spec_tokens / sum(r.seconds for r in spec)
@@ -101,8 +85,8 @@ def summarize(args, target: Target, base: list[Run], spec: list[Run]) -> dict:
         "baseline_tokens_per_s": base_tps,
         "tokens_per_s": spec_tps,
         "speedup": spec_tps / base_tps,
-        "acceptance_length": committed / rounds if rounds else None,
-        "per_slot_acceptance": [a / r if r else None for a, r in zip(accepted, reached)] if rounds else None,
+        "acceptance_length": stats.acceptance_length,
+        "per_slot_acceptance": stats.per_slot(args.block_size) if stats.rounds else None,
         "identical_to_baseline": all(b.tokens == s.tokens for b, s in zip(base, spec)) if greedy else None,
         "per_prompt": [
             {"baseline_tokens": len(b.tokens), "baseline_s": b.seconds, "tokens": len(s.tokens), "s": s.seconds,

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from app.engine import GenerationConfig, RoundEvent, generate
 from app.registry import DrafterUnavailable, build_drafter
 from app.sampling import SamplingConfig
+from app.stats import AcceptanceStats
 from app.target import Target
 
 DRAFTER_LABELS = {"flashmap": "FlashMap", "dflash": "DFlash-style", "ngram": "n-gram", "none": "none (plain)"}
@@ -37,34 +38,6 @@ class ChatSettings:
     def generation(self) -> GenerationConfig:
         return GenerationConfig(self.max_new_tokens, self.block_size,
                                 SamplingConfig(self.temperature, self.top_p), seed=self.seed)
-
-
-@dataclass
-class ConversationStats:
-    """Acceptance over a conversation: tokens committed per target forward and per-slot rates."""
-
-    rounds: int = 0
-    committed: int = 0
-    reached: list[int] = field(default_factory=lambda: [0] * 16)
-    accepted: list[int] = field(default_factory=lambda: [0] * 16)
-
-    def add(self, ev: RoundEvent) -> None:
-        if ev.kind != "round" or ev.finish_reason == "cancelled":
-            return
-        self.rounds += 1
-        self.committed += ev.n_accepted + 1
-        for slot in range(len(ev.drafted)):
-            self.reached[slot] += 1
-            if slot >= ev.n_accepted:
-                break
-            self.accepted[slot] += 1
-
-    @property
-    def acceptance_length(self) -> float | None:
-        return self.committed / self.rounds if self.rounds else None
-
-    def per_slot(self) -> list[tuple[int, float]]:
-        return [(k + 1, a / r) for k, (a, r) in enumerate(zip(self.accepted, self.reached)) if r]
 
 
 class ChatService:

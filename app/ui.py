@@ -14,7 +14,8 @@ import torch
 from app.engine import PromptError, RoundEvent
 from app.prompts import read_jsonl
 from app.registry import DrafterUnavailable
-from app.service import DRAFTER_LABELS, ChatService, ChatSettings, ConversationStats
+from app.service import DRAFTER_LABELS, ChatService, ChatSettings
+from app.stats import AcceptanceStats
 
 PANEL_ROUNDS = 12
 CSS = """
@@ -61,7 +62,7 @@ def render_panel(service: ChatService, events: list[RoundEvent]) -> str:
     return f"<div class='fm-panel'>{LEGEND}{body}</div>"
 
 
-def render_stats(service: ChatService, stats: ConversationStats, tokens_per_s: float | None, drafter: str) -> str:
+def render_stats(service: ChatService, stats: AcceptanceStats, tokens_per_s: float | None, drafter: str) -> str:
     plain = service.plain_tokens_per_s
     lines = [f"**Drafter:** {DRAFTER_LABELS.get(drafter, drafter)}"]
     lines.append(f"**This reply:** {tokens_per_s:.1f} tokens/s" if tokens_per_s else "**This reply:** –")
@@ -73,9 +74,9 @@ def render_stats(service: ChatService, stats: ConversationStats, tokens_per_s: f
     return "  \n".join(lines)
 
 
-def slot_frame(stats: ConversationStats) -> pd.DataFrame:
-    rows = stats.per_slot()
-    return pd.DataFrame({"slot": [str(k) for k, _ in rows], "acceptance": [a for _, a in rows]})
+def slot_frame(stats: AcceptanceStats) -> pd.DataFrame:
+    rates = stats.per_slot()
+    return pd.DataFrame({"slot": [str(k + 1) for k in range(len(rates))], "acceptance": rates})
 
 
 def settings_from(drafter, block_size, steps, temperature, top_p, max_new_tokens, thinking, system_prompt):
@@ -117,9 +118,9 @@ def user_errors():
         raise gr.Error("Out of memory: lower max new tokens, shorten the chat, or start a new one.") from err
 
 
-def chat(service: ChatService, message: str, history: list[dict], stats: ConversationStats | None, *settings_args):
+def chat(service: ChatService, message: str, history: list[dict], stats: AcceptanceStats | None, *settings_args):
     """Streams (history, panel html, stats markdown, slot chart, stats) while the reply is written."""
-    stats = stats or ConversationStats()
+    stats = stats or AcceptanceStats()
     history = list(history or [])
     settings, drafter = prepare(service, message, *settings_args)
     shown = settings.drafter if drafter is not None else "none"
@@ -212,8 +213,8 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
                         thinking = gr.Checkbox(False, label="Thinking (Qwen3)", visible=service.target.supports_thinking())
                 with gr.Column(scale=2):
                     panel = gr.HTML(render_panel(service, []), label="Draft panel", elem_id="draft-panel")
-                    stats_md = gr.Markdown(render_stats(service, ConversationStats(), None, default), elem_id="stats")
-                    chart = gr.BarPlot(slot_frame(ConversationStats()), x="slot", y="acceptance", y_lim=[0, 1],
+                    stats_md = gr.Markdown(render_stats(service, AcceptanceStats(), None, default), elem_id="stats")
+                    chart = gr.BarPlot(slot_frame(AcceptanceStats()), x="slot", y="acceptance", y_lim=[0, 1],
                                        title="Acceptance per slot (given earlier slots accepted)")
             stats = gr.State(None)
             settings = [drafter, block, steps, temperature, top_p, max_new, thinking, system]

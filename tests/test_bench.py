@@ -3,7 +3,6 @@ import json
 import pytest
 
 from app import bench
-from app.engine import RoundEvent
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 
@@ -34,13 +33,3 @@ def test_bench_contract(tiny_folder, tmp_path):
     bench.main(["--prompts", str(prompts), "--drafter", "none", "--temperature", "1", "--max-new-tokens", "8",
                 "--target", str(tiny_folder), "--out", str(out)])
     assert json.loads(out.read_text())["identical_to_baseline"] is None
-
-
-def test_acceptance_stats_condition_on_earlier_slots():
-    def ev(drafted, n):
-        return RoundEvent("round", tuple(drafted), n, 0, (), "", 0.0, 0.0)
-
-    events = [ev([1, 2, 3], 3), ev([1, 2, 3], 1), ev([1, 2, 3], 0), RoundEvent("prefill", (), 0, 0, (), "", 0, 0)]
-    rounds, committed, reached, accepted = bench.acceptance_stats(events, 3)
-    assert (rounds, committed) == (3, 4 + 2 + 1)
-    assert reached == [3, 2, 1] and accepted == [2, 1, 1]

@@ -2,7 +2,7 @@ import gradio as gr
 import pytest
 
 from app import ui
-from app.service import ChatService, ChatSettings, ConversationStats
+from app.service import ChatService, ChatSettings
 from tests.tiny import make_target, tiny_llama
 
 SETTINGS = ["ngram", 4, 1, 0.0, 1.0, 24, False, ""]  # drafter, K, steps, T, top-p, max new, thinking, system
@@ -63,19 +63,6 @@ def test_compare_runs_both_and_checks_identity(service):
     plain, spec, summary, figure = ui.compare(service, "w10 w11 w12 w10 w11", "ngram", 4, 1, 0.0, 24)
     assert plain == spec and "identical" in summary and "Speedup" in summary
     assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["plain", "n-gram"]
-
-
-def test_stats_count_rounds_like_the_bench():
-    from app.bench import acceptance_stats
-    from app.engine import RoundEvent
-
-    events = [RoundEvent("round", (1, 2, 3), n, 0, (), "", 0.0, 0.0) for n in (3, 1, 0)]
-    stats = ConversationStats()
-    for ev in events:
-        stats.add(ev)
-    rounds, committed, reached, accepted = acceptance_stats(events, 3)
-    assert stats.acceptance_length == committed / rounds
-    assert stats.per_slot() == [(k + 1, a / r) for k, (a, r) in enumerate(zip(accepted, reached))]
 
 
 def test_ui_builds_with_api_endpoints(service):
