@@ -3,7 +3,7 @@ import torch
 
 from tests.tiny import make_target, tiny_llama, tiny_qwen3, QWEN3_TEMPLATE
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # tiny models: threads only add sync cost, and CI boxes are shared
 
 
 def pytest_configure(config):
