@@ -133,6 +133,8 @@ def train(cfg: TrainConfig, args) -> Path:
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=decay, foreach=True)
     state_path = out / "train_state.safetensors"
     start = load_train_state(state_path, opt) if state_path.exists() else 0
+    for group in opt.param_groups:
+        group.setdefault("initial_lr", cfg.lr)  # LambdaLR resumes from last_epoch only with this set
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, cfg), last_epoch=start - 1)
     gen = torch.Generator().manual_seed(cfg.seed + start)  # a resumed run draws fresh batches
     training = {"train_config": asdict(cfg), "data": cfg.data, "sequences": len(seqs)}

@@ -1,0 +1,55 @@
+import json
+
+import pytest
+import torch
+
+import drafter.train as train_mod
+from drafter.data import write_shard
+from tests.test_drafter import tiny_seqs
+
+
+@pytest.fixture
+def tiny_run(tiny_target, tmp_path, monkeypatch):
+    seqs = tiny_seqs(n=8)
+    data = tmp_path / "data"
+    data.mkdir()
+    write_shard(data / "shard-00000.safetensors", [s.tokens[:6] for s in seqs], [s.tokens[6:] for s in seqs])
+    monkeypatch.setattr(train_mod, "load_target", lambda cfg: tiny_target)
+
+    def run(stage, out, steps, init=None):
+        argv = ["--stage", stage, "--data", str(data), "--out", str(out), "--steps", str(steps), "--save-every", "2",
+                "--batch-seqs", "2", "--anchors-per-seq", "4", "--block-size", "4", "--d-model", "32",
+                "--n-layers", "1", "--n-heads", "2", "--n-feature-layers", "2", "--draft-vocab", "16",
+                "--context-window", "8", "--target", "tiny"]
+        if init:
+            argv += ["--init", str(init)]
+        args = train_mod.parse_args(argv)
+        return train_mod.train(train_mod.config_from_args(args), args)
+
+    return run, tmp_path
+
+
+def test_train_checkpoints_resume_and_distill(tiny_run, tiny_target):
+    run, tmp = tiny_run
+    teacher = run("teacher", tmp / "teacher", 2)
+    meta = json.loads((teacher / "config.json").read_text())
+    assert meta["training"]["step"] == 2 and meta["target"] == tiny_target.identity
+    assert (teacher / "train_state.safetensors").exists()
+    before = (teacher / "model.safetensors").read_bytes()
+    run("teacher", tmp / "teacher", 4)  # the same command with more steps resumes at step 2
+    meta = json.loads((teacher / "config.json").read_text())
+    assert meta["training"]["step"] == 4 and (teacher / "model.safetensors").read_bytes() != before
+    student = run("distill", tmp / "flashmap", 2, init=teacher)
+    assert json.loads((student / "config.json").read_text())["drafter"]["kind"] == "flashmap"
+    dflash = run("dflash", tmp / "dflash", 2)
+    assert json.loads((dflash / "config.json").read_text())["drafter"]["kind"] == "dflash"
+
+
+def test_schedules_warm_up_then_decay():
+    cosine = train_mod.TrainConfig("teacher", "d", "o", steps=100)
+    wsd = train_mod.TrainConfig("distill", "d", "o", init="t", steps=100)
+    assert train_mod.lr_factor(0, cosine) < train_mod.lr_factor(3, cosine) == 1.0
+    assert train_mod.lr_factor(50, cosine) < 1.0 and train_mod.lr_factor(99, cosine) < 0.01
+    assert train_mod.lr_factor(70, wsd) == 1.0 and 0 < train_mod.lr_factor(90, wsd) < 1.0
+    with pytest.raises(ValueError, match="--init"):
+        train_mod.TrainConfig("distill", "d", "o")
