@@ -12,8 +12,21 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"  # Debian's package; Playwright's own browser download is not used
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def chat_in_browser(pw, url: str, message: str, timeout_ms: int = 300_000):
+    """Open the app in headless Chromium, send one chat message, wait until the reply is complete."""
+    browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    page.get_by_label("Message").fill(message)
+    page.get_by_role("button", name="Send").click()
+    page.locator("#draft-panel .fm-bonus").first.wait_for(timeout=timeout_ms)
+    page.wait_for_function("() => !document.querySelector('.generating, .pending')", timeout=timeout_ms)
+    return browser, page
 
 
 def start_app(port: int, drafter: str) -> tuple[subprocess.Popen, str]:
@@ -38,13 +51,7 @@ def main() -> None:
     proc, url = start_app(args.port, args.drafter)
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(url)
-            page.get_by_label("Message").fill("Write a Python function that returns the n-th Fibonacci number.")
-            page.get_by_role("button", name="Send").click()
-            page.locator("#draft-panel .fm-bonus").first.wait_for(timeout=120_000)
-            page.wait_for_function("() => !document.querySelector('.generating, .pending')", timeout=300_000)
+            browser, page = chat_in_browser(pw, url, "Write a Python function that returns the n-th Fibonacci number.")
             time.sleep(1)
             page.screenshot(path=f"{args.out}/screenshot-chat.png", full_page=True)
             page.get_by_role("tab", name="Compare").click()

@@ -1,7 +1,6 @@
 """End to end on the embedded default: launch `python app.py`, chat through gradio_client, and drive
 the page in headless Chromium (Debian's, through Playwright) with a screenshot."""
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -9,6 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from scripts.screenshots import CHROMIUM, chat_in_browser
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -54,24 +55,13 @@ def test_chat_api_and_draft_panel(app_url):
     assert "★" in panel  # one row per round, each ending with the target's token
 
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium not installed (.ci/run installs it)")
 def test_browser_chat_shows_reply_and_coloured_slots(app_url, tmp_path):
     from playwright.sync_api import sync_playwright
 
     shots = Path(os.environ.get("SCREENSHOT_DIR", tmp_path))
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(app_url)
-        page.get_by_label("Message").fill("Write a Python function that adds two numbers.")
-        page.get_by_role("button", name="Send").click()
-        page.locator("#draft-panel .fm-bonus").first.wait_for(timeout=120_000)
-        page.wait_for_function("() => !document.querySelector('.generating, .pending')", timeout=180_000)
+        browser, page = chat_in_browser(pw, app_url, "Write a Python function that adds two numbers.", 180_000)
         bot = page.locator("[data-testid='bot']").last
         assert "def" in bot.inner_text()
         assert page.locator("#draft-panel .fm-acc, #draft-panel .fm-rej").count() > 0
