@@ -124,15 +124,19 @@ def train(cfg: TrainConfig, args) -> Path:
     out = Path(cfg.out)
     net, teacher, vocab_ids = build_student(cfg, args, target, seqs)
     seqs = [s for s in load_sequences(cfg.data, net.cfg.feature_layers) if len(s.tokens) - s.prompt_len >= 2]
+    saved_step = 0
     if (out / "config.json").exists():  # resume: weights (and vocabulary) from the last save
-        net, vocab_ids, _ = load_net(out, target)
+        net, vocab_ids, meta = load_net(out, target)
         net.train()
+        saved_step = int(meta.get("training", {}).get("step", 0))
     to_draft = target_to_draft_map(vocab_ids, target.vocab_size)
     decay = 0.0 if cfg.stage == "distill" else cfg.weight_decay
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=decay, foreach=True)
     state_path = out / "train_state.safetensors"
-    start = load_train_state(state_path, opt) if state_path.exists() else 0
+    # optimizer moments are not committed (too large); without them a resumed run keeps the weights and
+    # the step from config.json and restarts the moments
+    start = load_train_state(state_path, opt) if state_path.exists() else saved_step
     for group in opt.param_groups:
         group.setdefault("initial_lr", cfg.lr)  # LambdaLR resumes from last_epoch only with this set
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, cfg), last_epoch=start - 1)
