@@ -141,7 +141,7 @@ def train(cfg: TrainConfig, args) -> Path:
         group.setdefault("initial_lr", cfg.lr)  # LambdaLR resumes from last_epoch only with this set
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, cfg), last_epoch=start - 1)
     gen = torch.Generator().manual_seed(cfg.seed + start)  # a resumed run draws fresh batches
-    training = {"train_config": asdict(cfg), "data": cfg.data, "sequences": len(seqs)}
+    training = {"train_config": asdict(cfg), "data": cfg.data, "sequences": len(seqs), "resumed_from": start}
     progress = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.stage}")
     began, running = time.time(), None
     for step in progress:

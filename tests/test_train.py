@@ -38,10 +38,12 @@ def test_train_checkpoints_resume_and_distill(tiny_run, tiny_target):
     before = (teacher / "model.safetensors").read_bytes()
     run("teacher", tmp / "teacher", 4)  # the same command with more steps resumes at step 2
     meta = json.loads((teacher / "config.json").read_text())
-    assert meta["training"]["step"] == 4 and (teacher / "model.safetensors").read_bytes() != before
+    assert meta["training"]["step"] == 4 and meta["training"]["resumed_from"] == 2
+    assert (teacher / "model.safetensors").read_bytes() != before
     (teacher / "train_state.safetensors").unlink()  # as after a fresh clone: moments are not committed
     run("teacher", tmp / "teacher", 6)
-    assert json.loads((teacher / "config.json").read_text())["training"]["step"] == 6
+    record = json.loads((teacher / "config.json").read_text())["training"]
+    assert (record["step"], record["resumed_from"]) == (6, 4)
     student = run("distill", tmp / "flashmap", 2, init=teacher)
     assert json.loads((student / "config.json").read_text())["drafter"]["kind"] == "flashmap"
     dflash = run("dflash", tmp / "dflash", 2)
