@@ -57,12 +57,7 @@ def run_hf(target: Target, prompt_ids: list[int], gen: GenerationConfig, prompt_
     with torch.inference_mode():
         out = target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
     seconds = time.perf_counter() - start
-    tokens = out[0, len(prompt_ids):].tolist()
-    for i, tok in enumerate(tokens):
-        if tok in target.eos_token_ids:
-            tokens = tokens[:i]
-            break
-    return Run(tokens, seconds)
+    return Run(target.until_eos(out[0, len(prompt_ids):].tolist()), seconds)
 
 
 def summarize(args, target: Target, base: list[Run], spec: list[Run]) -> dict:

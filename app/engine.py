@@ -130,11 +130,8 @@ def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, genera
 
 def _commit(state: _State, target: Target, tokens: list[int], gen: GenerationConfig) -> tuple[list[int], str | None]:
     """Append tokens to the output, cutting at EOS, the length budget or a stop string."""
-    reason = None
-    for i, tok in enumerate(tokens):
-        if tok in target.eos_token_ids:
-            tokens, reason = tokens[:i], "eos"
-            break
+    kept = target.until_eos(tokens)
+    tokens, reason = kept, ("eos" if len(kept) < len(tokens) else None)
     room = gen.max_new_tokens - len(state.output)
     if len(tokens) >= room:
         tokens, reason = tokens[:room], reason or "length"

@@ -79,6 +79,10 @@ class Target:
         ids = out["input_ids"] if hasattr(out, "keys") else out
         return list(ids)
 
+    def until_eos(self, tokens: list[int]) -> list[int]:
+        """The tokens before the first end-of-sequence token (all of them when there is none)."""
+        return next((tokens[:i] for i, tok in enumerate(tokens) if tok in self.eos_token_ids), tokens)
+
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 

@@ -55,11 +55,7 @@ def generate_batch(target: Target, prompts: list[list[int]], max_new_tokens: int
             ids.to(target.device), attention_mask=mask.to(target.device), max_new_tokens=max_new_tokens,
             do_sample=False, eos_token_id=list(target.eos_token_ids), pad_token_id=pad,
         )
-    responses = []
-    for row in out[:, width:].tolist():
-        cut = next((i for i, t in enumerate(row) if t in target.eos_token_ids), len(row))
-        responses.append(row[:cut])
-    return responses
+    return [target.until_eos(row) for row in out[:, width:].tolist()]
 
 
 def write_shard(path: Path, prompts: list[list[int]], responses: list[list[int]]) -> None:
