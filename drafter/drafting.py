@@ -26,7 +26,7 @@ def one_jump(net: DraftNet, ctx, mask, block: int, generator, factor: torch.Tens
     b, dt = ctx.shape[0], net.cfg.target_hidden
     x0_embed = torch.randn(b, block, dt, generator=generator).to(ctx.device) @ factor.T  # (B, K, D_t)
     zeros, ones = torch.zeros(b, device=ctx.device), torch.ones(b, device=ctx.device)
-    return torch.softmax(net(net.noise_input(x0_embed, ones), zeros, ones, ctx, mask).float(), -1)
+    return net.probs(net.noise_input(x0_embed, ones), zeros, ones, ctx, mask)
 
 
 def jumps(net: DraftNet, ctx, mask, block: int, steps: int, generator, diagonal: bool = False) -> torch.Tensor:
@@ -38,7 +38,7 @@ def jumps(net: DraftNet, ctx, mask, block: int, steps: int, generator, diagonal:
     for n in range(steps):
         s, t = grid[n].expand(b), grid[n + 1].expand(b)
         t_in = s if diagonal else t
-        delta = torch.softmax(net(net.state_input(x, s, t_in), s, t_in, ctx, mask).float(), -1)  # (B, K, V)
+        delta = net.probs(net.state_input(x, s, t_in), s, t_in, ctx, mask)  # (B, K, V)
         if n == steps - 1:
             return delta
         x = flow_map_step(x, delta, s, t)
@@ -82,7 +82,7 @@ def two_jumps_banked(net: DraftNet, ctx, mask, block: int, bank: NoiseBank, gene
     idx = torch.randint(len(bank.log_s), (b, block), generator=generator)  # (B, K)
     x0_embed, weighted, log_s = bank.x0_embed[idx], bank.weighted_embed[idx], bank.log_s[idx]  # (B,K,D_t) x2, (B,K)
     zeros, us, ones = (torch.full((b,), value) for value in (0.0, u, 1.0))
-    delta = torch.softmax(net(net.noise_input(x0_embed, us), zeros, us, ctx, mask).float(), -1)  # (B, K, V)
+    delta = net.probs(net.noise_input(x0_embed, us), zeros, us, ctx, mask)  # (B, K, V)
     d_top, top_ids = delta.topk(min(top, delta.shape[-1]), dim=-1)  # (B, K, T)
     z_top = torch.randn(d_top.shape, generator=generator) if redraw else bank.x0[idx].gather(-1, top_ids)
     e_top = net.embed_matrix()[top_ids]  # (B, K, T, D_t)
@@ -90,13 +90,13 @@ def two_jumps_banked(net: DraftNet, ctx, mask, block: int, bank: NoiseBank, gene
     posterior_embed = (weighted + (r_over_s[..., None] * e_top).sum(-2)) / (1 + r_over_s.sum(-1, keepdim=True))
     raw_embed = (1 - u) * x0_embed + u * (d_top[..., None] * e_top).sum(-2)  # x_u E on the top tokens
     h = net.state_norm(posterior_embed) + (1 - u) * net.raw_norm(raw_embed)  # eq. 9 with (t - s) = 1 - u
-    return torch.softmax(net(h, us, ones, ctx, mask).float(), -1)
+    return net.probs(h, us, ones, ctx, mask)
 
 
 def masked(net: DraftNet, ctx, mask, block: int) -> torch.Tensor:
     b = ctx.shape[0]
     zeros = torch.zeros(b, device=ctx.device)
-    return torch.softmax(net(net.masked_input(b)[:, :block], zeros, zeros, ctx, mask).float(), -1)
+    return net.probs(net.masked_input(b)[:, :block], zeros, zeros, ctx, mask)
 
 
 def choose_tokens(probs: torch.Tensor, temperature: float, generator) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -75,23 +75,35 @@ def jump_times(b: int, vocab: int, generator=None) -> tuple[torch.Tensor, torch.
     return s, u, t
 
 
+def semigroup_target(student: DraftNet, x_s, s, u, t, ctx, mask) -> torch.Tensor:
+    """sg(lambda delta_{s,u}(I_s) + (1 - lambda) delta_{u,t}(X_{s,u}(I_s))) of eq. 7. -> (B, K, V)"""
+    d_su = student.probs(student.state_input(x_s, s, u), s, u, ctx, mask)
+    x_u = flow_map_step(x_s, d_su, s, u)  # (B, K, V) the student's first jump
+    d_ut = student.probs(student.state_input(x_u, u, t), u, t, ctx, mask)
+    lam = semigroup_weight(s, u, t).view(-1, 1, 1).clamp(0.0, 1.0)
+    return lam * d_su + (1 - lam) * d_ut
+
+
 def distill_loss(student: DraftNet, teacher: DraftNet, batch: Blocks, generator=None) -> torch.Tensor:
     """Semigroup flow-map distillation (eq. 7). Zero-length jumps match the frozen teacher D_s(I_s);
-    longer jumps match sg(lambda delta_{s,u}(I_s) + (1 - lambda) delta_{u,t}(X_{s,u}(I_s)))."""
+    longer jumps match the student's own split jump. Each block's target is computed only by the
+    path it uses (teacher for s = t, two student jumps otherwise)."""
     b, k = batch.tokens.shape
     v = student.cfg.draft_vocab
     s, u, t = jump_times(b, v, generator)
     x0 = torch.randn(b, k, v, generator=generator)  # (B, K, V)
     x_s = interpolant(x0, batch.tokens, s)  # (B, K, V)
     ctx, mask = batch.context(student)
+    diag = s == t  # (B,) zero-length jumps
+    jump = ~diag
     with torch.no_grad():
-        on_diag = (s == t).view(-1, 1, 1)  # (B, 1, 1)
-        t_ctx, t_mask = batch.context(teacher)
-        d_teacher = torch.softmax(teacher(teacher.state_input(x_s, s, s), s, s, t_ctx, t_mask).float(), -1)
-        d_su = torch.softmax(student(student.state_input(x_s, s, u), s, u, ctx, mask).float(), -1)
-        x_u = flow_map_step(x_s, d_su, s, u)  # (B, K, V) the student's first jump
-        d_ut = torch.softmax(student(student.state_input(x_u, u, t), u, t, ctx, mask).float(), -1)
-        lam = semigroup_weight(s, u, t).view(-1, 1, 1).clamp(0.0, 1.0)
-        target = torch.where(on_diag, d_teacher, lam * d_su + (1 - lam) * d_ut)  # (B, K, V)
+        target = torch.empty(b, k, v)
+        if diag.any():
+            t_ctx, t_mask = teacher.context(batch.features[diag], batch.feature_mask[diag], batch.anchors[diag],
+                                            batch.anchor_embed[diag])
+            sd = s[diag]
+            target[diag] = teacher.probs(teacher.state_input(x_s[diag], sd, sd), sd, sd, t_ctx, t_mask)
+        if jump.any():
+            target[jump] = semigroup_target(student, x_s[jump], s[jump], u[jump], t[jump], ctx[jump], mask[jump])
     logits = student(student.state_input(x_s, s, t), s, t, ctx, mask)
     return weighted_ce(logits, target, batch.valid, student.cfg.kappa)

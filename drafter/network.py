@@ -138,6 +138,10 @@ class DraftNet(nn.Module):
         x = self.out(modulate(self.out_norm(x), shift, scale))  # (B, K, D_t)
         return x @ self.head_matrix().T  # (B, K, V)
 
+    def probs(self, slot_input, s, t, context, context_mask) -> torch.Tensor:
+        """The per-slot distribution on the simplex (softmax of forward, in fp32). -> (B, K, V)"""
+        return torch.softmax(self(slot_input, s, t, context, context_mask).float(), dim=-1)
+
     def embed_matrix(self) -> torch.Tensor:
         return torch.cat([self.other_embed[None], self.embed_rows[1:]])  # (V, D_t)
 
