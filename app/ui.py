@@ -39,16 +39,20 @@ def token_text(service: ChatService, token: int) -> str:
     return html.escape(text.replace("\n", "⏎").replace(" ", "␣") or "∅")
 
 
+SLOT_MARKS = {"acc": "✓", "rej": "✗", "unr": "·"}
+
+
+def slot_kinds(ev: RoundEvent) -> list[str]:
+    """Per drafted slot: accepted, the first rejected, or not reached (after the rejection)."""
+    return ["acc" if slot < ev.n_accepted else "rej" if slot == ev.n_accepted else "unr"
+            for slot in range(len(ev.drafted))]
+
+
 def render_round(service: ChatService, index: int, ev: RoundEvent) -> str:
     """One row: each drafted slot marked accepted / rejected / not reached, then the target's token."""
     cells = [f"<span class='fm-round'>#{index}</span>"]
-    for slot, token in enumerate(ev.drafted):
-        if slot < ev.n_accepted:
-            kind, mark = "acc", "✓"
-        elif slot == ev.n_accepted:
-            kind, mark = "rej", "✗"
-        else:
-            kind, mark = "unr", "·"
+    for slot, (token, kind) in enumerate(zip(ev.drafted, slot_kinds(ev))):
+        mark = SLOT_MARKS[kind]
         cells.append(f"<span class='fm-slot fm-{kind}' title='slot {slot + 1}'>{mark}{token_text(service, token)}</span>")
     cells.append(f"<span class='fm-slot fm-bonus' title='target'>★{token_text(service, ev.target_token)}</span>")
     return "<div class='fm-row'>" + "".join(cells) + "</div>"
@@ -259,9 +263,9 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
             rows = []
             for ev in service.last_events:
                 if ev.kind == "round":
-                    marks = ["✓" if i < ev.n_accepted else "✗" if i == ev.n_accepted else "·" for i in range(len(ev.drafted))]
-                    rows.append(" ".join(m + service.target.tokenizer.decode([t]) for m, t in zip(marks, ev.drafted))
-                                + " ★" + service.target.tokenizer.decode([ev.target_token]))
+                    decode = service.target.tokenizer.decode
+                    slots = [SLOT_MARKS[kind] + decode([t]) for t, kind in zip(ev.drafted, slot_kinds(ev))]
+                    rows.append(" ".join(slots + ["★" + decode([ev.target_token])]))
             return "\n".join(rows)
 
         gr.api(api_chat, api_name="chat")
