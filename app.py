@@ -14,7 +14,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     add_target_args(parser)
     parser.add_argument("--drafter", default="flashmap", choices=["flashmap", "dflash", "ngram", "none"])
-    parser.add_argument("--weights", default=None, help="drafter checkpoint folder for --drafter")
+    parser.add_argument("--weights", default=None, help="drafter checkpoint folder or hub id for --drafter")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=7860)
     return parser.parse_args(argv)
@@ -30,7 +30,7 @@ def main(argv=None) -> None:
         target = load_target(target_config_from_args(args))
     except TargetLoadError as err:
         raise SystemExit(f"error: {err}") from err
-    service = ChatService(target, {args.drafter: args.weights} if args.weights else None)
+    service = ChatService(target, {args.drafter: args.weights} if args.weights else None, args.allow_download)
     for name, why in service.unavailable.items():
         print(f"note: {name} drafter unavailable ({why})", flush=True)
     print(f"Measuring plain decoding on this machine: {service.calibrate_plain():.1f} tokens/s", flush=True)

@@ -82,6 +82,9 @@ def summarize(args, target: Target, base: list[Run], spec: list[Run]) -> dict:
         "speedup": spec_tps / base_tps,
         "acceptance_length": stats.acceptance_length,
         "per_slot_acceptance": stats.per_slot(args.block_size) if stats.rounds else None,
+        "rounds": stats.rounds,  # with the counts below, runs pool exactly (docs/benchmarks.md)
+        "per_slot_reached": stats.reached[: args.block_size],
+        "per_slot_accepted": stats.accepted[: args.block_size],
         "identical_to_baseline": all(b.tokens == s.tokens for b, s in zip(base, spec)) if greedy else None,
         "per_prompt": [
             {"baseline_tokens": len(b.tokens), "baseline_s": b.seconds, "tokens": len(s.tokens), "s": s.seconds,
@@ -96,7 +99,8 @@ def make_runner(args, target: Target):
     if args.drafter in HF_BASELINES:
         lookup = args.drafter == "hf-prompt-lookup"
         return lambda ids, gen: run_hf(target, ids, gen, lookup)
-    drafter = build_drafter(args.drafter, target, steps=args.steps, weights=args.weights)
+    drafter = build_drafter(args.drafter, target, steps=args.steps, weights=args.weights,
+                            allow_download=args.allow_download)
     if args.noise == "shuffled":
         if not hasattr(drafter, "shared_noise"):
             raise SystemExit(f"--noise shuffled needs a flow drafter, not {args.drafter}")
@@ -104,13 +108,18 @@ def make_runner(args, target: Target):
     return lambda ids, gen: run_engine(target, ids, gen, drafter)
 
 
+def warm_up(target: Target) -> None:
+    """One short generation first, so one-time costs (allocations, kernel choice) hit no measured run."""
+    warm = target.chat_ids([{"role": "user", "content": "Hi"}])
+    run_engine(target, warm, GenerationConfig(max_new_tokens=8), None)
+
+
 def bench(args) -> dict:
     target = load_target(target_config_from_args(args))
     prompts = read_prompts(args.prompts, args.limit)
     run_drafter = make_runner(args, target)
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k)
-    warm = target.chat_ids([{"role": "user", "content": "Hi"}])
-    run_engine(target, warm, GenerationConfig(max_new_tokens=8, block_size=args.block_size), None)  # warm-up
+    warm_up(target)
     base, spec = [], []
     for i, prompt in enumerate(tqdm(prompts, desc=f"bench {args.drafter}", unit="prompt")):
         ids = target.chat_ids([{"role": "user", "content": prompt}])
@@ -138,7 +147,7 @@ def parse_args(argv=None):
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--weights", default=None, help="drafter checkpoint folder (default: weights/<target>/<drafter>)")
+    parser.add_argument("--weights", default=None, help="drafter checkpoint folder or hub id (default: weights/<target>/<drafter>)")
     parser.add_argument("--out", required=True)
     add_target_args(parser)
     return parser.parse_args(argv)

@@ -12,7 +12,8 @@ class DrafterUnavailable(RuntimeError):
     """A drafter cannot be used with this target; the message says why (the app falls back to plain)."""
 
 
-def build_drafter(name: str, target: Target, steps: int = 1, weights: str | None = None) -> Drafter | None:
+def build_drafter(name: str, target: Target, steps: int = 1, weights: str | None = None,
+                  allow_download: bool = False) -> Drafter | None:
     """Return a ready drafter, None for plain decoding, or raise DrafterUnavailable with the reason."""
     if name == "none":
         return None
@@ -23,7 +24,7 @@ def build_drafter(name: str, target: Target, steps: int = 1, weights: str | None
         from drafter.runtime import load_engine_drafter
 
         try:
-            return load_engine_drafter(name, target, steps=steps, weights=weights)
+            return load_engine_drafter(name, target, steps=steps, weights=weights, allow_download=allow_download)
         except CheckpointError as err:
             raise DrafterUnavailable(str(err)) from err
     raise DrafterUnavailable(f"unknown drafter {name!r}; choose from {ENGINE_DRAFTERS + HF_BASELINES}")

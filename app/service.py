@@ -41,9 +41,10 @@ class ChatSettings:
 
 
 class ChatService:
-    def __init__(self, target: Target, weights: dict[str, str] | None = None):
+    def __init__(self, target: Target, weights: dict[str, str] | None = None, allow_download: bool = False):
         self.target = target
         self.weights = weights or {}
+        self.allow_download = allow_download
         self.lock = threading.Lock()
         self._drafters: dict[tuple[str, int], object] = {}
         self.unavailable: dict[str, str] = {}
@@ -64,7 +65,8 @@ class ChatService:
             raise DrafterUnavailable(self.unavailable[name])
         key = (name, steps)
         if key not in self._drafters:
-            self._drafters[key] = build_drafter(name, self.target, steps=steps, weights=self.weights.get(name))
+            self._drafters[key] = build_drafter(name, self.target, steps=steps, weights=self.weights.get(name),
+                                                 allow_download=self.allow_download)
         return self._drafters[key]
 
     def prompt_ids(self, history: list[dict], message: str, settings: ChatSettings) -> list[int]:

@@ -43,11 +43,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--positions", type=int, nargs="+", default=list(POSITIONS), help="T values to time")
     parser.add_argument("--out", default=None)
     add_target_args(parser)
     args = parser.parse_args(argv)
     target = load_target(target_config_from_args(args))
-    cost = verify_cost(target, args.context, args.repeats)
+    cost = verify_cost(target, args.context, args.repeats, sorted(set(args.positions) | {1}))
     result = {"target": target.name, "context": args.context, "seconds": cost,
               "relative_to_one": {t: s / cost[1] for t, s in cost.items()}}
     print(json.dumps(result))

@@ -26,8 +26,8 @@ def save_checkpoint(folder, net, vocab_ids: torch.Tensor, target_identity: dict,
     """Trainable weights in bf16 (small repository), frozen E / LM head rows are re-read from the target."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in net.state_dict().items()}
-    state["vocab_ids"] = vocab_ids.to(torch.int64).contiguous()
+    state = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in net.state_dict().items()}
+    state["vocab_ids"] = vocab_ids.to("cpu", torch.int64).contiguous()
     save_file(state, str(folder / "model.safetensors"))
     meta = {"format": FORMAT, "drafter": net.cfg.to_dict(), "target": target_identity, "training": training}
     (folder / "config.json").write_text(json.dumps(meta, indent=2))

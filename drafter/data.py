@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
@@ -96,10 +97,27 @@ def generate(args) -> None:
 # ---- loading sequences -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class FeatureSlice:
+    """Where a sequence's cached features live: rows start..stop of a shard's feature file. Read on
+    use, so training streams features from disk instead of holding the cache in memory."""
+
+    path: Path
+    start: int
+    stop: int
+
+    def load(self) -> torch.Tensor:
+        with safe_open(str(self.path), framework="pt") as f:
+            return f.get_slice("features")[self.start:self.stop]  # (T, F) bf16
+
+
+@dataclass(frozen=True)
 class Sequence:
     tokens: list[int]
     prompt_len: int
-    features: torch.Tensor | None = None  # (T, F) cached target features (bf16), when extracted
+    features: torch.Tensor | FeatureSlice | None = None  # (T, F) cached target features, when extracted
+
+    def cached_features(self) -> torch.Tensor:
+        return self.features.load() if isinstance(self.features, FeatureSlice) else self.features
 
 
 def shard_paths(folder) -> list[Path]:
@@ -113,9 +131,9 @@ def features_dir(folder, layers: tuple[int, ...]) -> Path:
 def read_shard(path: Path, features_path: Path | None = None) -> list[Sequence]:
     shard = load_file(str(path))
     tokens, offsets = shard["tokens"].tolist(), shard["offsets"].tolist()
-    feats = load_file(str(features_path))["features"] if features_path and features_path.exists() else None
+    cached = features_path is not None and features_path.exists()
     return [Sequence(tokens[offsets[i]:offsets[i + 1]], plen,
-                     None if feats is None else feats[offsets[i]:offsets[i + 1]])
+                     FeatureSlice(features_path, offsets[i], offsets[i + 1]) if cached else None)
             for i, plen in enumerate(shard["prompt_lens"].tolist())]
 
 
@@ -183,32 +201,33 @@ def blocks_from_sequences(target: Target, seqs: list[Sequence], anchors_per_seq:
                           window: int, layers: tuple[int, ...], to_draft: torch.Tensor,
                           generator: torch.Generator) -> Blocks:
     """Sample anchors a in each response (a >= prompt_len - 1): context = features of positions < a
-    (last `window`), anchor = token a, block = tokens a+1..a+K."""
+    (last `window`), anchor = token a, block = tokens a+1..a+K. The features of all sequences form
+    one pool that every block indexes (Blocks.window)."""
     if all(s.features is not None for s in seqs):
-        feats = [s.features.float() for s in seqs]  # cached: no target forward this step
+        feats = [s.cached_features().float() for s in seqs]  # cached: no target forward this step
     else:
         feats = target_features(target, seqs, layers)
     embed = target.model.get_input_embeddings().weight.detach()
-    rows = []
+    rows, offset = [], 0  # (first pool row of the window, its length, anchor id, block ids)
     for seq, feat in zip(seqs, feats):
         lo, hi = max(seq.prompt_len - 1, 1), len(seq.tokens) - 1  # need context and at least one target
-        if hi <= lo:
-            continue
-        for a in torch.randint(lo, hi, (anchors_per_seq,), generator=generator).tolist():
-            ctx = feat[max(0, a - window):a]  # (<=W, F)
-            block = seq.tokens[a + 1:a + 1 + block_size]
-            rows.append((ctx, seq.tokens[a], block))
-    b, f = len(rows), feats[0].shape[-1]
-    features = torch.zeros(b, window, f)
+        for a in (torch.randint(lo, hi, (anchors_per_seq,), generator=generator).tolist() if hi > lo else []):
+            first = max(0, a - window)
+            rows.append((offset + first, a - first, seq.tokens[a], seq.tokens[a + 1:a + 1 + block_size]))
+        offset += len(feat)
+    b = len(rows)
+    index = torch.zeros(b, window, dtype=torch.long)  # (B, W) pool rows, right-aligned
     feature_mask = torch.zeros(b, window, dtype=torch.bool)
     tokens = torch.zeros(b, block_size, dtype=torch.long)
     valid = torch.zeros(b, block_size, dtype=torch.bool)
-    for i, (ctx, _anchor, block) in enumerate(rows):
-        features[i, window - len(ctx):], feature_mask[i, window - len(ctx):] = ctx, True
+    for i, (first, n_ctx, _anchor, block) in enumerate(rows):
+        index[i, window - n_ctx:] = torch.arange(first, first + n_ctx)
+        feature_mask[i, window - n_ctx:] = True
         tokens[i, : len(block)] = to_draft[torch.tensor(block)]
         valid[i, : len(block)] = True
-    anchors = torch.tensor([r[1] for r in rows])
-    return Blocks(features, feature_mask, anchors, embed[anchors.to(embed.device)].float().cpu(), tokens, valid)
+    anchors = torch.tensor([r[2] for r in rows])
+    return Blocks(torch.cat(feats), index, feature_mask, anchors, embed[anchors.to(embed.device)].float().cpu(),
+                  tokens, valid)
 
 
 def main(argv=None) -> None:

@@ -5,7 +5,7 @@ A batch is a `Blocks`: target context and the K clean tokens after each anchor.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch.nn import functional as F
@@ -18,17 +18,49 @@ FULL_JUMP_FRACTION = 1 / 16  # §4 Distillation: 1/16 of the jumps are full (0, 
 
 @dataclass
 class Blocks:
-    """Training blocks: raw target context (each network projects it itself) and the clean tokens."""
+    """Training blocks: target context and the K clean tokens after each anchor.
 
-    features: torch.Tensor  # (B, W, F) target features before each anchor, right-aligned
-    feature_mask: torch.Tensor  # (B, W) True where a context position exists
+    The context is stored once per position (`pool`, P rows) and each block reads its window of it
+    through `window`: blocks drawn from the same sequence share positions, so each network projects a
+    position once per step instead of once per block that sees it.
+    """
+
+    pool: torch.Tensor  # (P, F) target features of every position some block reads
+    window: torch.Tensor  # (B, W) pool row of each context position, right-aligned before the anchor
+    feature_mask: torch.Tensor  # (B, W) True where a context position exists (window is 0 elsewhere)
     anchors: torch.Tensor  # (B,) anchor token ids (target vocabulary)
     anchor_embed: torch.Tensor  # (B, D_t) the target's embedding of each anchor
     tokens: torch.Tensor  # (B, K) draft-vocabulary ids of the clean block (0 = other)
     valid: torch.Tensor  # (B, K) False past the end of the response
 
-    def context(self, net: DraftNet):
-        return net.context(self.features, self.feature_mask, self.anchors, self.anchor_embed)
+    @classmethod
+    def from_windows(cls, features: torch.Tensor, feature_mask, anchors, anchor_embed, tokens, valid) -> "Blocks":
+        """Blocks from per-block windows (B, W, F) that share nothing."""
+        b, w, f = features.shape
+        return cls(features.reshape(b * w, f), torch.arange(b * w).view(b, w), feature_mask, anchors,
+                   anchor_embed, tokens, valid)
+
+    @property
+    def features(self) -> torch.Tensor:
+        return self.pool[self.window]  # (B, W, F)
+
+    def to(self, device) -> "Blocks":
+        return Blocks(*(getattr(self, f.name).to(device) for f in fields(self)))
+
+    def context(self, net: DraftNet, rows: torch.Tensor | None = None):
+        """The network's context (B, W+1, D) and mask for all blocks, or for the blocks in `rows`."""
+        window, mask, anchor_embed = self.window, self.feature_mask, self.anchor_embed
+        if rows is not None:
+            window, mask, anchor_embed = window[rows], mask[rows], anchor_embed[rows]
+        projected = net.ctx_in(self.pool)  # (P, D): each position once
+        return net.context_projected(projected[window], mask, anchor_embed)  # (B, W, D) gathered
+
+
+def draw(shape, generator: torch.Generator | None, device, normal: bool = False) -> torch.Tensor:
+    """Uniform or normal draws made on the generator's own device, then moved: the same code trains on
+    the CPU (tests, this machine) and on a GPU (a generator on the GPU draws the big (B, K, V) noise there)."""
+    source = generator.device if generator is not None else torch.device("cpu")
+    return (torch.randn if normal else torch.rand)(shape, generator=generator, device=source).to(device)
 
 
 def weighted_ce(logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, kappa: float) -> torch.Tensor:
@@ -46,8 +78,9 @@ def teacher_loss(net: DraftNet, batch: Blocks, generator: torch.Generator | None
     """Flow teacher D_t: each block gets its own t (tau ~ U[0,1] mapped back) and noise (eqs. 2, 4)."""
     b, k = batch.tokens.shape
     v = net.cfg.draft_vocab
-    t = t_of_tau(torch.rand(b, generator=generator), v)  # (B,)
-    x0 = torch.randn(b, k, v, generator=generator)  # (B, K, V)
+    device = batch.tokens.device
+    t = t_of_tau(draw(b, generator, "cpu"), v).to(device)  # (B,) the tau table lives on the CPU
+    x0 = draw((b, k, v), generator, device, normal=True)  # (B, K, V)
     x_t = interpolant(x0, batch.tokens, t)  # (B, K, V)
     logits = net(net.state_input(x_t, t, t), t, t, *batch.context(net))
     return weighted_ce(logits, batch.tokens, batch.valid, net.cfg.kappa)
@@ -56,7 +89,7 @@ def teacher_loss(net: DraftNet, batch: Blocks, generator: torch.Generator | None
 def dflash_loss(net: DraftNet, batch: Blocks) -> torch.Tensor:
     """DFlash-style baseline: a fully masked block denoised in one pass, per-slot weighted CE."""
     b = batch.tokens.shape[0]
-    zeros = torch.zeros(b)
+    zeros = torch.zeros(b, device=batch.tokens.device)
     logits = net(net.masked_input(b), zeros, zeros, *batch.context(net))
     return weighted_ce(logits, batch.tokens, batch.valid, net.cfg.kappa)
 
@@ -65,9 +98,9 @@ def jump_times(b: int, vocab: int, generator=None) -> tuple[torch.Tensor, torch.
     """(s, u, t) per block: half zero-length (s = u = t), the rest s < u < t drawn in tau-space;
     FULL_JUMP_FRACTION of all blocks (so twice that of the non-zero half) are full jumps (0, 1), with u
     random in between (§3.2, §4)."""
-    taus = torch.rand(b, 3, generator=generator).sort(dim=1).values  # (B, 3)
-    zero_len = torch.rand(b, generator=generator) < 0.5  # (B,)
-    full = ~zero_len & (torch.rand(b, generator=generator) < 2 * FULL_JUMP_FRACTION)
+    taus = draw((b, 3), generator, "cpu").sort(dim=1).values  # (B, 3)
+    zero_len = draw(b, generator, "cpu") < 0.5  # (B,)
+    full = ~zero_len & (draw(b, generator, "cpu") < 2 * FULL_JUMP_FRACTION)
     taus[zero_len] = taus[zero_len, :1].expand(-1, 3)
     taus[full, 0], taus[full, 2] = 0.0, 1.0
     s, u, t = (t_of_tau(taus[:, i], vocab) for i in range(3))
@@ -90,17 +123,17 @@ def distill_loss(student: DraftNet, teacher: DraftNet, batch: Blocks, generator=
     path it uses (teacher for s = t, two student jumps otherwise)."""
     b, k = batch.tokens.shape
     v = student.cfg.draft_vocab
-    s, u, t = jump_times(b, v, generator)
-    x0 = torch.randn(b, k, v, generator=generator)  # (B, K, V)
+    device = batch.tokens.device
+    s, u, t = (time.to(device) for time in jump_times(b, v, generator))
+    x0 = draw((b, k, v), generator, device, normal=True)  # (B, K, V)
     x_s = interpolant(x0, batch.tokens, s)  # (B, K, V)
     ctx, mask = batch.context(student)
     diag = s == t  # (B,) zero-length jumps
     jump = ~diag
     with torch.no_grad():
-        target = torch.empty(b, k, v)
+        target = torch.empty(b, k, v, device=device)
         if diag.any():
-            t_ctx, t_mask = teacher.context(batch.features[diag], batch.feature_mask[diag], batch.anchors[diag],
-                                            batch.anchor_embed[diag])
+            t_ctx, t_mask = batch.context(teacher, rows=diag)
             sd = s[diag]
             target[diag] = teacher.probs(teacher.state_input(x_s[diag], sd, sd), sd, sd, t_ctx, t_mask)
         if jump.any():

@@ -15,6 +15,7 @@ import math
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 from drafter.config import DrafterConfig
 from drafter.flow import posterior
@@ -77,6 +78,7 @@ class DraftNet(nn.Module):
     def __init__(self, cfg: DrafterConfig, embed_rows: torch.Tensor, head_rows: torch.Tensor):
         super().__init__()
         self.cfg = cfg
+        self.grad_checkpoint = False  # training option (drafter.train --grad-checkpoint), not a config field
         d, dt = cfg.d_model, cfg.target_hidden
         # frozen copies of the target's E and LM head rows for the draft vocabulary (V, D_t); row 0 is
         # the "other" class (every token outside the draft vocabulary) and is learned instead
@@ -120,7 +122,11 @@ class DraftNet(nn.Module):
 
     def context(self, features: torch.Tensor, mask: torch.Tensor, anchor: torch.Tensor, anchor_embed: torch.Tensor):
         """features (B, W, F) right-aligned before the anchor, mask (B, W) -> context (B, W+1, D), mask (B, W+1)."""
-        ctx = self.ctx_in(features)  # (B, W, D)
+        return self.context_projected(self.ctx_in(features), mask, anchor_embed)
+
+    def context_projected(self, ctx: torch.Tensor, mask: torch.Tensor, anchor_embed: torch.Tensor):
+        """context() after ctx_in: training and the engine project each position once and reuse it.
+        ctx (B, W, D), mask (B, W), anchor_embed (B, D_t) -> context (B, W+1, D), mask (B, W+1)."""
         anchor_tok = self.anchor_in(anchor_embed)[:, None]  # (B, 1, D)
         ctx = torch.cat([ctx, anchor_tok], dim=1) + self.ctx_pos[-ctx.shape[1] - 1 :]  # (B, W+1, D)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, W+1)
@@ -133,7 +139,10 @@ class DraftNet(nn.Module):
         x = self.slot_in(slot_input) + self.slot_pos[:k]  # (B, K, D)
         cond = self.time_mlp(torch.cat([time_embedding(s, d), time_embedding(t, d)], dim=-1))  # (B, D)
         for block in self.blocks:
-            x = block(x, cond, context, context_mask)
+            if self.grad_checkpoint and self.training:  # recompute activations in backward (large V, big D)
+                x = checkpoint(block, x, cond, context, context_mask, use_reentrant=False)
+            else:
+                x = block(x, cond, context, context_mask)
         shift, scale = self.out_ada(F.silu(cond)).chunk(2, dim=-1)
         x = self.out(modulate(self.out_norm(x), shift, scale))  # (B, K, D_t)
         return x @ self.head_matrix().T  # (B, K, V)

@@ -68,22 +68,24 @@ class FlowDrafter:
         self.input_embeddings = target.model.get_input_embeddings().weight.detach()  # (V_t, D_t)
         self.factor = drafting.noise_embedding_factor(net) if mode == "flowmap" else None
         self.bank: drafting.NoiseBank | None = None  # App. B noise bank, built on the first 2-step draft
-        self.features: list[torch.Tensor] = []
+        self.projected: list[torch.Tensor] = []  # projected context window (W, D), ctx_in applied
         self.shared_noise = True  # False: per-slot independent noise (the shuffle test, §6.2)
 
     def reset(self) -> None:
-        self.features = []
+        self.projected = []
 
     def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
-        self.features.append(features.float().cpu())  # (N, F)
-        window = torch.cat(self.features)[-self.net.cfg.context_window :]  # (<=W, F)
-        self.features = [window]
+        """Project the new positions' features once (N, F) -> (N, D) and keep the last W."""
+        with torch.inference_mode():
+            projected = self.net.ctx_in(features.float().cpu())  # (N, D)
+        self.projected.append(projected)
+        self.projected = [torch.cat(self.projected)[-self.net.cfg.context_window :]]  # (<=W, D)
 
     def context(self, anchor: int):
-        feats = self.features[0][None]  # (1, W, F)
+        ctx = self.projected[0][None]  # (1, W, D)
         anchor_embed = self.input_embeddings[anchor].float().cpu()[None]  # (1, D_t)
-        mask = torch.ones(feats.shape[:2], dtype=torch.bool)  # (1, W)
-        return self.net.context(feats, mask, torch.tensor([anchor]), anchor_embed)
+        mask = torch.ones(ctx.shape[:2], dtype=torch.bool)  # (1, W)
+        return self.net.context_projected(ctx, mask, anchor_embed)
 
     def block_probs(self, anchor: int, block: int, generator) -> torch.Tensor:
         """Per-slot draft distribution (K, V) given one noise draw shared by the block, or, for the
@@ -120,10 +122,41 @@ class FlowDrafter:
         return Draft(target_tokens, q_draft)
 
 
-def load_engine_drafter(name: str, target, steps: int = 1, weights: str | None = None) -> FlowDrafter:
-    """name: flashmap | flashmap-teacher | dflash. Raises CheckpointError with the reason."""
+PUBLISHED_DFLASH = {  # published drafters in the z-lab format, read from the local Hugging Face cache
+    "Qwen/Qwen3-8B": "z-lab/Qwen3-8B-DFlash-b16",
+    "Qwen/Qwen3-4B": "z-lab/Qwen3-4B-DFlash-b16",
+}
+
+
+def resolve_weights(spec: str, allow_download: bool = False) -> Path:
+    """A drafter folder from a local path or a hub id (local cache only unless allow_download)."""
+    path = Path(spec)
+    if path.exists() or not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", spec):
+        return path
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(spec, allow_patterns=["*.json", "*.safetensors"],
+                                      local_files_only=not allow_download))
+    except Exception as err:  # offline miss, unknown repo, network: all mean "not usable here"
+        hint = "" if allow_download else "; pass --allow-download on a machine with internet, or --weights FOLDER"
+        raise CheckpointError(f"no folder {spec} and hub repo {spec} is not in the local cache{hint} ({err})") from err
+
+
+def load_engine_drafter(name: str, target, steps: int = 1, weights: str | None = None,
+                        allow_download: bool = False):
+    """name: flashmap | flashmap-teacher | dflash. Raises CheckpointError with the reason.
+
+    dflash also accepts a published z-lab DFlash folder or hub id (drafter.zlab_dflash); for a target
+    with a known published drafter and no local checkpoint, that one is looked up in the cache."""
+    from drafter import zlab_dflash
+
     folder = {"flashmap": "flashmap", "flashmap-teacher": "flashmap-teacher", "dflash": "dflash"}[name]
-    path = Path(weights) if weights else default_weights(target.identity["name"], folder)
+    path = resolve_weights(weights, allow_download) if weights else default_weights(target.identity["name"], folder)
+    if name == "dflash" and not weights and not path.exists() and target.name in PUBLISHED_DFLASH:
+        path = resolve_weights(PUBLISHED_DFLASH[target.name], allow_download)
+    if name == "dflash" and zlab_dflash.is_zlab_folder(path):
+        return zlab_dflash.ZLabDFlashDrafter(zlab_dflash.load_zlab_net(path, target), target)
     net, vocab_ids, _meta = load_net(path, target)
     mode = {"flashmap": "flowmap", "flashmap-teacher": "teacher", "dflash": "dflash"}[name]
     if mode == "flowmap" and net.cfg.kind != "flashmap" or mode == "dflash" and net.cfg.kind != "dflash":

@@ -48,8 +48,8 @@ def batch(size: int, gen: torch.Generator) -> tuple[Blocks, torch.Tensor]:
     ctx_ids = torch.randint(0, 2, (size,), generator=gen)  # (B,)
     which = torch.randint(0, 2, (size,), generator=gen)  # (B,) mode index
     tokens = torch.tensor([MODES[int(c)][int(w)] for c, w in zip(ctx_ids, which)])  # (B, 2)
-    blocks = Blocks(context_features(ctx_ids), torch.ones(size, 1, dtype=torch.bool), ctx_ids,
-                    torch.zeros(size, 16), tokens, torch.ones_like(tokens, dtype=torch.bool))
+    blocks = Blocks.from_windows(context_features(ctx_ids), torch.ones(size, 1, dtype=torch.bool), ctx_ids,
+                                 torch.zeros(size, 16), tokens, torch.ones_like(tokens, dtype=torch.bool))
     return blocks, ctx_ids
 
 

@@ -48,10 +48,14 @@ class TrainConfig:
     save_every: int = 100
     seed: int = 0
     threads: int = 0  # 0: torch default
+    precision: str = "bf16"  # bf16: matmuls under autocast (4x faster on CPUs with AVX512-BF16); fp32
+    grad_checkpoint: bool = False  # recompute each drafter block in backward (large drafters on a 24 GB GPU)
 
     def __post_init__(self):
         if self.stage not in STAGES:
             raise ValueError(f"--stage must be one of {STAGES}")
+        if self.precision not in ("bf16", "fp32"):
+            raise ValueError("--precision must be bf16 or fp32")
         if self.stage == "distill" and not self.init:
             raise ValueError("--stage distill needs --init <teacher checkpoint>")
 
@@ -73,7 +77,7 @@ def save_train_state(path: Path, opt: torch.optim.Optimizer, step: int) -> None:
     tensors = {"global_step": torch.tensor(step)}
     for i, state in opt.state_dict()["state"].items():
         for key, value in state.items():
-            tensors[f"{key}.{i}"] = torch.as_tensor(value).clone()
+            tensors[f"{key}.{i}"] = torch.as_tensor(value).detach().cpu().clone()
     save_file(tensors, str(path))
 
 
@@ -115,9 +119,11 @@ def loss_for(cfg: TrainConfig, net, teacher, blocks, gen):
 
 
 def train(cfg: TrainConfig, args) -> Path:
+    """Train on the target's device (the CPU here, a GPU when --device cuda); resumes from cfg.out."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     target = load_target(target_config_from_args(args))
+    device = target.device
     seqs = [s for s in load_sequences(cfg.data) if len(s.tokens) - s.prompt_len >= 2]
     if not seqs:
         raise SystemExit(f"no training sequences in {cfg.data}; run python -m drafter.data generate first")
@@ -127,8 +133,10 @@ def train(cfg: TrainConfig, args) -> Path:
     saved_step = 0
     if (out / "config.json").exists():  # resume: weights (and vocabulary) from the last save
         net, vocab_ids, meta = load_net(out, target)
-        net.train()
         saved_step = int(meta.get("training", {}).get("step", 0))
+    net = net.to(device).train()
+    net.grad_checkpoint = cfg.grad_checkpoint
+    teacher = teacher.to(device) if teacher is not None else None
     to_draft = target_to_draft_map(vocab_ids, target.vocab_size)
     decay = 0.0 if cfg.stage == "distill" else cfg.weight_decay
     params = [p for p in net.parameters() if p.requires_grad]
@@ -140,15 +148,18 @@ def train(cfg: TrainConfig, args) -> Path:
     for group in opt.param_groups:
         group.setdefault("initial_lr", cfg.lr)  # LambdaLR resumes from last_epoch only with this set
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, cfg), last_epoch=start - 1)
-    gen = torch.Generator().manual_seed(cfg.seed + start)  # a resumed run draws fresh batches
-    training = {"train_config": asdict(cfg), "data": cfg.data, "sequences": len(seqs), "resumed_from": start}
+    data_gen = torch.Generator().manual_seed(cfg.seed + start)  # batches and anchors; a resumed run draws fresh ones
+    noise_gen = torch.Generator(device=device).manual_seed(cfg.seed + start + 1)  # times and noise, on the device
+    training = {"train_config": asdict(cfg), "data": cfg.data, "sequences": len(seqs), "resumed_from": start,
+                "device": str(device)}
     progress = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.stage}")
     began, running = time.time(), None
     for step in progress:
-        idx = torch.randint(len(seqs), (cfg.batch_seqs,), generator=gen).tolist()
+        idx = torch.randint(len(seqs), (cfg.batch_seqs,), generator=data_gen).tolist()
         blocks = blocks_from_sequences(target, [seqs[i] for i in idx], cfg.anchors_per_seq, net.cfg.block_size,
-                                       net.cfg.context_window, net.cfg.feature_layers, to_draft, gen)
-        loss = loss_for(cfg, net, teacher, blocks, gen)
+                                       net.cfg.context_window, net.cfg.feature_layers, to_draft, data_gen).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+            loss = loss_for(cfg, net, teacher, blocks, noise_gen)  # weights and optimizer stay fp32
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -179,6 +190,8 @@ def parse_args(argv=None):
     for field, default in [("block-size", 16), ("d-model", 256), ("n-layers", 4), ("n-heads", 4),
                            ("n-feature-layers", 4), ("draft-vocab", 4096), ("context-window", 128)]:
         parser.add_argument(f"--{field}", type=int, default=default)
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--grad-checkpoint", action="store_true", help="recompute drafter blocks in backward")
     add_target_args(parser)
     return parser.parse_args(argv)
 
@@ -187,7 +200,7 @@ def config_from_args(args) -> TrainConfig:
     lr = args.lr if args.lr is not None else (5e-5 if args.stage == "distill" else 6e-4)
     return TrainConfig(args.stage, args.data, args.out, args.init, args.steps, args.batch_seqs,
                        args.anchors_per_seq, lr, args.warmup_frac, args.decay_frac, args.weight_decay,
-                       args.save_every, args.seed, args.threads)
+                       args.save_every, args.seed, args.threads, args.precision, args.grad_checkpoint)
 
 
 def main(argv=None) -> None:

@@ -1,6 +1,7 @@
 """GPU check for a lent accelerator: the engine on CUDA with bf16, 8-bit and FP8 weights, on a tiny
 random Qwen3 and on SmolLM2-135M (the embedded GGUF re-saved as safetensors so it can be quantised).
-Prints one JSON line per run: target, quant, tokens/s (plain and n-gram), identical_to_baseline.
+Also a tiny random drafter in the published z-lab DFlash format, and the shipped FlashMap drafter on
+SmolLM2. Prints one JSON line per run: target, drafter, quant, tokens/s (plain and drafted), identical_to_baseline.
 
 python scripts/gpu_check.py [--device cuda] [--limit 3]      (CPU smoke test: --device cpu --quants none)
 """
@@ -38,6 +39,23 @@ def save_targets(folder: Path) -> dict[str, Path]:
     return {"tiny-qwen3": tiny, "smollm2-135m": smol}
 
 
+def save_zlab(folder: Path, tiny_folder: Path) -> Path:
+    """A tiny random drafter in the published z-lab DFlash format for the tiny Qwen3."""
+    from tests.test_zlab_dflash import write_zlab, zlab_config, zlab_tensors
+    from tests.tiny import make_target
+    from transformers import AutoModelForCausalLM
+
+    target = make_target(AutoModelForCausalLM.from_pretrained(tiny_folder))
+    cfg = zlab_config(target)
+    return write_zlab(folder / "tiny-zlab", cfg, zlab_tensors(cfg))
+
+
+def drafter_runs(folders: dict[str, Path], zlab: Path) -> list[tuple[str, list[str]]]:
+    """(target name, extra bench flags) for the drafters beyond n-gram."""
+    return [("tiny-qwen3", ["--drafter", "dflash", "--weights", str(zlab), "--block-size", "3"]),
+            ("smollm2-135m-instruct", ["--drafter", "flashmap", "--block-size", "16"])]  # embedded GGUF + shipped weights
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="cuda")
@@ -48,11 +66,15 @@ def main() -> None:
     from app import bench
 
     with tempfile.TemporaryDirectory() as tmp:
-        for name, folder in save_targets(Path(tmp)).items():
-            for quant in args.quants:
-                out = Path(tmp) / f"{name}-{quant}.json"
-                argv = ["--prompts", args.prompts, "--limit", str(args.limit), "--drafter", "ngram",
-                        "--max-new-tokens", "64", "--block-size", "8", "--target", str(folder), "--device",
+        folders = save_targets(Path(tmp))
+        runs = [(name, ["--drafter", "ngram", "--block-size", "8"]) for name in folders]
+        runs += drafter_runs(folders, save_zlab(Path(tmp), folders["tiny-qwen3"]))
+        for name, drafter_flags in runs:
+            folder = folders.get(name, name)  # the embedded id loads from the wheel (GGUF: no quantisation)
+            for quant in args.quants if name in folders else ["none"]:
+                out = Path(tmp) / f"{name}-{drafter_flags[1]}-{quant}.json"
+                argv = ["--prompts", args.prompts, "--limit", str(args.limit), *drafter_flags,
+                        "--max-new-tokens", "64", "--target", str(folder), "--device",
                         args.device, "--quant", quant, "--dtype", "bf16" if args.device != "cpu" else "fp32",
                         "--out", str(out)]
                 try:
@@ -61,7 +83,8 @@ def main() -> None:
                     row = {k: result[k] for k in ("baseline_tokens_per_s", "tokens_per_s", "identical_to_baseline")}
                 except Exception as err:  # report and go on: one failing mode must not hide the others
                     row = {"error": f"{type(err).__name__}: {err}"}
-                print(json.dumps({"target": name, "device": args.device, "quant": quant, **row}), flush=True)
+                print(json.dumps({"target": name, "drafter": drafter_flags[1], "device": args.device, "quant": quant,
+                                  **row}), flush=True)
 
 
 if __name__ == "__main__":

@@ -33,3 +33,20 @@ def test_bench_contract(tiny_folder, tmp_path):
     bench.main(["--prompts", str(prompts), "--drafter", "none", "--temperature", "1", "--max-new-tokens", "8",
                 "--target", str(tiny_folder), "--out", str(out)])
     assert json.loads(out.read_text())["identical_to_baseline"] is None
+
+
+def test_suite_runs_variants_against_one_baseline(tiny_folder, tmp_path):
+    from app import suite
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"w{10 + i} w11 w12 w10 w11"}) for i in range(3)))
+    out = tmp_path / "s.json"
+    suite.main(["--prompts", str(prompts), "--variants", "ngram", "ngram,k=2", "hf-generate", "--block-size", "4",
+                "--max-new-tokens", "10", "--target", str(tiny_folder), "--out", str(out)])
+    results = json.loads(out.read_text())["results"]
+    assert [r["variant"] for r in results] == ["ngram", "ngram,k=2", "hf-generate"]
+    assert all(r["identical_to_baseline"] is True and r["prompts"] == 3 for r in results)
+    assert len({r["baseline_tokens_per_s"] for r in results}) == 1  # one shared plain baseline
+    assert len(results[1]["per_slot_acceptance"]) == 2 and results[1]["block_size"] == 2
+    with pytest.raises(SystemExit):
+        suite.parse_variant("ngram,depth=3", suite.parse_args(["--prompts", "x", "--variants", "ngram", "--out", "y"]))

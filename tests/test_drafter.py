@@ -9,7 +9,7 @@ from app.registry import DrafterUnavailable, build_drafter
 from drafter.checkpoint import CheckpointError, save_checkpoint
 from drafter.config import DrafterConfig
 from drafter.data import Sequence, blocks_from_sequences, draft_vocabulary, target_to_draft_map
-from drafter.losses import dflash_loss, distill_loss, teacher_loss
+from drafter.losses import Blocks, dflash_loss, distill_loss, teacher_loss
 from drafter.runtime import FlowDrafter, build_net, load_engine_drafter, load_net
 from tests.tiny import assert_sampled_distribution_exact, make_target, tiny_llama
 
@@ -58,8 +58,10 @@ def test_network_shapes_and_masked_context_is_ignored(setup, tiny_target):
     s, t = torch.full((len(x),), 0.3), torch.full((len(x),), 0.7)
     logits = net(net.state_input(x, s, t), s, t, *blocks.context(net))
     assert logits.shape == (len(x), 4, 16)
-    changed = copy.deepcopy(blocks)
-    changed.features[~changed.feature_mask] = 100.0  # garbage where there is no context
+    garbage = blocks.features.clone()
+    garbage[~blocks.feature_mask] = 100.0  # garbage where there is no context
+    changed = Blocks.from_windows(garbage, blocks.feature_mask, blocks.anchors, blocks.anchor_embed,
+                                  blocks.tokens, blocks.valid)
     assert torch.allclose(logits, net(net.state_input(x, s, t), s, t, *changed.context(net)), atol=1e-5)
     other = net(net.state_input(x, s, t), s, t, *net.context(blocks.features + 1, blocks.feature_mask,
                                                                 blocks.anchors, blocks.anchor_embed))

@@ -1,0 +1,214 @@
+"""Regenerate docs/benchmarks.md and its plots from the bench runs in docs/results/.
+
+python scripts/report.py [--results docs/results] [--out docs]
+
+Reads the JSON written by `python -m app.suite` / `python -m app.verify_cost` (scripts/bench_report.sh
+runs them) and writes docs/benchmarks.md plus PNGs beside it. Every number in the report is read from
+those files; nothing is typed in by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+DOMAINS = ("math", "code", "chat")
+MAIN_ORDER = ("ngram", "hf-prompt-lookup", "dflash", "flashmap,steps=1", "flashmap,steps=2")
+LABELS = {"ngram": "n-gram (engine)", "hf-prompt-lookup": "transformers prompt lookup", "dflash": "DFlash-style",
+          "flashmap,steps=1": "FlashMap 1-step", "flashmap,steps=2": "FlashMap 2-step",
+          "flashmap-teacher,steps=16": "flow teacher, 16 steps"}
+SLOT_DRAFTERS = ("dflash", "flashmap,steps=1", "flashmap,steps=2")
+
+
+def load(folder: Path, name: str) -> dict | None:
+    path = folder / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def fmt(value, digits=2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def by_variant(run: dict) -> dict[str, dict]:
+    return {r["variant"]: r for r in run["results"]}
+
+
+def pooled_slots(rows: list[dict]) -> list[float | None]:
+    """Conditional acceptance per slot pooled over runs from the raw counts."""
+    reached = [sum(c) for c in zip(*(r["per_slot_reached"] for r in rows))]
+    accepted = [sum(c) for c in zip(*(r["per_slot_accepted"] for r in rows))]
+    return [a / n if n else None for a, n in zip(accepted, reached)]
+
+
+def main_table(run: dict, domain: str, temperature: int) -> list[str]:
+    rows = by_variant(run)
+    any_row = next(iter(rows.values()))
+    lines = [f"**{domain}, T={temperature}** — {any_row['prompts']} prompts, {run['max_new_tokens']} new tokens, "
+             f"K={any_row['block_size']}", "",
+             "| drafter | tokens/s | speedup | acceptance length | identical to plain |", "|---|---|---|---|---|",
+             f"| plain decoding | {fmt(any_row['baseline_tokens_per_s'], 1)} | 1.00× | 1.00 | — |"]
+    for name in MAIN_ORDER:
+        if name in rows:
+            r = rows[name]
+            same = {True: "yes", False: "**no**", None: "n/a (T>0)"}[r["identical_to_baseline"]]
+            lines.append(f"| {LABELS[name]} | {fmt(r['tokens_per_s'], 1)} | {fmt(r['speedup'])}× | "
+                         f"{fmt(r['acceptance_length'])} | {same} |")
+    return lines + [""]
+
+
+def plot_speedups(mains: dict, out: Path) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    for ax, temperature in zip(axes, (0, 1)):
+        width = 0.8 / len(MAIN_ORDER)
+        for i, name in enumerate(MAIN_ORDER):
+            values = [by_variant(mains[(d, temperature)]).get(name, {}).get("speedup") if (d, temperature) in mains
+                      else None for d in DOMAINS]
+            ax.bar([j + i * width for j in range(len(DOMAINS))], [v or 0 for v in values], width, label=LABELS[name])
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(DOMAINS))], DOMAINS)
+        ax.set_title(f"T = {temperature}")
+        ax.set_ylabel("speedup over plain decoding")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_k_sweep(run: dict, out: Path) -> list[str]:
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in run["results"]:
+        base = ",".join(part for part in r["variant"].split(",") if not part.startswith("k="))
+        series.setdefault(base, []).append((r["block_size"], r["acceptance_length"]))
+    ks = sorted({k for pts in series.values() for k, _ in pts})
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, pts in series.items():
+        pts.sort()
+        ax.plot([k for k, _ in pts], [a for _, a in pts], marker="o", label=LABELS.get(name, name))
+    ax.set_xlabel("proposal length K")
+    ax.set_ylabel("acceptance length (tokens per target forward)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    lines = ["| drafter | " + " | ".join(f"K={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+    for name, pts in series.items():
+        got = dict(pts)
+        lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(fmt(got.get(k)) for k in ks) + " |")
+    return lines + [""]
+
+
+def plot_slots(mains: dict, out: Path, temperature: int = 0) -> list[str]:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    lines = ["| drafter | " + " | ".join(str(k) for k in range(1, 17)) + " |", "|---|" + "---|" * 16]
+    for name in SLOT_DRAFTERS:
+        rows = [by_variant(run)[name] for (d, t), run in mains.items() if t == temperature and name in by_variant(run)]
+        if not rows:
+            continue
+        rates = pooled_slots(rows)
+        ax.plot(range(1, len(rates) + 1), [r if r is not None else float("nan") for r in rates], marker="o",
+                label=LABELS[name])
+        lines.append(f"| {LABELS[name]} | " + " | ".join(fmt(r) for r in rates) + " |")
+    ax.set_xlabel("slot k")
+    ax.set_ylabel("P(slot k accepted | slots < k accepted)")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return lines + [""]
+
+
+def shuffle_table(run: dict) -> list[str]:
+    rows = by_variant(run)
+    lines = ["| drafter | shared noise | per-slot independent noise | Δ |", "|---|---|---|---|"]
+    for name, r in rows.items():
+        if "noise=shuffled" in name:
+            continue
+        shuffled = rows.get(name + ",noise=shuffled")
+        if shuffled is None:
+            continue
+        a, b = r["acceptance_length"], shuffled["acceptance_length"]
+        lines.append(f"| {LABELS.get(name, name)} | {fmt(a, 3)} | {fmt(b, 3)} | {a - b:+.3f} |")
+    return lines + [""]
+
+
+def verify_section(cost: dict, mains: dict) -> list[str]:
+    rel = {int(k): v for k, v in cost["relative_to_one"].items()}
+    sec = {int(k): v for k, v in cost["seconds"].items()}
+    lines = ["| positions T | " + " | ".join(str(t) for t in sorted(rel)) + " |", "|---|" + "---|" * len(rel),
+             "| ms | " + " | ".join(f"{1000 * sec[t]:.1f}" for t in sorted(rel)) + " |",
+             "| × one position | " + " | ".join(f"{rel[t]:.2f}" for t in sorted(rel)) + " |", ""]
+    if 17 in rel:
+        lines.append(f"A K=16 round feeds 17 positions, {rel[17]:.2f}× the cost of one plain step, so even a free "
+                     f"drafter must commit more than {rel[17]:.2f} tokens per round to break even, and the speedup "
+                     f"can be at most acceptance length / {rel[17]:.2f}. With the measured acceptance lengths:")
+        lines += ["", "| run | acceptance length | ceiling (free drafter) | measured speedup |", "|---|---|---|---|"]
+        for (d, t), run in sorted(mains.items()):
+            for name in ("dflash", "flashmap,steps=1", "flashmap,steps=2"):
+                r = by_variant(run).get(name)
+                if r and r["acceptance_length"]:
+                    lines.append(f"| {d} T={t} {LABELS[name]} | {fmt(r['acceptance_length'])} | "
+                                 f"{r['acceptance_length'] / rel[17]:.2f}× | {fmt(r['speedup'])}× |")
+    return lines + [""]
+
+
+def build(results: Path, out: Path) -> str:
+    mains = {(d, t): run for d in DOMAINS for t in (0, 1) if (run := load(results, f"main_{d}_t{t}.json"))}
+    doc = ["# Benchmarks: SmolLM2-135M-Instruct on a 2-core CPU", "",
+           "Generated by `python scripts/report.py` from the JSON files in `docs/results/`, which "
+           "`bash scripts/bench_report.sh` writes (each file is one side-by-side run: for every prompt, plain "
+           "decoding and every drafter run back to back, in a rotating order). Speedups are ratios of "
+           "tokens/s within one run.", ""]
+    if mains:
+        doc += ["## Speedup and acceptance length", ""]
+        for key in sorted(mains, key=lambda k: (k[1], DOMAINS.index(k[0]))):
+            doc += main_table(mains[key], *key)
+        plot_speedups(mains, out / "bench-speedup.png")
+        doc += ["![speedup per domain](bench-speedup.png)", ""]
+    if ksweep := load(results, "ksweep_t0.json"):
+        doc += ["## Acceptance length against proposal length K (paper Fig. 2)", "",
+                f"T=0, prompts: {', '.join(Path(p).name for p in ksweep['prompts_files'])}, first "
+                f"{ksweep['limit']} of each.", ""]
+        doc += plot_k_sweep(ksweep, out / "bench-k-sweep.png")
+        doc += ["![acceptance length vs K](bench-k-sweep.png)", ""]
+    if mains:
+        doc += ["## Conditional acceptance per slot (paper Fig. 3)", "",
+                "Pooled over the three T=0 runs above: the rate at slot k among rounds that reached slot k.", ""]
+        doc += plot_slots(mains, out / "bench-slots.png")
+        doc += ["![per-slot acceptance](bench-slots.png)", ""]
+    for t in (0, 1):
+        if shuffle := load(results, f"shuffle_t{t}.json"):
+            first = shuffle["results"][0]
+            doc += [f"## Shuffle test (paper Table 2), T={t}", "",
+                    f"Acceptance length with one noise draw shared by the block against each slot taken from its "
+                    f"own independent draw (same per-slot marginals, no joint structure); {first['prompts']} "
+                    f"prompts, K={first['block_size']}.", ""]
+            doc += shuffle_table(shuffle)
+    if cost := load(results, "verify_cost.json"):
+        doc += ["## Verify cost and the ceiling it sets", "",
+                "`python -m app.verify_cost`: median time of one target forward over T new positions after "
+                f"{cost['context']} cached ones.", ""]
+        doc += verify_section(cost, mains)
+    return "\n".join(doc)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", default="docs/results")
+    parser.add_argument("--out", default="docs")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    text = build(Path(args.results), out)
+    (out / "benchmarks.md").write_text(text + "\n")
+    print(f"wrote {out / 'benchmarks.md'}")
+
+
+if __name__ == "__main__":
+    main()
