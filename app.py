@@ -34,6 +34,8 @@ def main(argv=None) -> None:
     for name, why in service.unavailable.items():
         print(f"note: {name} drafter unavailable ({why})", flush=True)
     print(f"Measuring plain decoding on this machine: {service.calibrate_plain():.1f} tokens/s", flush=True)
+    curve = service.calibrate_verify_cost()
+    print(f"Verify cost of 2 / 9 / 17 positions: {curve[1]:.2f} / {curve[8]:.2f} / {curve[16]:.2f} x one", flush=True)
     demo = build_ui(service, args.drafter)
     demo.launch(server_name=args.host, server_port=args.port, share=False, css=CSS)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from app.engine import GenerationConfig, RoundEvent, generate
+from app.engine import MAX_BLOCK_SIZE, GenerationConfig, RoundEvent, generate
 from app.prompts import read_jsonl
 from app.registry import ENGINE_DRAFTERS, HF_BASELINES, build_drafter
 from app.sampling import SamplingConfig
@@ -74,6 +74,7 @@ def summarize(args, target: Target, base: list[Run], spec: list[Run]) -> dict:
         "steps": args.steps,
         "noise": args.noise,
         "block_size": args.block_size,
+        "adaptive": bool(getattr(args, "adaptive", False)),
         "temperature": args.temperature,
         "prompts": len(spec),
         "new_tokens": spec_tokens,
@@ -114,16 +115,24 @@ def warm_up(target: Target) -> None:
     run_engine(target, warm, GenerationConfig(max_new_tokens=8), None)
 
 
+def cost_curve(target: Target) -> tuple[float, ...]:
+    """The verify cost curve the adaptive draft length uses, measured at start-up (a few seconds)."""
+    from app.verify_cost import relative_curve
+
+    return relative_curve(target, MAX_BLOCK_SIZE + 1)
+
+
 def bench(args) -> dict:
     target = load_target(target_config_from_args(args))
     prompts = read_prompts(args.prompts, args.limit)
     run_drafter = make_runner(args, target)
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k)
     warm_up(target)
+    curve = cost_curve(target) if args.adaptive else ()
     base, spec = [], []
     for i, prompt in enumerate(tqdm(prompts, desc=f"bench {args.drafter}", unit="prompt")):
         ids = target.chat_ids([{"role": "user", "content": prompt}])
-        gen = GenerationConfig(args.max_new_tokens, args.block_size, sampling, seed=args.seed + i)
+        gen = GenerationConfig(args.max_new_tokens, args.block_size, sampling, seed=args.seed + i, verify_cost=curve)
         if i % 2 == 0:  # alternate the order so drift on a noisy machine hits both sides alike
             base.append(run_engine(target, ids, gen, None))
             spec.append(run_drafter(ids, gen))
@@ -142,6 +151,8 @@ def parse_args(argv=None):
     parser.add_argument("--noise", default="shared", choices=["shared", "shuffled"],
                         help="shuffled: independent noise per slot (the shuffle test, paper §6.2)")
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--adaptive", action="store_true",
+                        help="cut each draft to its best expected length under this machine's verify cost curve")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)

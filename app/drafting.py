@@ -23,6 +23,7 @@ from app.sampling import SamplingConfig
 class Draft:
     tokens: torch.Tensor  # (K,) long, target vocabulary ids
     q_draft: torch.Tensor | None  # (K, V) proposal probabilities, or None for a deterministic drafter
+    confidence: torch.Tensor | None = None  # (K,) the drafter's probability of each proposed token, if it has one
 
 
 class Drafter(Protocol):

@@ -37,6 +37,9 @@ class GenerationConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stop_strings: tuple[str, ...] = ()
     seed: int = 0
+    # relative cost of one target forward over 1, 2, ... positions (app.verify_cost); when given, a draft
+    # with confidences is cut to the length with the most expected tokens per unit of cost
+    verify_cost: tuple[float, ...] = ()
 
     def __post_init__(self):
         if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
@@ -100,13 +103,28 @@ def rollback(cache: DynamicCache, n_rejected: int) -> None:
         cache.crop(-n_rejected)
 
 
-def clip_draft(draft: Draft | None, k: int) -> Draft:
-    """No draft -> an empty one; a drafter that overshoots the room left is cut to k slots."""
+def best_draft_length(confidence: torch.Tensor, verify_cost: tuple[float, ...]) -> int:
+    """The prefix length n maximising expected committed tokens per unit of verify cost,
+    (1 + sum_{k<=n} prod_{j<=k} c_j) / cost(n + 1 positions), with the drafter's per-slot confidence c
+    as its acceptance estimate. A policy only: whatever length it picks, verification keeps the output exact."""
+    n_max = min(len(confidence), len(verify_cost) - 1)
+    reach = torch.cumprod(confidence[:n_max].double().clamp(0, 1), 0)  # (n_max,) P(slots 1..k all accepted)
+    expected = torch.cat([torch.ones(1, dtype=torch.float64), 1 + reach.cumsum(0)])  # (n_max+1,) n = 0..n_max
+    cost = torch.tensor(verify_cost[: n_max + 1], dtype=torch.float64)
+    return int((expected / cost).argmax())
+
+
+def clip_draft(draft: Draft | None, k: int, verify_cost: tuple[float, ...] = ()) -> Draft:
+    """No draft -> an empty one; a drafter that overshoots the room left is cut to k slots; with a cost
+    curve, a draft with confidences is cut to its best expected length."""
     if draft is None:
         return Draft(torch.empty(0, dtype=torch.long), None)
+    if verify_cost and draft.confidence is not None:
+        k = min(k, best_draft_length(draft.confidence, verify_cost))
     if len(draft.tokens) <= k:
         return draft
-    return Draft(draft.tokens[:k], None if draft.q_draft is None else draft.q_draft[:k])
+    cut = lambda x: None if x is None else x[:k]  # noqa: E731
+    return Draft(draft.tokens[:k], cut(draft.q_draft), cut(draft.confidence))
 
 
 def check_prompt(target: Target, prompt_ids: list[int], gen: GenerationConfig) -> None:
@@ -178,7 +196,7 @@ def generate(
             room = gen.max_new_tokens - len(state.output)
             k = min(gen.block_size, room - 1)
             draft = drafter.propose(anchor, k, gen.sampling, draft_gen) if drafter is not None and k > 0 else None
-            draft = clip_draft(draft, k)
+            draft = clip_draft(draft, k, gen.verify_cost)
             t1 = clock()
             block = [anchor] + draft.tokens.tolist()  # (K+1,)
             logits, features = target_forward(target, block, cache, layers)

@@ -31,13 +31,14 @@ class ChatSettings:
     enable_thinking: bool = False
     system_prompt: str = ""
     seed: int = 0
+    adaptive: bool = True  # cut low-confidence draft tails under the measured verify cost (engine.best_draft_length)
 
     def __post_init__(self):
         self.generation()  # validates K, max new tokens and sampling settings up front
 
-    def generation(self) -> GenerationConfig:
-        return GenerationConfig(self.max_new_tokens, self.block_size,
-                                SamplingConfig(self.temperature, self.top_p), seed=self.seed)
+    def generation(self, verify_cost: tuple[float, ...] = ()) -> GenerationConfig:
+        return GenerationConfig(self.max_new_tokens, self.block_size, SamplingConfig(self.temperature, self.top_p),
+                                seed=self.seed, verify_cost=verify_cost if self.adaptive else ())
 
 
 class ChatService:
@@ -49,6 +50,7 @@ class ChatService:
         self._drafters: dict[tuple[str, int], object] = {}
         self.unavailable: dict[str, str] = {}
         self.plain_tokens_per_s: float | None = None
+        self.verify_cost: tuple[float, ...] = ()  # measured by calibrate(); () until then
         self.last_events: list[RoundEvent] = []
         for name in ("flashmap", "dflash"):  # probe checkpoints once so the UI lists only what works
             try:
@@ -80,7 +82,7 @@ class ChatService:
         with self.lock:
             start, n_tokens = time.perf_counter(), 0
             self.last_events = []
-            for ev in generate(self.target, prompt_ids, settings.generation(), drafter, cancel):
+            for ev in generate(self.target, prompt_ids, settings.generation(self.verify_cost), drafter, cancel):
                 n_tokens += len(ev.committed)
                 self.last_events.append(ev)
                 yield ev, n_tokens / max(time.perf_counter() - start, 1e-9)
@@ -94,6 +96,15 @@ class ChatService:
         for _ in self.stream(ids, settings, None):
             pass
         return self.plain_tokens_per_s or 0.0
+
+    def calibrate_verify_cost(self) -> tuple[float, ...]:
+        """Measure what a target forward over 1..K+1 positions costs here (for the adaptive draft length)."""
+        from app.engine import MAX_BLOCK_SIZE
+        from app.verify_cost import relative_curve
+
+        with self.lock:
+            self.verify_cost = relative_curve(self.target, MAX_BLOCK_SIZE + 1)
+        return self.verify_cost
 
     def run_once(self, prompt_ids: list[int], settings: ChatSettings, drafter) -> tuple[str, list[int], float]:
         """Whole reply: (text, token ids, tokens/s)."""

@@ -3,8 +3,9 @@
 python -m app.suite --prompts FILE.jsonl [FILE ...] [--limit N per file] --variants flashmap,steps=1 flashmap,steps=2 dflash ngram \
     [--block-size 16] [--temperature 0] [--max-new-tokens 128] --out FILE.json
 
-A variant is `drafter[,steps=N][,noise=shared|shuffled][,k=K]` (k overrides --block-size). For every
-prompt, plain decoding and each variant run back to back in an order rotated from prompt to prompt,
+A variant is `drafter[,steps=N][,noise=shared|shuffled][,k=K][,adaptive=1]` (k overrides --block-size;
+adaptive=1 cuts each draft to its best expected length under the verify cost curve measured at start).
+For every prompt, plain decoding and each variant run back to back in an order rotated from prompt to prompt,
 so drift on a noisy machine hits all of them alike; each variant's summary has exactly the keys of
 `python -m app.bench`, with speedup measured against the same plain runs.
 """
@@ -29,12 +30,13 @@ def parse_variant(spec: str, defaults: argparse.Namespace) -> argparse.Namespace
     name, *options = spec.split(",")
     if name not in ENGINE_DRAFTERS + HF_BASELINES:
         raise SystemExit(f"unknown drafter {name!r} in variant {spec!r}")
-    fields = {"drafter": name, "steps": 1, "noise": "shared", "block_size": defaults.block_size}
+    fields = {"drafter": name, "steps": 1, "noise": "shared", "block_size": defaults.block_size, "adaptive": False}
     for option in options:
         key, _, value = option.partition("=")
-        if key not in ("steps", "noise", "k") or not value:
-            raise SystemExit(f"variant {spec!r}: options are steps=N, noise=shared|shuffled, k=K")
+        if key not in ("steps", "noise", "k", "adaptive") or not value:
+            raise SystemExit(f"variant {spec!r}: options are steps=N, noise=shared|shuffled, k=K, adaptive=1")
         fields["block_size" if key == "k" else key] = value if key == "noise" else int(value)
+    fields["adaptive"] = bool(fields["adaptive"])
     variant = argparse.Namespace(**{**vars(defaults), **fields})
     variant.label = spec
     return variant
@@ -46,13 +48,15 @@ def suite(args) -> dict:
     runners = [bench.make_runner(v, target) for v in variants]
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k)
     bench.warm_up(target)
+    curve = bench.cost_curve(target) if any(v.adaptive for v in variants) else ()
     prompts = [p for path in args.prompts for p in bench.read_prompts(path, args.limit)]
     base, spec = [], [[] for _ in variants]
     for i, prompt in enumerate(tqdm(prompts, desc=f"suite x{len(variants)}", unit="prompt")):
         ids = target.chat_ids([{"role": "user", "content": prompt}])
         gen = GenerationConfig(args.max_new_tokens, args.block_size, sampling, seed=args.seed + i)
         jobs = [(None, lambda g: bench.run_engine(target, ids, g, None), gen)] + [
-            (j, lambda g, run=run: run(ids, g), replace(gen, block_size=v.block_size))
+            (j, lambda g, run=run: run(ids, g),
+             replace(gen, block_size=v.block_size, verify_cost=curve if v.adaptive else ()))
             for j, (v, run) in enumerate(zip(variants, runners))]
         shift = i % len(jobs)
         for j, run, job_gen in jobs[shift:] + jobs[:shift]:  # rotate who goes first
@@ -60,8 +64,8 @@ def suite(args) -> dict:
     results = []
     for v, runs in zip(variants, spec):
         results.append(dict(bench.summarize(v, target, base, runs), variant=v.label))
-    return {"prompts_files": args.prompts, "limit": args.limit, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-            "results": results}
+    return {"prompts_files": args.prompts, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature, "verify_cost": curve, "results": results}
 
 
 def parse_args(argv=None):

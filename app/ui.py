@@ -40,6 +40,7 @@ def token_text(service: ChatService, token: int) -> str:
 
 
 SLOT_MARKS = {"acc": "✓", "rej": "✗", "unr": "·"}
+ADAPTIVE_LABEL = "Adaptive K: cut low-confidence draft tails (uses this machine's measured verify cost)"
 
 
 def slot_kinds(ev: RoundEvent) -> list[str]:
@@ -83,9 +84,10 @@ def slot_frame(stats: AcceptanceStats) -> pd.DataFrame:
     return pd.DataFrame({"slot": [str(k + 1) for k in range(len(rates))], "acceptance": rates})
 
 
-def settings_from(drafter, block_size, steps, temperature, top_p, max_new_tokens, thinking, system_prompt):
+def settings_from(drafter, block_size, steps, temperature, top_p, max_new_tokens, thinking, system_prompt,
+                  adaptive=True):
     return ChatSettings(drafter, int(block_size), int(steps), float(temperature), float(top_p), int(max_new_tokens),
-                        bool(thinking), system_prompt or "")
+                        bool(thinking), system_prompt or "", adaptive=bool(adaptive))
 
 
 def resolve_drafter(service: ChatService, settings: ChatSettings):
@@ -138,10 +140,11 @@ def chat(service: ChatService, message: str, history: list[dict], stats: Accepta
                    slot_frame(stats), stats)
 
 
-def compare(service: ChatService, prompt: str, drafter_name: str, block_size, steps, temperature, max_new_tokens):
+def compare(service: ChatService, prompt: str, drafter_name: str, block_size, steps, temperature, max_new_tokens,
+            adaptive=True):
     """Plain decoding and the drafter on one prompt, same settings: outputs, speeds, identity check."""
     settings, drafter = prepare(service, prompt, drafter_name, block_size, steps, temperature, 1.0, max_new_tokens,
-                                False, "")
+                                False, "", adaptive)
     with user_errors():
         ids = service.prompt_ids([], prompt, settings)
         plain_text, plain_tokens, plain_tps = service.run_once(ids, settings, None)
@@ -214,6 +217,7 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
                         temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature")
                         top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p")
                         max_new = gr.Slider(16, 2048, value=256, step=16, label="Max new tokens")
+                        adaptive = gr.Checkbox(True, label=ADAPTIVE_LABEL)
                         thinking = gr.Checkbox(False, label="Thinking (Qwen3)", visible=service.target.supports_thinking())
                 with gr.Column(scale=2):
                     panel = gr.HTML(render_panel(service, []), label="Draft panel", elem_id="draft-panel")
@@ -221,7 +225,7 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
                     chart = gr.BarPlot(slot_frame(AcceptanceStats()), x="slot", y="acceptance", y_lim=[0, 1],
                                        title="Acceptance per slot (given earlier slots accepted)")
             stats = gr.State(None)
-            settings = [drafter, block, steps, temperature, top_p, max_new, thinking, system]
+            settings = [drafter, block, steps, temperature, top_p, max_new, thinking, system, adaptive]
             outputs = [chatbot, panel, stats_md, chart, stats]
             run = lambda msg, hist, st, *s: (yield from chat(service, msg, hist, st, *s))
             events = [trigger(run, [message, chatbot, stats, *settings], outputs, api_visibility="private")
@@ -240,20 +244,22 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
                 c_steps = gr.Radio([1, 2], value=1, label="Steps")
                 c_temp = gr.Slider(0, 2, value=0, step=0.05, label="Temperature")
                 c_max = gr.Slider(16, 1024, value=128, step=16, label="Max new tokens")
+                c_adaptive = gr.Checkbox(True, label=ADAPTIVE_LABEL)
             c_run = gr.Button("Run both", variant="primary")
             with gr.Row():
                 c_plain = gr.Textbox(label="Plain decoding", lines=12)
                 c_spec = gr.Textbox(label="Speculative decoding", lines=12)
             c_summary = gr.Markdown(elem_id="compare-summary")
             c_chart = gr.Plot(label="Tokens per second", elem_id="compare-chart")
-            c_run.click(lambda *a: compare(service, *a), [c_prompt, c_drafter, c_block, c_steps, c_temp, c_max],
+            c_run.click(lambda *a: compare(service, *a), [c_prompt, c_drafter, c_block, c_steps, c_temp, c_max, c_adaptive],
                         [c_plain, c_spec, c_summary, c_chart], api_name="compare")
 
         def api_chat(message: str) -> str:
             """Reply to one user message with the default drafter and settings (streamed)."""
             defaults = ChatSettings(drafter=default)
             settings, drafter_obj = prepare(service, message, default, defaults.block_size, defaults.steps,
-                                            defaults.temperature, defaults.top_p, defaults.max_new_tokens, False, "")
+                                            defaults.temperature, defaults.top_p, defaults.max_new_tokens, False, "",
+                                            defaults.adaptive)
             with user_errors():
                 for ev, _tps in service.stream(service.prompt_ids([], message, settings), settings, drafter_obj):
                     yield ev.text

@@ -24,19 +24,25 @@ POSITIONS = (1, 2, 4, 8, 16, 17)
 def verify_cost(target, context: int, repeats: int, positions=POSITIONS) -> dict[int, float]:
     """Median seconds of one forward over T new positions; T values interleaved across repeats."""
     gen = torch.Generator().manual_seed(0)
-    prefix = torch.randint(100, target.vocab_size, (context,), generator=gen).tolist()
+    prefix = torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (context,), generator=gen).tolist()
     cache = DynamicCache(config=target.model.config)
     times: dict[int, list[float]] = {t: [] for t in positions}
     with torch.inference_mode():
         target_forward(target, prefix, cache, ())
         for _ in range(repeats + 1):
             for t in positions:
-                block = torch.randint(100, target.vocab_size, (t,), generator=gen).tolist()
+                block = torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (t,), generator=gen).tolist()
                 start = time.perf_counter()
                 target_forward(target, block, cache, ())
                 times[t].append(time.perf_counter() - start)
                 rollback(cache, t)
     return {t: statistics.median(v[1:]) for t, v in times.items()}  # the first pass is a warm-up
+
+
+def relative_curve(target, max_positions: int, context: int = 256, repeats: int = 5) -> tuple[float, ...]:
+    """Cost of 1..max_positions new positions relative to one, measured now on this machine."""
+    cost = verify_cost(target, context, repeats, range(1, max_positions + 1))
+    return tuple(cost[t] / cost[1] for t in range(1, max_positions + 1))
 
 
 def main(argv=None) -> None:

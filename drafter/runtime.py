@@ -115,11 +115,12 @@ class FlowDrafter:
         probs = torch.cat([probs[:, ~real].sum(-1, keepdim=True), probs[:, 1:] * real[1:]], dim=-1)  # pad -> other
         tokens, q_small = drafting.choose_tokens(probs, sampling.temperature, generator)
         target_tokens = self.vocab_ids[tokens]  # (K',) target ids
+        confidence = probs[torch.arange(len(tokens)), tokens]  # (K',) the drafter's probability of each pick
         if q_small is None:
-            return Draft(target_tokens, None)
+            return Draft(target_tokens, None, confidence)
         q_draft = torch.zeros(len(tokens), self.target_vocab)  # (K', V_t): q = 0 outside the draft vocabulary
         q_draft[:, self.vocab_ids[real]] = q_small[:, real]
-        return Draft(target_tokens, q_draft)
+        return Draft(target_tokens, q_draft, confidence)
 
 
 PUBLISHED_DFLASH = {  # published drafters in the z-lab format, read from the local Hugging Face cache

@@ -247,7 +247,10 @@ class ZLabDFlashDrafter:
         positions = torch.arange(self.n_ctx, self.n_ctx + self.c.block_size, device=self.device)  # anchor first
         hidden = self.net(self.embed(ids), positions, self.ctx_kv)  # (K, D)
         logits = self.head(hidden[1 : 1 + k]).float().cpu()  # (k, V): the slots after the anchor
+        probs = torch.softmax(logits, dim=-1)  # (k, V)
         if sampling.greedy:
-            return Draft(logits.argmax(-1), None)
+            confidence, tokens = probs.max(-1)
+            return Draft(tokens, None, confidence)
         q_draft = torch.softmax(logits / sampling.temperature, dim=-1)  # (k, V)
-        return Draft(torch.multinomial(q_draft, 1, generator=generator)[:, 0], q_draft)
+        tokens = torch.multinomial(q_draft, 1, generator=generator)[:, 0]  # (k,)
+        return Draft(tokens, q_draft, probs[torch.arange(k), tokens])

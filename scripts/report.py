@@ -159,6 +159,35 @@ def verify_section(cost: dict, mains: dict) -> list[str]:
     return lines + [""]
 
 
+def targets_section(mains: dict, shuffle: dict | None) -> list[str]:
+    """Issue #4's acceptance targets, checked against the runs above."""
+    lines = ["| target | measured | met |", "|---|---|---|"]
+    for domain, bound in (("math", 1.5), ("code", 1.5), ("chat", 1.2)):
+        r = by_variant(mains[(domain, 0)]).get("flashmap,steps=1") if (domain, 0) in mains else None
+        if r:
+            ok = r["speedup"] >= bound and r["identical_to_baseline"]
+            lines.append(f"| FlashMap 1-step K=16 T=0 on {domain}: identical and ≥ {bound}× | {r['speedup']:.2f}×, "
+                         f"identical {r['identical_to_baseline']} | {'yes' if ok else 'no'} |")
+    rows = [(by_variant(mains[(d, 0)]).get("flashmap,steps=1"), by_variant(mains[(d, 0)]).get("dflash"))
+            for d in DOMAINS if (d, 0) in mains]
+    rows = [(f, d) for f, d in rows if f and d]
+    if rows:
+        wins = sum(f["acceptance_length"] > d["acceptance_length"] for f, d in rows)
+        mean_f = sum(f["speedup"] for f, _ in rows) / len(rows)
+        mean_d = sum(d["speedup"] for _, d in rows) / len(rows)
+        lines.append(f"| FlashMap 1-step beats DFlash-style in acceptance length on ≥ 2 of 3 domains (T=0) | "
+                     f"{wins} of {len(rows)} | {'yes' if wins >= 2 else 'no'} |")
+        lines.append(f"| ... and in mean speedup (T=0) | {mean_f:.2f}× vs {mean_d:.2f}× | "
+                     f"{'yes' if mean_f > mean_d else 'no'} |")
+    if shuffle:
+        rows2 = by_variant(shuffle)
+        a, b = rows2.get("flashmap,steps=2"), rows2.get("flashmap,steps=2,noise=shuffled")
+        if a and b:
+            delta = a["acceptance_length"] - b["acceptance_length"]
+            lines.append(f"| FlashMap 2-step Δ > 0 in the shuffle test | Δ = {delta:+.3f} | {'yes' if delta > 0 else 'no'} |")
+    return lines + [""]
+
+
 def build(results: Path, out: Path) -> str:
     mains = {(d, t): run for d in DOMAINS for t in (0, 1) if (run := load(results, f"main_{d}_t{t}.json"))}
     doc = ["# Benchmarks: SmolLM2-135M-Instruct on a 2-core CPU", "",
@@ -167,6 +196,7 @@ def build(results: Path, out: Path) -> str:
            "decoding and every drafter run back to back, in a rotating order). Speedups are ratios of "
            "tokens/s within one run.", ""]
     if mains:
+        doc += ["## Issue #4 targets", ""] + targets_section(mains, load(results, "shuffle_t0.json"))
         doc += ["## Speedup and acceptance length", ""]
         for key in sorted(mains, key=lambda k: (k[1], DOMAINS.index(k[0]))):
             doc += main_table(mains[key], *key)

@@ -50,3 +50,25 @@ def test_suite_runs_variants_against_one_baseline(tiny_folder, tmp_path):
     assert len(results[1]["per_slot_acceptance"]) == 2 and results[1]["block_size"] == 2
     with pytest.raises(SystemExit):
         suite.parse_variant("ngram,depth=3", suite.parse_args(["--prompts", "x", "--variants", "ngram", "--out", "y"]))
+
+
+def test_report_is_built_from_suite_runs(tiny_folder, tmp_path):
+    import importlib.util
+
+    from app import suite
+
+    spec = importlib.util.spec_from_file_location("report", "scripts/report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"w{10 + i} w11 w12 w10 w11"}) for i in range(2)))
+    results = tmp_path / "results"
+    common = ["--prompts", str(prompts), "--max-new-tokens", "10", "--target", str(tiny_folder)]
+    suite.main(common + ["--variants", "ngram", "--block-size", "4", "--out", str(results / "main_math_t0.json")])
+    suite.main(common + ["--variants", "ngram,k=2", "ngram,k=4", "--out", str(results / "ksweep_t0.json")])
+    (results / "verify_cost.json").write_text(json.dumps(
+        {"context": 256, "seconds": {"1": 0.04, "17": 0.08}, "relative_to_one": {"1": 1.0, "17": 2.0}}))
+    text = report.build(results, tmp_path)
+    assert "| n-gram (engine) |" in text and "**math, T=0**" in text and "K=2 | K=4" in text
+    assert "at most acceptance length / 2.00" in text
+    assert (tmp_path / "bench-speedup.png").stat().st_size > 1000 and (tmp_path / "bench-k-sweep.png").exists()

@@ -228,3 +228,13 @@ def test_unused_vocabulary_slots_are_never_proposed(setup, tiny_target):
                 assert bool((draft.tokens >= 0).all()) and set(draft.tokens.tolist()) <= set(padded[1:8].tolist())
                 if draft.q_draft is not None:
                     assert torch.allclose(draft.q_draft.sum(-1), torch.ones(len(draft.tokens)))
+
+
+def test_adaptive_draft_length_stays_lossless(setup, tiny_target):
+    _seqs, vocab_ids, _blocks = setup
+    curve = (1.0, 1.2, 1.3, 1.4, 1.5)
+    for drafter in flow_drafters(tiny_target, vocab_ids)[:2]:
+        gen = GenerationConfig(max_new_tokens=20, block_size=4, verify_cost=curve)
+        plain, _ = generate_all(tiny_target, [5, 6, 7, 8], GenerationConfig(max_new_tokens=20, block_size=4))
+        out, events = generate_all(tiny_target, [5, 6, 7, 8], gen, drafter)
+        assert out == plain and all(len(ev.drafted) <= 4 for ev in events)

@@ -168,3 +168,14 @@ def test_ngram_drafter_copies_what_followed_the_latest_match():
     draft = drafter.propose(2, 3, SamplingConfig(), torch.Generator())
     assert draft.tokens.tolist() == [5, 6, 7] and draft.q_draft is None
     assert drafter.propose(99, 3, SamplingConfig(), torch.Generator()).tokens.numel() == 0
+
+
+def test_best_draft_length_trades_expected_tokens_against_verify_cost():
+    from app.engine import best_draft_length
+
+    cpu_curve = (1.0, 1.53, 1.43, 1.5, 1.55, 1.6, 1.62, 1.64, 1.66, 1.7, 1.72, 1.75, 1.8, 1.82, 1.85, 1.87, 1.9)
+    assert best_draft_length(torch.ones(16), cpu_curve) == 16  # sure drafts: verify them all
+    assert best_draft_length(torch.zeros(16), cpu_curve) == 0  # hopeless drafts: a plain step is cheapest
+    sure_then_lost = torch.tensor([0.95, 0.95, 0.95] + [0.05] * 13)
+    assert best_draft_length(sure_then_lost, cpu_curve) == 3
+    assert best_draft_length(torch.full((4,), 0.9), (1.0, 1.0, 1.0)) == 2  # never past the curve's end

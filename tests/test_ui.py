@@ -69,3 +69,11 @@ def test_ui_builds_with_api_endpoints(service):
     demo = ui.build_ui(service, "flashmap")
     names = {dep.api_name for dep in demo.fns.values() if getattr(dep, "api_name", None)}
     assert {"chat", "draft_panel", "compare"} <= names
+
+
+def test_adaptive_setting_uses_the_measured_verify_cost(service):
+    curve = service.calibrate_verify_cost()
+    assert len(curve) == 17 and curve[0] == 1.0 and all(c > 0 for c in curve)
+    assert ChatSettings().generation(curve).verify_cost == curve
+    assert ChatSettings(adaptive=False).generation(curve).verify_cost == ()
+    assert ui.settings_from("ngram", 8, 1, 0, 1, 32, False, "", False).adaptive is False
