@@ -3,8 +3,9 @@
 python -m app.suite --prompts FILE.jsonl [FILE ...] [--limit N per file] --variants flashmap,steps=1 flashmap,steps=2 dflash ngram \
     [--block-size 16] [--temperature 0] [--max-new-tokens 128] --out FILE.json
 
-A variant is `drafter[,steps=N][,noise=shared|shuffled][,k=K][,adaptive=1]` (k overrides --block-size;
-adaptive=1 cuts each draft to its best expected length under the verify cost curve measured at start).
+A variant is `drafter[,steps=N][,noise=shared|shuffled][,k=K][,adaptive=1][,weights=FOLDER]` (k overrides
+--block-size; adaptive=1 cuts each draft to its best expected length under the verify cost curve measured
+at start; weights picks a checkpoint other than weights/<target>/<drafter>).
 For every prompt, plain decoding and each variant run back to back in an order rotated from prompt to prompt,
 so drift on a noisy machine hits all of them alike; each variant's summary has exactly the keys of
 `python -m app.bench`, with speedup measured against the same plain runs.
@@ -30,12 +31,14 @@ def parse_variant(spec: str, defaults: argparse.Namespace) -> argparse.Namespace
     name, *options = spec.split(",")
     if name not in ENGINE_DRAFTERS + HF_BASELINES:
         raise SystemExit(f"unknown drafter {name!r} in variant {spec!r}")
-    fields = {"drafter": name, "steps": 1, "noise": "shared", "block_size": defaults.block_size, "adaptive": False}
+    fields = {"drafter": name, "steps": 1, "noise": "shared", "block_size": defaults.block_size, "adaptive": False,
+              "weights": None}
     for option in options:
         key, _, value = option.partition("=")
-        if key not in ("steps", "noise", "k", "adaptive") or not value:
-            raise SystemExit(f"variant {spec!r}: options are steps=N, noise=shared|shuffled, k=K, adaptive=1")
-        fields["block_size" if key == "k" else key] = value if key == "noise" else int(value)
+        if key not in ("steps", "noise", "k", "adaptive", "weights") or not value:
+            raise SystemExit(f"variant {spec!r}: options are steps=N, noise=shared|shuffled, k=K, adaptive=1, "
+                             "weights=FOLDER")
+        fields["block_size" if key == "k" else key] = value if key in ("noise", "weights") else int(value)
     fields["adaptive"] = bool(fields["adaptive"])
     variant = argparse.Namespace(**{**vars(defaults), **fields})
     variant.label = spec
@@ -79,7 +82,6 @@ def parse_args(argv=None):
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--weights", default=None, help=argparse.SUPPRESS)  # per-drafter default folders
     parser.add_argument("--out", required=True)
     add_target_args(parser)
     return parser.parse_args(argv)

@@ -2,7 +2,7 @@
 after a context of C cached positions. It bounds every speedup: a round that commits gamma tokens
 costs draft + verify(K+1), against gamma plain forwards of verify(1).
 
-python -m app.verify_cost [--context 256] [--repeats 20] [--target ID] [--out FILE.json]
+python -m app.verify_cost [--cached 256] [--repeats 20] [--target ID] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -47,15 +47,15 @@ def relative_curve(target, max_positions: int, context: int = 256, repeats: int 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--cached", type=int, default=256, help="positions already in the KV cache")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--positions", type=int, nargs="+", default=list(POSITIONS), help="T values to time")
     parser.add_argument("--out", default=None)
     add_target_args(parser)
     args = parser.parse_args(argv)
     target = load_target(target_config_from_args(args))
-    cost = verify_cost(target, args.context, args.repeats, sorted(set(args.positions) | {1}))
-    result = {"target": target.name, "context": args.context, "seconds": cost,
+    cost = verify_cost(target, args.cached, args.repeats, sorted(set(args.positions) | {1}))
+    result = {"target": target.name, "context": args.cached, "seconds": cost,
               "relative_to_one": {t: s / cost[1] for t, s in cost.items()}}
     print(json.dumps(result))
     if args.out:

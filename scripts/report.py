@@ -18,10 +18,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 DOMAINS = ("math", "code", "chat")
-MAIN_ORDER = ("ngram", "hf-prompt-lookup", "dflash", "flashmap,steps=1", "flashmap,steps=2")
+MAIN_ORDER = ("ngram", "hf-prompt-lookup", "dflash", "flashmap,steps=1", "flashmap,steps=2",
+              "flashmap,steps=1,adaptive=1")
 LABELS = {"ngram": "n-gram (engine)", "hf-prompt-lookup": "transformers prompt lookup", "dflash": "DFlash-style",
           "flashmap,steps=1": "FlashMap 1-step", "flashmap,steps=2": "FlashMap 2-step",
-          "flashmap-teacher,steps=16": "flow teacher, 16 steps"}
+          "flashmap-teacher,steps=16": "flow teacher, 16 steps",
+          "flashmap,steps=1,adaptive=1": "FlashMap 1-step, adaptive K"}
 SLOT_DRAFTERS = ("dflash", "flashmap,steps=1", "flashmap,steps=2")
 
 
@@ -188,6 +190,18 @@ def targets_section(mains: dict, shuffle: dict | None) -> list[str]:
     return lines + [""]
 
 
+def fit_section(seen: dict, unseen: dict) -> list[str]:
+    """Acceptance on prompts whose responses were in the training data against held-out eval prompts."""
+    lines = ["| drafter | train prompts (seen) | eval prompts (held out) |", "|---|---|---|"]
+    held = by_variant(unseen)
+    for name, r in by_variant(seen).items():
+        if name in held:
+            base, _, weights = name.partition(",weights=")
+            label = LABELS.get(base, base) + (f" (checkpoint {weights})" if weights else " (shipped)")
+            lines.append(f"| {label} | {fmt(r['acceptance_length'])} | {fmt(held[name]['acceptance_length'])} |")
+    return lines + [""]
+
+
 def build(results: Path, out: Path) -> str:
     mains = {(d, t): run for d in DOMAINS for t in (0, 1) if (run := load(results, f"main_{d}_t{t}.json"))}
     doc = ["# Benchmarks: SmolLM2-135M-Instruct on a 2-core CPU", "",
@@ -221,11 +235,27 @@ def build(results: Path, out: Path) -> str:
                     f"own independent draw (same per-slot marginals, no joint structure); {first['prompts']} "
                     f"prompts, K={first['block_size']}.", ""]
             doc += shuffle_table(shuffle)
+    seen, unseen = load(results, "fit_train.json"), load(results, "fit_eval.json")
+    if seen and unseen:
+        first = seen["results"][0]
+        doc += ["## Seen against held-out prompts", "",
+                f"T=0, K={first['block_size']}, {seen['max_new_tokens']} new tokens, the first "
+                f"{seen['limit']} prompts of each train_* file (their responses are in the training data) and of "
+                "each eval_* file. When more steps raise acceptance on seen prompts much more than on held-out "
+                "ones, the drafter is learning its data rather than generalising: more data is what it lacks most.",
+                ""]
+        doc += fit_section(seen, unseen)
     if cost := load(results, "verify_cost.json"):
         doc += ["## Verify cost and the ceiling it sets", "",
                 "`python -m app.verify_cost`: median time of one target forward over T new positions after "
-                f"{cost['context']} cached ones.", ""]
+                f"{cost['context']} cached ones (fp32, as every run above).", ""]
         doc += verify_section(cost, mains)
+        if bf16 := load(results, "verify_cost_bf16.json"):
+            rel = {int(k): v for k, v in bf16["relative_to_one"].items()}
+            one = 1000 * bf16["seconds"]["1"]
+            doc += [f"With the target in bf16 (`--dtype bf16`, AVX512-BF16 matmuls) one position takes {one:.1f} ms "
+                    f"and 17 positions {rel[17]:.2f}× that, against {1000 * cost['seconds']['1']:.1f} ms and "
+                    f"{cost['relative_to_one']['17']:.2f}× in fp32.", ""]
     return "\n".join(doc)
 
 

@@ -72,3 +72,13 @@ def test_report_is_built_from_suite_runs(tiny_folder, tmp_path):
     assert "| n-gram (engine) |" in text and "**math, T=0**" in text and "K=2 | K=4" in text
     assert "at most acceptance length / 2.00" in text
     assert (tmp_path / "bench-speedup.png").stat().st_size > 1000 and (tmp_path / "bench-k-sweep.png").exists()
+
+
+def test_verify_cost_cli(tiny_folder, tmp_path):
+    from app import verify_cost
+
+    out = tmp_path / "v.json"
+    verify_cost.main(["--cached", "32", "--repeats", "2", "--positions", "2", "4", "--target", str(tiny_folder),
+                      "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert set(result["seconds"]) == {"1", "2", "4"} and result["relative_to_one"]["1"] == 1.0
