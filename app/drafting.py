@@ -23,7 +23,9 @@ from app.sampling import SamplingConfig
 class Draft:
     tokens: torch.Tensor  # (K,) long, target vocabulary ids
     q_draft: torch.Tensor | None  # (K, V) proposal probabilities, or None for a deterministic drafter
-    confidence: torch.Tensor | None = None  # (K,) the drafter's probability of each proposed token, if it has one
+    # (K,) per-slot confidence for the adaptive length; must not depend on the sampled tokens (a cut that looks
+    # at the sampled values biases the output at T > 0), e.g. the largest probability of each slot's distribution
+    confidence: torch.Tensor | None = None
 
 
 class Drafter(Protocol):

@@ -50,7 +50,7 @@ class ChatService:
         self._drafters: dict[tuple[str, int], object] = {}
         self.unavailable: dict[str, str] = {}
         self.plain_tokens_per_s: float | None = None
-        self.verify_cost: tuple[float, ...] = ()  # measured by calibrate(); () until then
+        self.verify_cost: tuple[float, ...] = ()  # measured by calibrate_verify_cost(); () until then
         self.last_events: list[RoundEvent] = []
         for name in ("flashmap", "dflash"):  # probe checkpoints once so the UI lists only what works
             try:

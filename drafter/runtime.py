@@ -115,7 +115,9 @@ class FlowDrafter:
         probs = torch.cat([probs[:, ~real].sum(-1, keepdim=True), probs[:, 1:] * real[1:]], dim=-1)  # pad -> other
         tokens, q_small = drafting.choose_tokens(probs, sampling.temperature, generator)
         target_tokens = self.vocab_ids[tokens]  # (K',) target ids
-        confidence = probs[torch.arange(len(tokens)), tokens]  # (K',) the drafter's probability of each pick
+        # per-slot confidence = the largest probability of each slot's distribution, never the probability of the
+        # sampled token: a cut that depended on the sampled values would bias the output at T > 0
+        confidence = probs[: len(tokens)].max(-1).values  # (K',)
         if q_small is None:
             return Draft(target_tokens, None, confidence)
         q_draft = torch.zeros(len(tokens), self.target_vocab)  # (K', V_t): q = 0 outside the draft vocabulary

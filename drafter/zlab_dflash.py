@@ -247,10 +247,8 @@ class ZLabDFlashDrafter:
         positions = torch.arange(self.n_ctx, self.n_ctx + self.c.block_size, device=self.device)  # anchor first
         hidden = self.net(self.embed(ids), positions, self.ctx_kv)  # (K, D)
         logits = self.head(hidden[1 : 1 + k]).float().cpu()  # (k, V): the slots after the anchor
-        probs = torch.softmax(logits, dim=-1)  # (k, V)
+        confidence, greedy = torch.softmax(logits, dim=-1).max(-1)  # (k,) each: independent of any sampled token
         if sampling.greedy:
-            confidence, tokens = probs.max(-1)
-            return Draft(tokens, None, confidence)
+            return Draft(greedy, None, confidence)
         q_draft = torch.softmax(logits / sampling.temperature, dim=-1)  # (k, V)
-        tokens = torch.multinomial(q_draft, 1, generator=generator)[:, 0]  # (k,)
-        return Draft(tokens, q_draft, probs[torch.arange(k), tokens])
+        return Draft(torch.multinomial(q_draft, 1, generator=generator)[:, 0], q_draft, confidence)

@@ -155,6 +155,9 @@ def test_engine_is_lossless_with_flow_drafters_at_t1():
     vocab_ids = torch.tensor([-1, 4, 2, 0])  # token 1 and 3 are outside the draft vocabulary: q = 0 there
     for drafter in flow_drafters(target, vocab_ids, cfg_vocab=4)[::3]:  # flow map 1-step and DFlash-style
         assert_sampled_distribution_exact(target, drafter, n=1200)
+    # the adaptive length cuts between 0 and 2 slots here (the curve makes the second slot dear): still exact
+    assert_sampled_distribution_exact(target, flow_drafters(target, vocab_ids, cfg_vocab=4)[0], n=1200,
+                                      verify_cost=(1.0, 1.3, 2.2))
 
 
 def test_banked_two_step_equals_the_exact_two_jumps(setup, tiny_target):

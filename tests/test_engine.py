@@ -179,3 +179,46 @@ def test_best_draft_length_trades_expected_tokens_against_verify_cost():
     sure_then_lost = torch.tensor([0.95, 0.95, 0.95] + [0.05] * 13)
     assert best_draft_length(sure_then_lost, cpu_curve) == 3
     assert best_draft_length(torch.full((4,), 0.9), (1.0, 1.0, 1.0)) == 2  # never past the curve's end
+
+
+class RandomQDrafter(SkewedSampler):
+    """Each round picks one of two q rows at random (a confident one and a flat one), so the adaptive cut
+    varies from round to round. confidence: "max" (the largest probability of each slot's q, as the shipped
+    drafters report) or "sampled" (the probability of the sampled token: a cut that looks at the sample,
+    which biases T > 0)."""
+
+    ROWS = torch.tensor([[0.7, 0.05, 0.05, 0.1, 0.1], [0.25, 0.25, 0.2, 0.15, 0.15]])
+
+    def __init__(self, confidence: str):
+        self.mode = confidence
+        self.name = f"random-q-{confidence}"
+
+    def propose(self, anchor, block_size, sampling, generator):
+        row = int(torch.randint(2, (1,), generator=generator))
+        q_draft = self.ROWS[row].expand(block_size, -1)  # (K, V)
+        tokens = torch.multinomial(q_draft, 1, generator=generator)[:, 0]
+        picked = q_draft[torch.arange(block_size), tokens] if self.mode == "sampled" else q_draft.max(-1).values
+        return Draft(tokens, q_draft, picked)
+
+
+def test_adaptive_cut_is_exact_only_with_sample_independent_confidence():
+    """Chi-square on the first drafted token's marginal (V=5), 3,000 seeds per mode."""
+    from scipy.stats import chisquare
+
+    from tests.tiny import exact_joint_23
+
+    target = make_target(tiny_llama(vocab_size=5, layers=2, seed=3, scale=8.0))
+    exact = exact_joint_23(target, [4, 3]).numpy().reshape(5, 5).sum(1)  # (V,) marginal of output token 2
+    curve = (1.0, 1.3, 2.2)  # a one-slot draft pays only when its confidence is above 0.3
+
+    def pvalue(mode: str) -> float:
+        counts = np.zeros(5)
+        for seed in range(3000):
+            gen = GenerationConfig(max_new_tokens=3, block_size=2, sampling=SamplingConfig(1.0), seed=seed,
+                                   verify_cost=curve)
+            out, _ = generate_all(target, [4, 3], gen, RandomQDrafter(mode))
+            counts[out[1]] += 1
+        return chisquare(counts, exact / exact.sum() * counts.sum()).pvalue
+
+    assert pvalue("max") > 1e-3
+    assert pvalue("sampled") < 1e-3  # the check has the power to see a sample-dependent cut's bias

@@ -79,7 +79,8 @@ def exact_joint_23(target: Target, prompt: list[int]) -> torch.Tensor:
     return joint.flatten()
 
 
-def assert_sampled_distribution_exact(target: Target, drafter, prompt=(4, 3), n: int = 1500) -> None:
+def assert_sampled_distribution_exact(target: Target, drafter, prompt=(4, 3), n: int = 1500,
+                                      verify_cost: tuple[float, ...] = ()) -> None:
     """Chi-square: tokens 2-3 come from a drafted, verified round; they must follow the target."""
     from scipy.stats import chisquare
 
@@ -91,7 +92,8 @@ def assert_sampled_distribution_exact(target: Target, drafter, prompt=(4, 3), n:
     assert exact.max() < 0.5, "the tiny target must not be near-deterministic"
     counts = np.zeros(v * v)
     for seed in range(n):
-        gen = GenerationConfig(max_new_tokens=3, block_size=2, sampling=SamplingConfig(1.0), seed=seed)
+        gen = GenerationConfig(max_new_tokens=3, block_size=2, sampling=SamplingConfig(1.0), seed=seed,
+                               verify_cost=verify_cost)
         out, _ = generate_all(target, list(prompt), gen, drafter)
         counts[out[1] * v + out[2]] += 1
     keep = exact * n >= 5
