@@ -14,12 +14,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from app.engine import MAX_BLOCK_SIZE, GenerationConfig, RoundEvent, generate
+from app.engine import GenerationConfig, RoundEvent, generate
 from app.prompts import read_jsonl
 from app.registry import ENGINE_DRAFTERS, HF_BASELINES, build_drafter
 from app.sampling import SamplingConfig
 from app.stats import AcceptanceStats
 from app.target import Target, add_target_args, load_target, target_config_from_args
+from app.verify_cost import relative_curve
 
 
 def read_prompts(path: str, limit: int | None) -> list[str]:
@@ -74,7 +75,7 @@ def summarize(args, target: Target, base: list[Run], spec: list[Run]) -> dict:
         "steps": args.steps,
         "noise": args.noise,
         "block_size": args.block_size,
-        "adaptive": bool(getattr(args, "adaptive", False)),
+        "adaptive": args.adaptive,
         "temperature": args.temperature,
         "prompts": len(spec),
         "new_tokens": spec_tokens,
@@ -115,20 +116,13 @@ def warm_up(target: Target) -> None:
     run_engine(target, warm, GenerationConfig(max_new_tokens=8), None)
 
 
-def cost_curve(target: Target) -> tuple[float, ...]:
-    """The verify cost curve the adaptive draft length uses, measured at start-up (a few seconds)."""
-    from app.verify_cost import relative_curve
-
-    return relative_curve(target, MAX_BLOCK_SIZE + 1)
-
-
 def bench(args) -> dict:
     target = load_target(target_config_from_args(args))
     prompts = read_prompts(args.prompts, args.limit)
     run_drafter = make_runner(args, target)
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k)
     warm_up(target)
-    curve = cost_curve(target) if args.adaptive else ()
+    curve = relative_curve(target) if args.adaptive else ()
     base, spec = [], []
     for i, prompt in enumerate(tqdm(prompts, desc=f"bench {args.drafter}", unit="prompt")):
         ids = target.chat_ids([{"role": "user", "content": prompt}])

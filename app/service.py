@@ -15,6 +15,7 @@ from app.registry import DrafterUnavailable, build_drafter
 from app.sampling import SamplingConfig
 from app.stats import AcceptanceStats
 from app.target import Target
+from app.verify_cost import relative_curve
 
 DRAFTER_LABELS = {"flashmap": "FlashMap", "dflash": "DFlash-style", "ngram": "n-gram", "none": "none (plain)"}
 CALIBRATION_PROMPT = "Write a short Python function that returns the sum of a list of numbers."
@@ -99,11 +100,8 @@ class ChatService:
 
     def calibrate_verify_cost(self) -> tuple[float, ...]:
         """Measure what a target forward over 1..K+1 positions costs here (for the adaptive draft length)."""
-        from app.engine import MAX_BLOCK_SIZE
-        from app.verify_cost import relative_curve
-
         with self.lock:
-            self.verify_cost = relative_curve(self.target, MAX_BLOCK_SIZE + 1)
+            self.verify_cost = relative_curve(self.target)
         return self.verify_cost
 
     def run_once(self, prompt_ids: list[int], settings: ChatSettings, drafter) -> tuple[str, list[int], float]:

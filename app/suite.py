@@ -24,6 +24,7 @@ from app.engine import GenerationConfig
 from app.registry import ENGINE_DRAFTERS, HF_BASELINES
 from app.sampling import SamplingConfig
 from app.target import add_target_args, load_target, target_config_from_args
+from app.verify_cost import relative_curve
 
 
 def parse_variant(spec: str, defaults: argparse.Namespace) -> argparse.Namespace:
@@ -51,7 +52,7 @@ def suite(args) -> dict:
     runners = [bench.make_runner(v, target) for v in variants]
     sampling = SamplingConfig(args.temperature, args.top_p, args.top_k)
     bench.warm_up(target)
-    curve = bench.cost_curve(target) if any(v.adaptive for v in variants) else ()
+    curve = relative_curve(target) if any(v.adaptive for v in variants) else ()
     prompts = [p for path in args.prompts for p in bench.read_prompts(path, args.limit)]
     base, spec = [], [[] for _ in variants]
     for i, prompt in enumerate(tqdm(prompts, desc=f"suite x{len(variants)}", unit="prompt")):

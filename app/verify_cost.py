@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from app.engine import rollback, target_forward
+from app.engine import MAX_BLOCK_SIZE, rollback, target_forward
 from app.target import add_target_args, load_target, target_config_from_args
 
 POSITIONS = (1, 2, 4, 8, 16, 17)
@@ -39,8 +39,10 @@ def verify_cost(target, context: int, repeats: int, positions=POSITIONS) -> dict
     return {t: statistics.median(v[1:]) for t, v in times.items()}  # the first pass is a warm-up
 
 
-def relative_curve(target, max_positions: int, context: int = 256, repeats: int = 5) -> tuple[float, ...]:
-    """Cost of 1..max_positions new positions relative to one, measured now on this machine."""
+def relative_curve(target, max_positions: int = MAX_BLOCK_SIZE + 1, context: int = 256,
+                   repeats: int = 5) -> tuple[float, ...]:
+    """Cost of 1..max_positions new positions relative to one, measured now on this machine (a few seconds);
+    what the adaptive draft length (engine.best_draft_length) reads."""
     cost = verify_cost(target, context, repeats, range(1, max_positions + 1))
     return tuple(cost[t] / cost[1] for t in range(1, max_positions + 1))
 

@@ -68,21 +68,22 @@ class FlowDrafter:
         self.input_embeddings = target.model.get_input_embeddings().weight.detach()  # (V_t, D_t)
         self.factor = drafting.noise_embedding_factor(net) if mode == "flowmap" else None
         self.bank: drafting.NoiseBank | None = None  # App. B noise bank, built on the first 2-step draft
-        self.projected: list[torch.Tensor] = []  # projected context window (W, D), ctx_in applied
+        self.projected: torch.Tensor | None = None  # projected context window (<=W, D), ctx_in applied
         self.shared_noise = True  # False: per-slot independent noise (the shuffle test, §6.2)
 
     def reset(self) -> None:
-        self.projected = []
+        self.projected = None
 
     def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
         """Project the new positions' features once (N, F) -> (N, D) and keep the last W."""
         with torch.inference_mode():
             projected = self.net.ctx_in(features.float().cpu())  # (N, D)
-        self.projected.append(projected)
-        self.projected = [torch.cat(self.projected)[-self.net.cfg.context_window :]]  # (<=W, D)
+        if self.projected is not None:
+            projected = torch.cat([self.projected, projected])
+        self.projected = projected[-self.net.cfg.context_window :]  # (<=W, D)
 
     def context(self, anchor: int):
-        ctx = self.projected[0][None]  # (1, W, D)
+        ctx = self.projected[None]  # (1, W, D)
         anchor_embed = self.input_embeddings[anchor].float().cpu()[None]  # (1, D_t)
         mask = torch.ones(ctx.shape[:2], dtype=torch.bool)  # (1, W)
         return self.net.context_projected(ctx, mask, anchor_embed)
@@ -154,8 +155,7 @@ def load_engine_drafter(name: str, target, steps: int = 1, weights: str | None =
     with a known published drafter and no local checkpoint, that one is looked up in the cache."""
     from drafter import zlab_dflash
 
-    folder = {"flashmap": "flashmap", "flashmap-teacher": "flashmap-teacher", "dflash": "dflash"}[name]
-    path = resolve_weights(weights, allow_download) if weights else default_weights(target.identity["name"], folder)
+    path = resolve_weights(weights, allow_download) if weights else default_weights(target.identity["name"], name)
     if name == "dflash" and not weights and not path.exists() and target.name in PUBLISHED_DFLASH:
         path = resolve_weights(PUBLISHED_DFLASH[target.name], allow_download)
     if name == "dflash" and zlab_dflash.is_zlab_folder(path):

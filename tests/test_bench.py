@@ -14,9 +14,15 @@ def tiny_folder(tmp_path_factory):
     return folder
 
 
+def prompts_file(folder, n: int):
+    """A JSONL of n short prompts in the tiny tokenizer's words, with repeats the n-gram drafter can use."""
+    path = folder / "p.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": f"w{10 + i} w11 w12 w10 w11"}) for i in range(n)))
+    return path
+
+
 def test_bench_contract(tiny_folder, tmp_path):
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": f"w{10 + i} w11 w12 w10 w11"}) for i in range(3)))
+    prompts = prompts_file(tmp_path, 3)
     out = tmp_path / "r.json"
     bench.main(["--prompts", str(prompts), "--limit", "2", "--drafter", "ngram", "--block-size", "4",
                 "--max-new-tokens", "12", "--target", str(tiny_folder), "--out", str(out)])
@@ -38,8 +44,7 @@ def test_bench_contract(tiny_folder, tmp_path):
 def test_suite_runs_variants_against_one_baseline(tiny_folder, tmp_path):
     from app import suite
 
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": f"w{10 + i} w11 w12 w10 w11"}) for i in range(3)))
+    prompts = prompts_file(tmp_path, 3)
     out = tmp_path / "s.json"
     suite.main(["--prompts", str(prompts), "--variants", "ngram", "ngram,k=2", "hf-generate", "--block-size", "4",
                 "--max-new-tokens", "10", "--target", str(tiny_folder), "--out", str(out)])
@@ -60,8 +65,7 @@ def test_report_is_built_from_suite_runs(tiny_folder, tmp_path):
     spec = importlib.util.spec_from_file_location("report", "scripts/report.py")
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": f"w{10 + i} w11 w12 w10 w11"}) for i in range(2)))
+    prompts = prompts_file(tmp_path, 2)
     results = tmp_path / "results"
     common = ["--prompts", str(prompts), "--max-new-tokens", "10", "--target", str(tiny_folder)]
     suite.main(common + ["--variants", "ngram", "--block-size", "4", "--out", str(results / "main_math_t0.json")])
