@@ -76,6 +76,7 @@ def summarize(args, target: Target, base: list[Run], spec: list[Run]) -> dict:
         "noise": args.noise,
         "block_size": args.block_size,
         "adaptive": args.adaptive,
+        "best_of": args.best_of,
         "temperature": args.temperature,
         "prompts": len(spec),
         "new_tokens": spec_tokens,
@@ -102,11 +103,11 @@ def make_runner(args, target: Target):
         lookup = args.drafter == "hf-prompt-lookup"
         return lambda ids, gen: run_hf(target, ids, gen, lookup)
     drafter = build_drafter(args.drafter, target, steps=args.steps, weights=args.weights,
-                            allow_download=args.allow_download)
+                            allow_download=args.allow_download, best_of=args.best_of)
     if args.noise == "shuffled":
-        if not hasattr(drafter, "shared_noise"):
+        if not hasattr(drafter, "sampler"):
             raise SystemExit(f"--noise shuffled needs a flow drafter, not {args.drafter}")
-        drafter.shared_noise = False
+        drafter.sampler.shared_noise = False
     return lambda ids, gen: run_engine(target, ids, gen, drafter)
 
 
@@ -145,6 +146,8 @@ def parse_args(argv=None):
     parser.add_argument("--noise", default="shared", choices=["shared", "shuffled"],
                         help="shuffled: independent noise per slot (the shuffle test, paper §6.2)")
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--best-of", type=int, default=1,
+                        help="flow drafters: draft M blocks from independent noise, keep the most confident")
     parser.add_argument("--adaptive", action="store_true",
                         help="cut each draft to its best expected length under this machine's verify cost curve")
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -160,8 +163,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.steps < 1:
-        raise SystemExit("--steps must be >= 1")
+    if args.steps < 1 or args.best_of < 1:
+        raise SystemExit("--steps and --best-of must be >= 1")
     result = bench(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

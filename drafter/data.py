@@ -10,7 +10,7 @@ Stage 2 (`blocks_from_sequences`): target hidden states at the drafter's layers 
 feature cache (`features`, bf16 per shard) when it exists, else they are recomputed on the fly for
 the batch (one target forward per step); many anchors are sampled per sequence, as DFlash does.
 
-python -m drafter.data generate --prompts FILE.jsonl [FILE ...] --out DIR [--limit N] [--max-new-tokens N]
+python -m drafter.data generate --prompts FILE.jsonl [FILE ...] --out DIR [--start N] [--limit N] [--max-new-tokens N]
 python -m drafter.data features --data DIR --layers 1 10 20 29     (optional cache; ~4.6 KB per token)
 """
 from __future__ import annotations
@@ -32,15 +32,24 @@ from drafter.losses import Blocks
 
 # ---- stage 1: responses --------------------------------------------------------------------
 
-def read_prompt_rows(paths: list[str], limit: int | None) -> list[dict]:
+def read_prompt_rows(paths: list[str], limit: int | None, start: int = 0) -> list[dict]:
+    """Prompts start..start+limit of each file (all from start when limit is None)."""
     rows = []
     for path in paths:
         name = Path(path).name
         if name.startswith("eval_"):
             raise ValueError(f"{path}: eval prompts are never used for training")
-        file_rows = read_jsonl(path)
-        rows += file_rows[:limit] if limit else file_rows
+        rows += read_jsonl(path)[start:start + limit if limit else None]
     return rows
+
+
+def check_meta(out: Path, meta: dict) -> None:
+    """Shards are named by position in this run's prompt list, so a folder may only be resumed with the
+    same prompts, start and limit: anything else would pair existing shards with other prompts."""
+    path = out / "meta.json"
+    if path.exists() and json.loads(path.read_text()) != meta:
+        raise SystemExit(f"{out} was generated with other settings ({path}); write to a new folder")
+    path.write_text(json.dumps(meta, indent=2))
 
 
 def generate_batch(target: Target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -71,11 +80,11 @@ def write_shard(path: Path, prompts: list[list[int]], responses: list[list[int]]
 
 def generate(args) -> None:
     target = load_target(target_config_from_args(args))
-    rows = read_prompt_rows(args.prompts, args.limit)
+    rows = read_prompt_rows(args.prompts, args.limit, args.start)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "meta.json").write_text(json.dumps({"target": target.identity, "prompts": args.prompts,
-                                               "max_new_tokens": args.max_new_tokens}, indent=2))
+    check_meta(out, {"target": target.identity, "prompts": args.prompts, "start": args.start, "limit": args.limit,
+                     "max_new_tokens": args.max_new_tokens, "shard_size": args.shard_size})
     shards = range(0, len(rows), args.shard_size)
     for start in tqdm(shards, desc="shards", unit="shard"):
         path = out / f"shard-{start // args.shard_size:05d}.safetensors"
@@ -201,17 +210,26 @@ def blocks_from_sequences(target: Target, seqs: list[Sequence], anchors_per_seq:
                           window: int, layers: tuple[int, ...], to_draft: torch.Tensor,
                           generator: torch.Generator) -> Blocks:
     """Sample anchors a in each response (a >= prompt_len - 1): context = features of positions < a
-    (last `window`), anchor = token a, block = tokens a+1..a+K. The features of all sequences form
-    one pool that every block indexes (Blocks.window)."""
+    (last `window`), anchor = token a, block = tokens a+1..a+K."""
+    anchors = []
+    for seq in seqs:
+        lo, hi = max(seq.prompt_len - 1, 1), len(seq.tokens) - 1  # need context and at least one target
+        anchors.append(torch.randint(lo, hi, (anchors_per_seq,), generator=generator).tolist() if hi > lo else [])
+    return blocks_at(target, seqs, anchors, block_size, window, layers, to_draft)
+
+
+def blocks_at(target: Target, seqs: list[Sequence], anchors: list[list[int]], block_size: int, window: int,
+              layers: tuple[int, ...], to_draft: torch.Tensor) -> Blocks:
+    """Blocks at the given anchor positions of each sequence. The features of all sequences form one
+    pool that every block indexes (Blocks.window)."""
     if all(s.features is not None for s in seqs):
         feats = [s.cached_features().float() for s in seqs]  # cached: no target forward this step
     else:
         feats = target_features(target, seqs, layers)
     embed = target.model.get_input_embeddings().weight.detach()
     rows, offset = [], 0  # (first pool row of the window, its length, anchor id, block ids)
-    for seq, feat in zip(seqs, feats):
-        lo, hi = max(seq.prompt_len - 1, 1), len(seq.tokens) - 1  # need context and at least one target
-        for a in (torch.randint(lo, hi, (anchors_per_seq,), generator=generator).tolist() if hi > lo else []):
+    for seq, feat, seq_anchors in zip(seqs, feats, anchors):
+        for a in seq_anchors:
             first = max(0, a - window)
             rows.append((offset + first, a - first, seq.tokens[a], seq.tokens[a + 1:a + 1 + block_size]))
         offset += len(feat)
@@ -225,9 +243,9 @@ def blocks_from_sequences(target: Target, seqs: list[Sequence], anchors_per_seq:
         feature_mask[i, window - n_ctx:] = True
         tokens[i, : len(block)] = to_draft[torch.tensor(block)]
         valid[i, : len(block)] = True
-    anchors = torch.tensor([r[2] for r in rows])
-    return Blocks(torch.cat(feats), index, feature_mask, anchors, embed[anchors.to(embed.device)].float().cpu(),
-                  tokens, valid)
+    anchor_ids = torch.tensor([r[2] for r in rows], dtype=torch.long)
+    return Blocks(torch.cat(feats), index, feature_mask, anchor_ids,
+                  embed[anchor_ids.to(embed.device)].float().cpu(), tokens, valid)
 
 
 def main(argv=None) -> None:
@@ -236,7 +254,8 @@ def main(argv=None) -> None:
     gen = sub.add_parser("generate", help="the target writes responses to training prompts")
     gen.add_argument("--prompts", nargs="+", required=True)
     gen.add_argument("--out", required=True)
-    gen.add_argument("--limit", type=int, default=None, help="first N prompts of each file")
+    gen.add_argument("--start", type=int, default=0, help="skip the first N prompts of each file")
+    gen.add_argument("--limit", type=int, default=None, help="N prompts of each file (from --start)")
     gen.add_argument("--max-new-tokens", type=int, default=256)
     gen.add_argument("--batch-size", type=int, default=16)
     gen.add_argument("--shard-size", type=int, default=128)

@@ -5,7 +5,7 @@ Each function returns the per-slot draft distribution (B, K, V) given the noise;
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,12 +29,14 @@ def one_jump(net: DraftNet, ctx, mask, block: int, generator, factor: torch.Tens
     return net.probs(net.noise_input(x0_embed, ones), zeros, ones, ctx, mask)
 
 
-def jumps(net: DraftNet, ctx, mask, block: int, steps: int, generator, diagonal: bool = False) -> torch.Tensor:
+def jumps(net: DraftNet, ctx, mask, block: int, steps: int, generator, diagonal: bool = False,
+          noise_scale: float = 1.0) -> torch.Tensor:
     """Compose `steps` jumps on the grid t_n = tau^{-1}(n/N). With diagonal=True the network is used
-    as the teacher denoiser D_s (s = t), and each jump is an Euler step (eq. 3 rewritten as eq. 5)."""
+    as the teacher denoiser D_s (s = t), and each jump is an Euler step (eq. 3 rewritten as eq. 5).
+    noise_scale < 1 starts from shrunken noise (a lower-temperature trajectory; a diagnostic only)."""
     b, v = ctx.shape[0], net.cfg.draft_vocab
     grid = time_grid(steps, v).to(ctx.device)  # (N+1,)
-    x = torch.randn(b, block, v, generator=generator).to(ctx.device)  # (B, K, V) x0
+    x = noise_scale * torch.randn(b, block, v, generator=generator).to(ctx.device)  # (B, K, V) x0
     for n in range(steps):
         s, t = grid[n].expand(b), grid[n + 1].expand(b)
         t_in = s if diagonal else t
@@ -97,6 +99,82 @@ def masked(net: DraftNet, ctx, mask, block: int) -> torch.Tensor:
     b = ctx.shape[0]
     zeros = torch.zeros(b, device=ctx.device)
     return net.probs(net.masked_input(b)[:, :block], zeros, zeros, ctx, mask)
+
+
+def expected_accepted(confidence: torch.Tensor) -> torch.Tensor:
+    """sum_k prod_{j<=k} c_j: the expected number of accepted slots if slot k is accepted with
+    probability c_k given the slots before it. confidence (..., K) -> (...)."""
+    return confidence.cumprod(-1).sum(-1)
+
+
+@dataclass
+class BlockSampler:
+    """How a network drafts blocks: the per-slot distribution (B, K, V) for a batch of contexts.
+
+    mode: flowmap (distilled two-time denoiser, `steps` jumps; 2 jumps use the App. B noise bank),
+    teacher (`steps` Euler steps of the flow teacher, for analysis) or dflash (one masked pass).
+    shared_noise=False is the shuffle test (§6.2): slot k comes from the k-th of K independent draws.
+    best_of=M drafts M blocks from independent noise in one batched pass (as App. D does for trees)
+    and keeps, per context, the one with the largest expected accepted length under its own per-slot
+    confidence. The choice reads only the distributions, never a sampled token, so the kept block's
+    tokens are still drawn from the q handed to verification: lossless at any temperature.
+    """
+
+    net: DraftNet
+    mode: str
+    steps: int = 1
+    shared_noise: bool = True
+    best_of: int = 1
+    noise_scale: float = 1.0  # teacher only: see jumps()
+    bank_size: int = 2048  # 2-step noise bank (the paper uses 8,192 on a GPU)
+    _factor: torch.Tensor | None = field(default=None, repr=False)
+    _bank: NoiseBank | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.mode not in ("flowmap", "teacher", "dflash"):
+            raise ValueError(f"unknown drafting mode {self.mode!r}")
+        if self.steps < 1 or self.best_of < 1:
+            raise ValueError("steps and best_of must be >= 1")
+        if self.noise_scale != 1.0 and self.mode != "teacher":
+            raise ValueError("noise_scale applies to the teacher's Euler integration only")
+
+    def probs(self, ctx: torch.Tensor, mask: torch.Tensor, block: int, generator) -> torch.Tensor:
+        """ctx (B, C, D), mask (B, C) -> per-slot distributions (B, K, V)."""
+        if self.best_of == 1 or self.mode == "dflash":  # dflash has no noise: its M drafts would be equal
+            return self._noise_probs(ctx, mask, block, generator)
+        b, m = ctx.shape[0], self.best_of
+        rep_ctx, rep_mask = ctx.repeat_interleave(m, 0), mask.repeat_interleave(m, 0)  # (B*M, C, D), (B*M, C)
+        probs = self._noise_probs(rep_ctx, rep_mask, block, generator).view(b, m, block, -1)  # (B, M, K, V)
+        best = expected_accepted(probs.max(-1).values).argmax(-1)  # (B,)
+        return probs[torch.arange(b), best]  # (B, K, V)
+
+    def _noise_probs(self, ctx, mask, block: int, generator) -> torch.Tensor:
+        if self.shared_noise or self.mode == "dflash":
+            return self._one_draw(ctx, mask, block, generator)
+        b = ctx.shape[0]
+        rep_ctx, rep_mask = ctx.repeat_interleave(block, 0), mask.repeat_interleave(block, 0)  # (B*K, C, D): K draws
+        probs = self._one_draw(rep_ctx, rep_mask, block, generator).view(b, block, block, -1)  # (B, draw, K, V)
+        return probs.diagonal(dim1=1, dim2=2).permute(0, 2, 1)  # (B, K, V): slot k from draw k
+
+    def _one_draw(self, ctx, mask, block: int, generator) -> torch.Tensor:
+        if self.mode == "dflash":
+            return masked(self.net, ctx, mask, block)
+        if self.mode == "flowmap" and self.steps == 1:
+            if self._factor is None:
+                self._factor = noise_embedding_factor(self.net)
+            return one_jump(self.net, ctx, mask, block, generator, self._factor)
+        if self.mode == "flowmap" and self.steps == 2:
+            if self._bank is None:
+                self._bank = build_noise_bank(self.net, self.bank_size, torch.Generator().manual_seed(0))
+            return two_jumps_banked(self.net, ctx, mask, block, self._bank, generator)
+        return jumps(self.net, ctx, mask, block, self.steps, generator, diagonal=self.mode == "teacher",
+                     noise_scale=self.noise_scale)
+
+
+def fold_unused(probs: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """Move the mass of draft ids with no target token (padding of a small vocabulary) onto "other"
+    (id 0). probs (..., V), real (V,) True where the draft id maps to a target token."""
+    return torch.cat([probs[..., ~real].sum(-1, keepdim=True), probs[..., 1:] * real[1:]], dim=-1)
 
 
 def choose_tokens(probs: torch.Tensor, temperature: float, generator) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -18,8 +18,7 @@ from drafter.config import DrafterConfig
 from drafter.network import DraftNet
 
 WEIGHTS_ROOT = Path(__file__).resolve().parent.parent / "weights"
-MODES = ("flowmap", "teacher", "dflash")
-BANK_SIZE = 2048  # noise draws precomputed for 2-step drafting (the paper uses 8,192 on a GPU)
+DRAFTER_MODES = {"flashmap": "flowmap", "flashmap-teacher": "teacher", "dflash": "dflash"}  # name -> BlockSampler mode
 
 
 def default_weights(target_name: str, folder: str) -> Path:
@@ -50,6 +49,14 @@ def load_net(folder, target) -> tuple[DraftNet, torch.Tensor, dict]:
     return net.eval(), vocab_ids, meta
 
 
+def load_named_net(name: str, folder, target) -> tuple[DraftNet, torch.Tensor]:
+    """load_net, refusing a checkpoint of the other kind (a DFlash-style net drafted as a flow, or back)."""
+    net, vocab_ids, _meta = load_net(folder, target)
+    if (net.cfg.kind == "dflash") != (DRAFTER_MODES[name] == "dflash"):
+        raise CheckpointError(f"{folder} holds a {net.cfg.kind} drafter, not {name}")
+    return net, vocab_ids
+
+
 class FlowDrafter:
     """Proposes a block from the target's context features and the anchor token.
 
@@ -57,19 +64,16 @@ class FlowDrafter:
     teacher, for analysis) or dflash (one pass over a fully masked block).
     """
 
-    def __init__(self, net: DraftNet, vocab_ids: torch.Tensor, target, mode: str, steps: int = 1):
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}")
-        self.net, self.mode, self.steps = net, mode, steps
+    def __init__(self, net: DraftNet, vocab_ids: torch.Tensor, target, mode: str, steps: int = 1,
+                 best_of: int = 1):
+        self.net = net
+        self.sampler = drafting.BlockSampler(net, mode, steps, best_of=best_of)
         self.name = mode if mode != "flowmap" else f"flashmap-{steps}step"
         self.feature_layers = net.cfg.feature_layers
         self.vocab_ids = vocab_ids  # (V,) target id per draft id, -1 for "other"
         self.target_vocab = target.vocab_size
         self.input_embeddings = target.model.get_input_embeddings().weight.detach()  # (V_t, D_t)
-        self.factor = drafting.noise_embedding_factor(net) if mode == "flowmap" else None
-        self.bank: drafting.NoiseBank | None = None  # App. B noise bank, built on the first 2-step draft
         self.projected: torch.Tensor | None = None  # projected context window (<=W, D), ctx_in applied
-        self.shared_noise = True  # False: per-slot independent noise (the shuffle test, §6.2)
 
     def reset(self) -> None:
         self.projected = None
@@ -88,32 +92,11 @@ class FlowDrafter:
         mask = torch.ones(ctx.shape[:2], dtype=torch.bool)  # (1, W)
         return self.net.context_projected(ctx, mask, anchor_embed)
 
-    def block_probs(self, anchor: int, block: int, generator) -> torch.Tensor:
-        """Per-slot draft distribution (K, V) given one noise draw shared by the block, or, for the
-        shuffle test (§6.2), slot k taken from the k-th of K independent draws (same marginals,
-        no dependence between slots)."""
-        ctx, mask = self.context(anchor)
-        if not self.shared_noise:
-            ctx, mask = ctx.expand(block, -1, -1), mask.expand(block, -1)  # (K, C, D): K independent draws
-            return self._probs(ctx, mask, block, generator).diagonal(dim1=0, dim2=1).T  # (K, V)
-        return self._probs(ctx, mask, block, generator)[0]
-
-    def _probs(self, ctx, mask, block: int, generator) -> torch.Tensor:
-        if self.mode == "dflash":
-            return drafting.masked(self.net, ctx, mask, block)
-        if self.mode == "flowmap" and self.steps == 1:
-            return drafting.one_jump(self.net, ctx, mask, block, generator, self.factor)
-        if self.mode == "flowmap" and self.steps == 2:
-            if self.bank is None:
-                self.bank = drafting.build_noise_bank(self.net, BANK_SIZE, torch.Generator().manual_seed(0))
-            return drafting.two_jumps_banked(self.net, ctx, mask, block, self.bank, generator)
-        return drafting.jumps(self.net, ctx, mask, block, self.steps, generator, diagonal=self.mode == "teacher")
-
     @torch.inference_mode()
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
-        probs = self.block_probs(anchor, block_size, generator)  # (K, V)
+        probs = self.sampler.probs(*self.context(anchor), block_size, generator)[0]  # (K, V)
         real = self.vocab_ids >= 0  # (V,) False for "other" and unused padding slots of a small vocabulary
-        probs = torch.cat([probs[:, ~real].sum(-1, keepdim=True), probs[:, 1:] * real[1:]], dim=-1)  # pad -> other
+        probs = drafting.fold_unused(probs, real)  # (K, V)
         tokens, q_small = drafting.choose_tokens(probs, sampling.temperature, generator)
         target_tokens = self.vocab_ids[tokens]  # (K',) target ids
         # per-slot confidence = the largest probability of each slot's distribution, never the probability of the
@@ -148,7 +131,7 @@ def resolve_weights(spec: str, allow_download: bool = False) -> Path:
 
 
 def load_engine_drafter(name: str, target, steps: int = 1, weights: str | None = None,
-                        allow_download: bool = False):
+                        allow_download: bool = False, best_of: int = 1):
     """name: flashmap | flashmap-teacher | dflash. Raises CheckpointError with the reason.
 
     dflash also accepts a published z-lab DFlash folder or hub id (drafter.zlab_dflash); for a target
@@ -160,8 +143,5 @@ def load_engine_drafter(name: str, target, steps: int = 1, weights: str | None =
         path = resolve_weights(PUBLISHED_DFLASH[target.name], allow_download)
     if name == "dflash" and zlab_dflash.is_zlab_folder(path):
         return zlab_dflash.ZLabDFlashDrafter(zlab_dflash.load_zlab_net(path, target), target)
-    net, vocab_ids, _meta = load_net(path, target)
-    mode = {"flashmap": "flowmap", "flashmap-teacher": "teacher", "dflash": "dflash"}[name]
-    if mode == "flowmap" and net.cfg.kind != "flashmap" or mode == "dflash" and net.cfg.kind != "dflash":
-        raise CheckpointError(f"{path} holds a {net.cfg.kind} drafter, not {name}")
-    return FlowDrafter(net, vocab_ids, target, mode, steps=steps)
+    net, vocab_ids = load_named_net(name, path, target)
+    return FlowDrafter(net, vocab_ids, target, DRAFTER_MODES[name], steps=steps, best_of=best_of)

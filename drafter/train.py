@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -35,7 +36,7 @@ STAGES = ("teacher", "distill", "dflash")
 @dataclass(frozen=True)
 class TrainConfig:
     stage: str
-    data: str
+    data: tuple[str, ...]  # folders written by drafter.data generate, pooled
     out: str
     init: str | None = None  # distill: the teacher checkpoint
     steps: int = 2000
@@ -93,6 +94,20 @@ def load_train_state(path: Path, opt: torch.optim.Optimizer) -> int:
     return int(tensors["global_step"])
 
 
+def training_sequences(folders: tuple[str, ...], layers: tuple[int, ...] | None = None) -> list:
+    """Every response with at least two tokens from all data folders (features attached with layers)."""
+    return [s for folder in folders for s in load_sequences(folder, layers) if len(s.tokens) - s.prompt_len >= 2]
+
+
+def earlier_runs(previous: dict, cfg: TrainConfig) -> list[dict]:
+    """The training record keeps every earlier phase: a resume with other settings (more steps, more data)
+    starts a new phase and files the last record of the previous one under earlier_runs."""
+    previous = dict(previous)
+    earlier = previous.pop("earlier_runs", [])
+    same = json.loads(json.dumps(previous.get("train_config"))) == json.loads(json.dumps(asdict(cfg)))
+    return earlier if same or not previous else earlier + [previous]
+
+
 def build_student(cfg: TrainConfig, args, target, seqs):
     """Returns (net, teacher or None, vocab_ids)."""
     if cfg.stage == "distill":
@@ -124,16 +139,17 @@ def train(cfg: TrainConfig, args) -> Path:
         torch.set_num_threads(cfg.threads)
     target = load_target(target_config_from_args(args))
     device = target.device
-    seqs = [s for s in load_sequences(cfg.data) if len(s.tokens) - s.prompt_len >= 2]
+    seqs = training_sequences(cfg.data)
     if not seqs:
         raise SystemExit(f"no training sequences in {cfg.data}; run python -m drafter.data generate first")
     out = Path(cfg.out)
     net, teacher, vocab_ids = build_student(cfg, args, target, seqs)
-    seqs = [s for s in load_sequences(cfg.data, net.cfg.feature_layers) if len(s.tokens) - s.prompt_len >= 2]
-    saved_step = 0
+    seqs = training_sequences(cfg.data, net.cfg.feature_layers)  # now with the cached features of those layers
+    saved_step, earlier = 0, []
     if (out / "config.json").exists():  # resume: weights (and vocabulary) from the last save
         net, vocab_ids, meta = load_net(out, target)
         saved_step = int(meta.get("training", {}).get("step", 0))
+        earlier = earlier_runs(meta.get("training", {}), cfg)
     net = net.to(device).train()
     net.grad_checkpoint = cfg.grad_checkpoint
     teacher = teacher.to(device) if teacher is not None else None
@@ -150,8 +166,8 @@ def train(cfg: TrainConfig, args) -> Path:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, cfg), last_epoch=start - 1)
     data_gen = torch.Generator().manual_seed(cfg.seed + start)  # batches and anchors; a resumed run draws fresh ones
     noise_gen = torch.Generator(device=device).manual_seed(cfg.seed + start + 1)  # times and noise, on the device
-    training = {"train_config": asdict(cfg), "data": cfg.data, "sequences": len(seqs), "resumed_from": start,
-                "device": str(device)}
+    training = {"train_config": asdict(cfg), "data": list(cfg.data), "sequences": len(seqs), "resumed_from": start,
+                "device": str(device), "earlier_runs": earlier}
     progress = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.stage}")
     began, running = time.time(), None
     for step in progress:
@@ -178,7 +194,8 @@ def train(cfg: TrainConfig, args) -> Path:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stage", required=True, choices=STAGES)
-    parser.add_argument("--data", required=True, help="folder written by python -m drafter.data generate")
+    parser.add_argument("--data", nargs="+", required=True,
+                        help="folders written by python -m drafter.data generate (pooled)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--init", default=None)
     for field, default in [("steps", 2000), ("batch-seqs", 8), ("anchors-per-seq", 16), ("save-every", 100),
@@ -198,7 +215,7 @@ def parse_args(argv=None):
 
 def config_from_args(args) -> TrainConfig:
     lr = args.lr if args.lr is not None else (5e-5 if args.stage == "distill" else 6e-4)
-    return TrainConfig(args.stage, args.data, args.out, args.init, args.steps, args.batch_seqs,
+    return TrainConfig(args.stage, tuple(args.data), args.out, args.init, args.steps, args.batch_seqs,
                        args.anchors_per_seq, lr, args.warmup_frac, args.decay_frac, args.weight_decay,
                        args.save_every, args.seed, args.threads, args.precision, args.grad_checkpoint)
 

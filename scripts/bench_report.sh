@@ -6,12 +6,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-# defaults = what docs/benchmarks.md was made with (2026-11-29, ~75 minutes of a 2-core CPU in all)
+# defaults = what docs/benchmarks.md was made with
 LIMIT=${LIMIT:-4}
 SWEEP_LIMIT=${SWEEP_LIMIT:-1}
 SHUFFLE_LIMIT=${SHUFFLE_LIMIT:-1}
-FIT_LIMIT=${FIT_LIMIT:-2}
-LONG=${LONG:-runs/dflash-3000}  # the DFlash-style baseline trained on to 3,000 steps (not shipped)
+# optional: the checkpoints before training phase 2, from git history, to show what phase 2 bought:
+#   for X in dflash flashmap; do mkdir -p runs/phase1/$X; for F in config.json model.safetensors; do
+#     git show 98e80ee:weights/smollm2-135m-instruct/$X/$F > runs/phase1/$X/$F; done; done
+PHASE1=${PHASE1:-runs/phase1}
 SHORT_TOKENS=${SHORT_TOKENS:-96}  # new tokens for the K sweep and the shuffle test
 P=../shared/data/prompts
 R=docs/results
@@ -34,12 +36,17 @@ run ksweep_t0 --prompts "$P/eval_math.jsonl" "$P/eval_code.jsonl" "$P/eval_chat.
 run shuffle_t0 --prompts "$P/eval_math.jsonl" "$P/eval_code.jsonl" "$P/eval_chat.jsonl" --limit "$SHUFFLE_LIMIT" \
   --temperature 0 --max-new-tokens "$SHORT_TOKENS" --block-size 16 --variants flashmap-teacher,steps=16 flashmap-teacher,steps=16,noise=shuffled \
   flashmap,steps=1 flashmap,steps=1,noise=shuffled flashmap,steps=2 flashmap,steps=2,noise=shuffled
-if [ ! -f "$R/fit_train.json" ]; then  # seen vs held-out prompts, and what twice the steps buys
-  [ -f "$LONG/config.json" ] || { mkdir -p "$LONG" && cp weights/smollm2-135m-instruct/dflash/* "$LONG/"; }
-  OMP_NUM_THREADS=1 $PY -m drafter.train --stage dflash --data data/smollm2-responses --out "$LONG" --steps 3000 --threads 1
-  for SET in eval train; do
-    run "fit_$SET" --prompts "$P/${SET}_math.jsonl" "$P/${SET}_code.jsonl" "$P/${SET}_chat.jsonl" --limit "$FIT_LIMIT" \
-      --temperature 0 --max-new-tokens "$SHORT_TOKENS" --variants dflash "dflash,weights=$LONG" flashmap,steps=1
-  done
+# acceptance offline on held-out responses (data/smollm2-val; scripts/train_embedded.sh writes it and its
+# feature cache) and on trained-on ones, paired across drafters. Per-slot independent noise costs K draws
+# per block and the teacher 16 passes per draft, so those run on every 16th anchor instead of every 2nd.
+off() { local name=$1; shift; [ -f "$R/$name.json" ] || $PY -m drafter.evaluate "$@" --out "$R/$name.json"; }
+off offline_val --data data/smollm2-val --stride 2 --variants dflash flashmap flashmap,steps=2
+off offline_val_sparse --data data/smollm2-val --stride 16 --variants dflash flashmap flashmap,noise=shuffled \
+  flashmap,steps=2 flashmap,steps=2,noise=shuffled flashmap,best_of=4 flashmap-teacher,steps=16 \
+  flashmap-teacher,steps=16,scale=0.3 flashmap-teacher,steps=1
+off offline_seen --data data/smollm2-responses --limit 32 --stride 2 --variants dflash flashmap flashmap,steps=2
+if [ -d "$PHASE1" ]; then  # the checkpoints before training phase 2, for what it bought
+  off offline_val_phase1 --data data/smollm2-val --stride 2 --variants "dflash,weights=$PHASE1/dflash" \
+    "flashmap,weights=$PHASE1/flashmap" "flashmap,steps=2,weights=$PHASE1/flashmap"
 fi
 $PY scripts/report.py

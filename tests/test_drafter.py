@@ -6,6 +6,7 @@ import torch
 
 from app.engine import GenerationConfig, generate_all
 from app.registry import DrafterUnavailable, build_drafter
+from drafter import drafting
 from drafter.checkpoint import CheckpointError, save_checkpoint
 from drafter.config import DrafterConfig
 from drafter.data import Sequence, blocks_from_sequences, draft_vocabulary, target_to_draft_map
@@ -134,14 +135,15 @@ def flow_drafters(target, vocab_ids, cfg_vocab=16):
         for p in net.parameters():
             torch.nn.init.normal_(p, std=0.3)
     return [FlowDrafter(flow, vocab_ids, target, "flowmap", 1), FlowDrafter(flow, vocab_ids, target, "flowmap", 2),
-            FlowDrafter(flow, vocab_ids, target, "teacher", 4), FlowDrafter(dflash, vocab_ids, target, "dflash")]
+            FlowDrafter(flow, vocab_ids, target, "teacher", 4), FlowDrafter(dflash, vocab_ids, target, "dflash"),
+            FlowDrafter(flow, vocab_ids, target, "flowmap", 1, best_of=3)]
 
 
 def test_engine_is_lossless_with_flow_drafters_at_t0(setup, tiny_target):
     _seqs, vocab_ids, _blocks = setup
     for drafter in flow_drafters(tiny_target, vocab_ids):
         for shared in (True, False):
-            drafter.shared_noise = shared
+            drafter.sampler.shared_noise = shared
             for prompt in ([5, 6, 7], [9, 10, 11, 12, 13]):
                 gen = GenerationConfig(max_new_tokens=24, block_size=4)
                 plain, _ = generate_all(tiny_target, prompt, gen)
@@ -153,11 +155,28 @@ def test_engine_is_lossless_with_flow_drafters_at_t0(setup, tiny_target):
 def test_engine_is_lossless_with_flow_drafters_at_t1():
     target = make_target(tiny_llama(vocab_size=5, layers=2, seed=3, scale=8.0))
     vocab_ids = torch.tensor([-1, 4, 2, 0])  # token 1 and 3 are outside the draft vocabulary: q = 0 there
-    for drafter in flow_drafters(target, vocab_ids, cfg_vocab=4)[::3]:  # flow map 1-step and DFlash-style
+    # flow map 1-step, DFlash-style, and best-of-3 (the kept draft depends on the noise, never on a token)
+    drafters = flow_drafters(target, vocab_ids, cfg_vocab=4)
+    for drafter in (drafters[0], drafters[3], drafters[4]):
         assert_sampled_distribution_exact(target, drafter, n=1200)
     # the adaptive length cuts between 0 and 2 slots here (the curve makes the second slot dear): still exact
     assert_sampled_distribution_exact(target, flow_drafters(target, vocab_ids, cfg_vocab=4)[0], n=1200,
                                       verify_cost=(1.0, 1.3, 2.2))
+
+
+def test_best_of_keeps_the_draw_with_the_most_expected_accepted_slots(setup, tiny_target):
+    _seqs, vocab_ids, blocks = setup
+    drafter = flow_drafters(tiny_target, vocab_ids)[4]
+    net, sampler = drafter.net, drafter.sampler
+    ctx, mask = blocks.context(net)
+    with torch.inference_mode():
+        best = sampler.probs(ctx[:3], mask[:3], 4, torch.Generator().manual_seed(7))  # (3, K, V)
+        sampler.best_of = 1  # the same noise, drawn for the 3 x 3 repeated contexts without selection
+        draws = sampler.probs(ctx[:3].repeat_interleave(3, 0), mask[:3].repeat_interleave(3, 0), 4,
+                              torch.Generator().manual_seed(7)).view(3, 3, 4, -1)  # (B, M, K, V)
+    scores = drafting.expected_accepted(draws.max(-1).values)  # (B, M)
+    assert torch.equal(best, draws[torch.arange(3), scores.argmax(-1)])
+    assert (scores.max(-1).values > scores.min(-1).values).all()  # the draws differ: the choice mattered
 
 
 def test_banked_two_step_equals_the_exact_two_jumps(setup, tiny_target):

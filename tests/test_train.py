@@ -44,6 +44,7 @@ def test_train_checkpoints_resume_and_distill(tiny_run, tiny_target):
     run("teacher", tmp / "teacher", 6)
     record = json.loads((teacher / "config.json").read_text())["training"]
     assert (record["step"], record["resumed_from"]) == (6, 4)
+    assert [r["step"] for r in record["earlier_runs"]] == [2, 4]  # each phase's record survives the next
     student = run("distill", tmp / "flashmap", 2, init=teacher)
     assert json.loads((student / "config.json").read_text())["drafter"]["kind"] == "flashmap"
     dflash = run("dflash", tmp / "dflash", 2)

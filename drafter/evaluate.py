@@ -1,0 +1,210 @@
+"""Acceptance at T=0 measured offline, on held-out greedy responses, without running the target.
+
+Shape letters: B = blocks (anchors) in a batch, K = block size, V = draft vocabulary.
+
+python -m drafter.evaluate --data data/smollm2-val --variants flashmap flashmap,steps=2 dflash \
+    flashmap-teacher,steps=16 flashmap,best_of=4 [--stride 2] [--out runs/eval.json]
+
+A variant is `drafter[,steps=N][,noise=shuffled][,best_of=M][,scale=S][,k=K][,weights=FOLDER]` with drafter
+one of flashmap, flashmap-teacher, dflash (scale: the teacher's initial noise scale, a diagnostic).
+
+At T=0 the target's output is fixed: its greedy response, which `python -m drafter.data generate`
+stored. A round anchored at position a accepts the draft's longest prefix that equals the response
+after a, then adds the target's own token, so the acceptance length of that round is known from the
+draft alone. This averages it over every `stride`-th anchor of each response (anchors with a full
+block after them), batched, from the cached features: thousands of rounds in minutes, against the
+tens that the engine bench affords here. It differs from the engine's figure only in which anchors
+count (the engine's rounds sit one accepted block apart) and in the K slots it can see (the engine
+also meets the end of the response). Same data = same anchors for every variant: a paired comparison.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from app.prompts import read_jsonl
+from app.target import add_target_args, load_target, target_config_from_args
+from drafter.data import blocks_at, load_sequences, target_to_draft_map
+from drafter.drafting import BlockSampler, fold_unused
+from drafter.runtime import DRAFTER_MODES, default_weights, load_named_net, load_net
+
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    drafter: str
+    steps: int = 1
+    shared_noise: bool = True
+    best_of: int = 1
+    noise_scale: float = 1.0
+    block_size: int = 16
+    weights: str | None = None
+
+
+def parse_variant(spec: str, block_size: int) -> Variant:
+    """'flashmap,steps=2,best_of=4' -> Variant."""
+    name, *options = spec.split(",")
+    if name not in DRAFTER_MODES:
+        raise SystemExit(f"variant {spec!r}: drafter must be one of {sorted(DRAFTER_MODES)}")
+    fields: dict = {"block_size": block_size}
+    casts = {"steps": ("steps", int), "best_of": ("best_of", int), "scale": ("noise_scale", float),
+             "k": ("block_size", int), "weights": ("weights", str)}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key == "noise" and value in ("shared", "shuffled"):
+            fields["shared_noise"] = value == "shared"
+        elif key in casts and value:
+            field, cast = casts[key]
+            fields[field] = cast(value)
+        else:
+            raise SystemExit(f"variant {spec!r}: options are steps=N, noise=shared|shuffled, best_of=M, scale=S, "
+                             "k=K, weights=FOLDER")
+    return Variant(spec, name, **fields)
+
+
+def accepted_prefix(draft: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """Slots accepted at T=0: the length of the longest prefix where draft == truth, with id 0
+    ("other", or past the data) never accepted. draft, truth (B, K) draft ids -> (B,)."""
+    match = (draft == truth) & (truth != 0)  # (B, K)
+    return match.long().cumprod(-1).sum(-1)
+
+
+def domain_of_sequences(folder: Path) -> list[str]:
+    """The prompt file (domain) of each stored sequence, in load order, from the folder's meta.json."""
+    if not (folder / "meta.json").exists():
+        raise SystemExit(f"{folder}: no meta.json; write the folder with python -m drafter.data generate")
+    meta = json.loads((folder / "meta.json").read_text())
+    start, limit = meta.get("start", 0), meta.get("limit")
+    names = []
+    for path in meta["prompts"]:
+        rows = read_jsonl(path)[start:start + limit if limit else None]
+        names += [Path(path).stem.removeprefix("train_")] * len(rows)
+    return names
+
+
+def anchors_of(seqs, block_size: int, stride: int) -> list[list[int]]:
+    """Every stride-th anchor a with a full block after it: prompt_len - 1 <= a <= len - 1 - K."""
+    return [list(range(max(s.prompt_len - 1, 1), len(s.tokens) - block_size, stride)) for s in seqs]
+
+
+def tally(n_accepted: torch.Tensor, draft_len: torch.Tensor, block_size: int) -> dict:
+    """Acceptance length and the per-slot counts behind conditional acceptance (paper Fig. 3).
+    n_accepted, draft_len (R,) per round: slot k was verified when every slot before it was accepted."""
+    slots = torch.arange(block_size)  # (K,)
+    reached = (slots < torch.minimum(n_accepted + 1, draft_len)[:, None]).sum(0).tolist()  # (K,)
+    accepted = (slots < n_accepted[:, None]).sum(0).tolist()  # (K,)
+    rounds = len(n_accepted)
+    return {"rounds": rounds,
+            "acceptance_length": 1 + n_accepted.sum().item() / max(1, rounds),  # + the target's own token
+            "per_slot_acceptance": [a / r if r else None for a, r in zip(accepted, reached)],
+            "per_slot_reached": reached, "per_slot_accepted": accepted}
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """One entry per evaluated anchor (R of them)."""
+
+    seq_index: torch.Tensor  # (R,) which sequence
+    anchor: torch.Tensor  # (R,) anchor position in it
+    draft: torch.Tensor  # (R, K) the T=0 draft in target ids (-1 past the first "other")
+    n_accepted: torch.Tensor  # (R,) slots accepted
+    draft_len: torch.Tensor  # (R,) slots proposed
+
+
+@torch.inference_mode()
+def draft_rounds(variant: Variant, target, seqs, stride: int = 1, batch: int = 128, seed: int = 0) -> Rounds:
+    """Draft at every stride-th anchor of each sequence, as the engine would at T=0."""
+    folder = variant.weights or default_weights(target.identity["name"], variant.drafter)
+    net, vocab_ids = load_named_net(variant.drafter, folder, target)
+    sampler = BlockSampler(net, DRAFTER_MODES[variant.drafter], variant.steps, variant.shared_noise,
+                           variant.best_of, variant.noise_scale)
+    to_draft = target_to_draft_map(vocab_ids, target.vocab_size)
+    real = vocab_ids >= 0  # (V,)
+    jobs = [(i, a) for i, seq_anchors in enumerate(anchors_of(seqs, variant.block_size, stride)) for a in seq_anchors]
+    generator = torch.Generator().manual_seed(seed)
+    drafts, n_accepted, draft_len = [], [], []
+    for start in tqdm(range(0, len(jobs), batch), desc=variant.label, unit="batch", leave=False):
+        chunk = jobs[start:start + batch]  # sorted by sequence, then anchor: blocks_at keeps this order
+        order = list(dict.fromkeys(i for i, _ in chunk))
+        blocks = blocks_at(target, [seqs[i] for i in order], [[a for j, a in chunk if j == i] for i in order],
+                           variant.block_size, net.cfg.context_window, net.cfg.feature_layers, to_draft)
+        probs = fold_unused(sampler.probs(*blocks.context(net), variant.block_size, generator), real)  # (B, K, V)
+        draft = probs.argmax(-1)  # (B, K) the T=0 proposal; the engine cuts it at the first "other"
+        is_other = draft == 0  # (B, K)
+        draft_len.append(torch.where(is_other.any(-1), is_other.long().argmax(-1), variant.block_size))  # (B,)
+        n_accepted.append(accepted_prefix(draft, blocks.tokens))  # (B,)
+        drafts.append(torch.where(is_other.long().cummax(-1).values.bool(), -1, vocab_ids[draft]))  # (B, K)
+    index = torch.tensor(jobs, dtype=torch.long).view(-1, 2)  # (R, 2)
+    return Rounds(index[:, 0], index[:, 1], torch.cat(drafts), torch.cat(n_accepted), torch.cat(draft_len))
+
+
+def evaluate_variant(variant: Variant, target, seqs, domains: list[str], stride: int, batch: int, seed: int) -> dict:
+    began = time.perf_counter()
+    rounds = draft_rounds(variant, target, seqs, stride, batch, seed)
+    seconds = time.perf_counter() - began
+    domain_of_round = [domains[i] for i in rounds.seq_index.tolist()]
+    by_domain = {}
+    for name in dict.fromkeys(domains):
+        keep = torch.tensor([d == name for d in domain_of_round])  # (R,)
+        by_domain[name] = tally(rounds.n_accepted[keep], rounds.draft_len[keep], variant.block_size)
+    return {"variant": variant.label, "weights": variant.weights, "seconds": round(seconds, 1),
+            "all": tally(rounds.n_accepted, rounds.draft_len, variant.block_size), **by_domain,
+            # per round, for paired comparisons between variants of one K (same data -> same anchors)
+            "rounds": {"sequence": rounds.seq_index.tolist(), "n_accepted": rounds.n_accepted.tolist()}}
+
+
+def held_out_sequences(folder: Path, layers: tuple[int, ...], limit: int | None) -> tuple[list, list[str]]:
+    """The folder's sequences with their cached features and domains, the first `limit` of each domain."""
+    domains = domain_of_sequences(folder)
+    seqs = load_sequences(folder, layers)
+    if len(seqs) != len(domains):
+        raise SystemExit(f"{folder}: {len(seqs)} sequences but meta.json names {len(domains)} prompts")
+    if any(s.features is None for s in seqs):
+        raise SystemExit(f"{folder}: no feature cache; run python -m drafter.data features --data {folder} "
+                         f"--layers {' '.join(map(str, layers))}")
+    keep = [i for i, d in enumerate(domains) if limit is None or domains[:i].count(d) < limit]
+    return [seqs[i] for i in keep], [domains[i] for i in keep]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", required=True, help="a folder written by drafter.data generate, with features")
+    parser.add_argument("--variants", nargs="+", required=True)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--stride", type=int, default=2, help="every N-th anchor of each response")
+    parser.add_argument("--batch", type=int, default=128, help="blocks per drafter pass")
+    parser.add_argument("--limit", type=int, default=None, help="first N sequences of each domain")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None)
+    add_target_args(parser)
+    args = parser.parse_args(argv)
+    variants = [parse_variant(spec, args.block_size) for spec in args.variants]
+    if any(v.steps < 1 or v.best_of < 1 or v.block_size < 1 for v in variants) or args.stride < 1:
+        raise SystemExit("steps, best_of, k and --stride must be >= 1")
+    target = load_target(target_config_from_args(args))
+    folder = Path(args.data)
+    layers = {load_net(v.weights or default_weights(target.identity["name"], v.drafter), target)[0]
+              .cfg.feature_layers for v in variants}
+    if len(layers) != 1:
+        raise SystemExit(f"variants read different target layers {sorted(layers)}: evaluate them separately")
+    seqs, domains = held_out_sequences(folder, layers.pop(), args.limit)
+    results = [evaluate_variant(v, target, seqs, domains, args.stride, args.batch, args.seed) for v in variants]
+    report = {"data": str(folder), "stride": args.stride, "block_size": args.block_size, "sequences": len(seqs),
+              "sequence_domains": domains, "results": results}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, separators=(",", ":")))  # compact: per-round lists
+    for row in results:
+        print(json.dumps({"variant": row["variant"], "seconds": row["seconds"],
+                          **{d: round(row[d]["acceptance_length"], 3) for d in ["all", *dict.fromkeys(domains)]}}))
+
+
+if __name__ == "__main__":
+    main()

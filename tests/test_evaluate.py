@@ -1,0 +1,72 @@
+import json
+
+import pytest
+import torch
+
+from app.engine import GenerationConfig, generate_all
+from drafter.checkpoint import save_checkpoint
+from drafter.data import Sequence, draft_vocabulary
+from drafter.evaluate import Variant, accepted_prefix, domain_of_sequences, draft_rounds, parse_variant, tally
+from drafter.runtime import build_net, load_engine_drafter
+from tests.test_drafter import tiny_cfg
+
+
+def test_accepted_prefix_stops_at_first_mismatch_and_never_accepts_other():
+    truth = torch.tensor([[3, 4, 5, 6], [3, 4, 5, 6], [0, 4, 5, 6], [3, 0, 5, 6]])
+    draft = torch.tensor([[3, 4, 5, 6], [3, 9, 5, 6], [0, 4, 5, 6], [3, 0, 5, 6]])
+    assert accepted_prefix(draft, truth).tolist() == [4, 1, 0, 1]
+
+
+def test_tally_counts_slots_reached_and_accepted():
+    out = tally(torch.tensor([0, 2, 4]), torch.tensor([4, 4, 4]), 4)
+    assert out["rounds"] == 3 and out["acceptance_length"] == pytest.approx(1 + 6 / 3)
+    assert out["per_slot_reached"] == [3, 2, 2, 1] and out["per_slot_accepted"] == [2, 2, 1, 1]
+    short = tally(torch.tensor([1]), torch.tensor([1]), 4)  # a draft cut after one slot reaches no more
+    assert short["per_slot_reached"] == [1, 0, 0, 0]
+
+
+def test_variant_options_parse_and_bad_ones_are_refused():
+    v = parse_variant("flashmap-teacher,steps=16,scale=0.5,noise=shuffled,best_of=3,k=8", 16)
+    assert (v.steps, v.noise_scale, v.shared_noise, v.best_of, v.block_size) == (16, 0.5, False, 3, 8)
+    for bad in ("ngram", "flashmap,steps=", "flashmap,color=red", "flashmap,noise=loud"):
+        with pytest.raises(SystemExit):
+            parse_variant(bad, 16)
+
+
+def test_domains_follow_meta_prompt_files(tmp_path):
+    for name, n in (("train_math.jsonl", 5), ("train_chat.jsonl", 2)):
+        (tmp_path / name).write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(n)))
+    meta = {"prompts": [str(tmp_path / "train_math.jsonl"), str(tmp_path / "train_chat.jsonl")], "start": 1, "limit": 3}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    assert domain_of_sequences(tmp_path) == ["math"] * 3 + ["chat"]
+
+
+def test_offline_drafts_and_acceptance_equal_the_engine_rounds(tiny_target, tmp_path):
+    """The evaluator drafts from the stored response exactly what the engine drafts from its own run,
+    at every anchor the engine visited, and counts the same accepted slots."""
+    torch.manual_seed(1)
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]
+    gen = GenerationConfig(max_new_tokens=40, block_size=4)
+    outputs = [generate_all(tiny_target, p, gen)[0] for p in prompts]
+    seqs = [Sequence(p + out, len(p)) for p, out in zip(prompts, outputs)]
+    vocab_ids = draft_vocabulary(seqs, 16)
+    net = build_net(tiny_cfg("dflash", 16, tiny_target.model.config.hidden_size), tiny_target, vocab_ids)
+    for p in net.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    save_checkpoint(tmp_path, net, vocab_ids, tiny_target.identity, {})
+    rounds = draft_rounds(Variant("dflash", "dflash", block_size=4, weights=str(tmp_path)), tiny_target, seqs)
+    offline = {(int(i), int(a)): (r.tolist(), int(n))
+               for i, a, r, n in zip(rounds.seq_index, rounds.anchor, rounds.draft, rounds.n_accepted)}
+    drafter = load_engine_drafter("dflash", tiny_target, weights=str(tmp_path))
+    compared = 0
+    for i, (prompt, seq) in enumerate(zip(prompts, seqs)):
+        out, events = generate_all(tiny_target, prompt, gen, drafter)
+        assert out == outputs[i]
+        position = len(prompt)  # the first round's anchor is the token the prefill produced
+        for ev in events[1:]:
+            if (i, position) in offline:
+                draft, n_accepted = offline[(i, position)]
+                assert [t for t in draft if t >= 0] == list(ev.drafted) and n_accepted == ev.n_accepted
+                compared += 1
+            position += len(ev.committed)
+    assert compared >= 6
