@@ -11,7 +11,7 @@ import gradio as gr
 import pandas as pd
 import torch
 
-from app.engine import MAX_BLOCK_SIZE, PromptError, RoundEvent
+from app.engine import PromptError, RoundEvent
 from app.prompts import read_jsonl
 from app.registry import DrafterUnavailable
 from app.service import DRAFTER_LABELS, ChatService, ChatSettings
@@ -81,8 +81,7 @@ def render_stats(service: ChatService, stats: AcceptanceStats, tokens_per_s: flo
 
 def slot_frame(stats: AcceptanceStats) -> pd.DataFrame:
     rates = stats.per_slot()
-    # "#k", not "k": the chart would read digit strings as numbers and draw a continuous axis (0.8 ... 3.2)
-    return pd.DataFrame({"slot": [f"#{k + 1}" for k in range(len(rates))], "acceptance": rates})
+    return pd.DataFrame({"slot": [str(k + 1) for k in range(len(rates))], "acceptance": rates})
 
 
 def settings_from(drafter, block_size, steps, temperature, top_p, max_new_tokens, thinking, system_prompt,
@@ -224,7 +223,6 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
                     panel = gr.HTML(render_panel(service, []), label="Draft panel", elem_id="draft-panel")
                     stats_md = gr.Markdown(render_stats(service, AcceptanceStats(), None, default), elem_id="stats")
                     chart = gr.BarPlot(slot_frame(AcceptanceStats()), x="slot", y="acceptance", y_lim=[0, 1],
-                                       sort=[f"#{k}" for k in range(1, MAX_BLOCK_SIZE + 1)],  # slot order
                                        title="Acceptance per slot (given earlier slots accepted)")
             stats = gr.State(None)
             settings = [drafter, block, steps, temperature, top_p, max_new, thinking, system, adaptive]
