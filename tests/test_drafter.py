@@ -260,3 +260,18 @@ def test_adaptive_draft_length_stays_lossless(setup, tiny_target):
         plain, _ = generate_all(tiny_target, [5, 6, 7, 8], GenerationConfig(max_new_tokens=20, block_size=4))
         out, events = generate_all(tiny_target, [5, 6, 7, 8], gen, drafter)
         assert out == plain and all(len(ev.drafted) <= 4 for ev in events)
+
+
+def test_prompt_slices_and_a_folder_resumes_only_with_its_own_settings(tmp_path):
+    from drafter.data import check_meta, read_prompt_rows
+
+    path = tmp_path / "train_math.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(10)))
+    assert [r["prompt"] for r in read_prompt_rows([str(path)], 3, start=4)] == ["p4", "p5", "p6"]
+    assert len(read_prompt_rows([str(path)], None, start=8)) == 2
+    with pytest.raises(ValueError, match="eval prompts"):
+        read_prompt_rows([str(tmp_path / "eval_math.jsonl")], None)
+    check_meta(tmp_path, {"start": 0, "limit": 3})
+    check_meta(tmp_path, {"start": 0, "limit": 3})  # the same settings: resume
+    with pytest.raises(SystemExit, match="other settings"):
+        check_meta(tmp_path, {"start": 3, "limit": 3})  # shard 0 would hold other prompts
