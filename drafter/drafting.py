@@ -177,14 +177,22 @@ def fold_unused(probs: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     return torch.cat([probs[..., ~real].sum(-1, keepdim=True), probs[..., 1:] * real[1:]], dim=-1)
 
 
+def greedy_block(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The T=0 proposal: each slot's argmax, valid up to the first slot whose argmax is "other" (id 0).
+    probs (..., K, V) -> tokens (..., K), length (...)."""
+    tokens = probs.argmax(-1)  # (..., K)
+    is_other = tokens == 0
+    length = torch.where(is_other.any(-1), is_other.long().argmax(-1), tokens.shape[-1])  # (...,) first "other"
+    return tokens, length
+
+
 def choose_tokens(probs: torch.Tensor, temperature: float, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Pick one token per slot from probs (K, V). Index 0 ("other") is never proposed: at T=0 the
     block is cut at the first slot whose argmax is "other"; at T>0 slots sample from q with "other"
     removed and renormalised, and that q is returned for exact rejection sampling."""
     if temperature == 0:
-        tokens = probs.argmax(-1)  # (K,)
-        cut = int((tokens == 0).nonzero()[0, 0]) if (tokens == 0).any() else len(tokens)
-        return tokens[:cut], None
+        tokens, length = greedy_block(probs)  # (K,), ()
+        return tokens[: int(length)], None
     q_draft = probs.clamp_min(0).pow(1.0 / temperature)  # (K, V)
     q_draft[:, 0] = 0.0
     mass = q_draft.sum(-1, keepdim=True)  # (K, 1)

@@ -23,6 +23,7 @@ import argparse
 import json
 import time
 from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
 
 import torch
@@ -31,8 +32,8 @@ from tqdm import tqdm
 from app.prompts import read_jsonl
 from app.target import add_target_args, load_target, target_config_from_args
 from drafter.data import blocks_at, load_sequences, target_to_draft_map
-from drafter.drafting import BlockSampler, fold_unused
-from drafter.runtime import DRAFTER_MODES, default_weights, load_named_net, load_net
+from drafter.drafting import BlockSampler, fold_unused, greedy_block
+from drafter.runtime import DRAFTER_MODES, default_weights, load_named_net
 
 
 
@@ -118,11 +119,16 @@ class Rounds:
     draft_len: torch.Tensor  # (R,) slots proposed
 
 
-@torch.inference_mode()
-def draft_rounds(variant: Variant, target, seqs, stride: int = 1, batch: int = 128, seed: int = 0) -> Rounds:
-    """Draft at every stride-th anchor of each sequence, as the engine would at T=0."""
+def load_variant(variant: Variant, target) -> tuple:
+    """(network, vocab_ids) of the variant's checkpoint, refusing one of the other kind."""
     folder = variant.weights or default_weights(target.identity["name"], variant.drafter)
-    net, vocab_ids = load_named_net(variant.drafter, folder, target)
+    return load_named_net(variant.drafter, folder, target)
+
+
+@torch.inference_mode()
+def draft_rounds(variant: Variant, net, vocab_ids: torch.Tensor, target, seqs, stride: int = 1, batch: int = 128,
+                 seed: int = 0) -> Rounds:
+    """Draft at every stride-th anchor of each sequence, as the engine would at T=0."""
     sampler = BlockSampler(net, DRAFTER_MODES[variant.drafter], variant.steps, variant.shared_noise,
                            variant.best_of, variant.noise_scale)
     to_draft = target_to_draft_map(vocab_ids, target.vocab_size)
@@ -132,22 +138,23 @@ def draft_rounds(variant: Variant, target, seqs, stride: int = 1, batch: int = 1
     drafts, n_accepted, draft_len = [], [], []
     for start in tqdm(range(0, len(jobs), batch), desc=variant.label, unit="batch", leave=False):
         chunk = jobs[start:start + batch]  # sorted by sequence, then anchor: blocks_at keeps this order
-        order = list(dict.fromkeys(i for i, _ in chunk))
-        blocks = blocks_at(target, [seqs[i] for i in order], [[a for j, a in chunk if j == i] for i in order],
+        grouped = [(i, [a for _, a in group]) for i, group in groupby(chunk, key=lambda job: job[0])]
+        blocks = blocks_at(target, [seqs[i] for i, _ in grouped], [anchors for _, anchors in grouped],
                            variant.block_size, net.cfg.context_window, net.cfg.feature_layers, to_draft)
         probs = fold_unused(sampler.probs(*blocks.context(net), variant.block_size, generator), real)  # (B, K, V)
-        draft = probs.argmax(-1)  # (B, K) the T=0 proposal; the engine cuts it at the first "other"
-        is_other = draft == 0  # (B, K)
-        draft_len.append(torch.where(is_other.any(-1), is_other.long().argmax(-1), variant.block_size))  # (B,)
+        draft, length = greedy_block(probs)  # (B, K), (B,): what the engine proposes at T=0
+        draft_len.append(length)
         n_accepted.append(accepted_prefix(draft, blocks.tokens))  # (B,)
-        drafts.append(torch.where(is_other.long().cummax(-1).values.bool(), -1, vocab_ids[draft]))  # (B, K)
+        past_cut = torch.arange(variant.block_size) >= length[:, None]  # (B, K)
+        drafts.append(torch.where(past_cut, -1, vocab_ids[draft]))  # (B, K)
     index = torch.tensor(jobs, dtype=torch.long).view(-1, 2)  # (R, 2)
     return Rounds(index[:, 0], index[:, 1], torch.cat(drafts), torch.cat(n_accepted), torch.cat(draft_len))
 
 
-def evaluate_variant(variant: Variant, target, seqs, domains: list[str], stride: int, batch: int, seed: int) -> dict:
+def evaluate_variant(variant: Variant, loaded: tuple, target, seqs, domains: list[str], stride: int, batch: int,
+                     seed: int) -> dict:
     began = time.perf_counter()
-    rounds = draft_rounds(variant, target, seqs, stride, batch, seed)
+    rounds = draft_rounds(variant, *loaded, target, seqs, stride, batch, seed)
     seconds = time.perf_counter() - began
     domain_of_round = [domains[i] for i in rounds.seq_index.tolist()]
     by_domain = {}
@@ -190,12 +197,13 @@ def main(argv=None) -> None:
         raise SystemExit("steps, best_of, k and --stride must be >= 1")
     target = load_target(target_config_from_args(args))
     folder = Path(args.data)
-    layers = {load_net(v.weights or default_weights(target.identity["name"], v.drafter), target)[0]
-              .cfg.feature_layers for v in variants}
+    loaded = [load_variant(v, target) for v in variants]  # (net, vocab_ids) each, loaded once
+    layers = {net.cfg.feature_layers for net, _ in loaded}
     if len(layers) != 1:
         raise SystemExit(f"variants read different target layers {sorted(layers)}: evaluate them separately")
     seqs, domains = held_out_sequences(folder, layers.pop(), args.limit)
-    results = [evaluate_variant(v, target, seqs, domains, args.stride, args.batch, args.seed) for v in variants]
+    results = [evaluate_variant(v, net_vocab, target, seqs, domains, args.stride, args.batch, args.seed)
+               for v, net_vocab in zip(variants, loaded)]
     report = {"data": str(folder), "stride": args.stride, "block_size": args.block_size, "sequences": len(seqs),
               "sequence_domains": domains, "results": results}
     if args.out:

@@ -6,7 +6,8 @@ import torch
 from app.engine import GenerationConfig, generate_all
 from drafter.checkpoint import save_checkpoint
 from drafter.data import Sequence, draft_vocabulary
-from drafter.evaluate import Variant, accepted_prefix, domain_of_sequences, draft_rounds, parse_variant, tally
+from drafter.evaluate import (Variant, accepted_prefix, domain_of_sequences, draft_rounds, load_variant,
+                              parse_variant, tally)
 from drafter.runtime import build_net, load_engine_drafter
 from tests.test_drafter import tiny_cfg
 
@@ -54,7 +55,8 @@ def test_offline_drafts_and_acceptance_equal_the_engine_rounds(tiny_target, tmp_
     for p in net.parameters():
         torch.nn.init.normal_(p, std=0.3)
     save_checkpoint(tmp_path, net, vocab_ids, tiny_target.identity, {})
-    rounds = draft_rounds(Variant("dflash", "dflash", block_size=4, weights=str(tmp_path)), tiny_target, seqs)
+    variant = Variant("dflash", "dflash", block_size=4, weights=str(tmp_path))
+    rounds = draft_rounds(variant, *load_variant(variant, tiny_target), tiny_target, seqs)
     offline = {(int(i), int(a)): (r.tolist(), int(n))
                for i, a, r, n in zip(rounds.seq_index, rounds.anchor, rounds.draft, rounds.n_accepted)}
     drafter = load_engine_drafter("dflash", tiny_target, weights=str(tmp_path))
