@@ -77,6 +77,7 @@ def summarize(args, target: Target, base: list[Run], spec: list[Run]) -> dict:
         "block_size": args.block_size,
         "adaptive": args.adaptive,
         "best_of": args.best_of,
+        "tree": args.tree,
         "temperature": args.temperature,
         "prompts": len(spec),
         "new_tokens": spec_tokens,
@@ -103,7 +104,7 @@ def make_runner(args, target: Target):
         lookup = args.drafter == "hf-prompt-lookup"
         return lambda ids, gen: run_hf(target, ids, gen, lookup)
     drafter = build_drafter(args.drafter, target, steps=args.steps, weights=args.weights,
-                            allow_download=args.allow_download, best_of=args.best_of)
+                            allow_download=args.allow_download, best_of=args.best_of, tree=args.tree)
     if args.noise == "shuffled":
         if not hasattr(drafter, "sampler"):
             raise SystemExit(f"--noise shuffled needs a flow drafter, not {args.drafter}")
@@ -148,6 +149,9 @@ def parse_args(argv=None):
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--best-of", type=int, default=1,
                         help="flow drafters: draft M blocks from independent noise, keep the most confident")
+    parser.add_argument("--tree", type=int, default=1,
+                        help="flow drafters, T=0: draft M blocks from independent noise and verify them together "
+                             "as a trie of at most --block-size nodes (paper App. D)")
     parser.add_argument("--adaptive", action="store_true",
                         help="cut each draft to its best expected length under this machine's verify cost curve")
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -163,8 +167,10 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.steps < 1 or args.best_of < 1:
-        raise SystemExit("--steps and --best-of must be >= 1")
+    if args.steps < 1 or args.best_of < 1 or args.tree < 1:
+        raise SystemExit("--steps, --best-of and --tree must be >= 1")
+    if args.tree > 1 and args.temperature > 0:
+        raise SystemExit("--tree verifies several drafts exactly at --temperature 0 only")
     result = bench(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

@@ -26,6 +26,9 @@ class Draft:
     # (K,) per-slot confidence for the adaptive length; must not depend on the sampled tokens (a cut that looks
     # at the sampled values biases the output at T > 0), e.g. the largest probability of each slot's distribution
     confidence: torch.Tensor | None = None
+    # further drafts from independent noise draws (paper App. D), target ids each; the engine merges them with
+    # `tokens` into a trie and verifies it as a tree, exactly, at T=0 only
+    alternatives: tuple[tuple[int, ...], ...] = ()
 
 
 class Drafter(Protocol):

@@ -8,7 +8,9 @@ token). A round feeds [anchor, draft_1..draft_K] (T = K+1), which gives the targ
 after the anchor and after each draft token; after verification the cache is cropped to the
 anchor plus the accepted drafts, and the target's own token becomes the next anchor.
 Plain decoding is this loop with no drafter (K = 0), so baseline and speculative runs share
-every line but the draft.
+every line but the draft. A draft with alternatives (several noise draws, paper App. D) is merged
+into a trie of at most K nodes and verified as a tree in the same one forward (T=0 only); the
+cache then keeps the anchor and the accepted path (`keep_positions`).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from transformers import DynamicCache
 from app.drafting import Draft, Drafter
 from app.sampling import SamplingConfig, target_probs, verify_greedy, verify_sampled
 from app.target import Target
+from app.tree import Trie, build_trie, followed_branch, greedy_path, is_chain, tree_inputs
 
 MAX_BLOCK_SIZE = 16
 
@@ -61,6 +64,7 @@ class RoundEvent:
     draft_s: float
     verify_s: float
     finish_reason: str | None = None  # None while running; eos | stop | length | cancelled
+    branches: int = 1  # drafts merged into the verified trie (App. D); `drafted` is the one followed furthest
 
     @property
     def finished(self) -> bool:
@@ -83,12 +87,20 @@ class _State:
     text: str = ""
 
 
-def target_forward(target: Target, ids: list[int], cache: DynamicCache, layers: tuple[int, ...], keep: int = 0):
-    """Feed ids (T,) after the cache; return logits (T or keep, V) and features (T, F) or None."""
+def target_forward(target: Target, ids: list[int], cache: DynamicCache, layers: tuple[int, ...], keep: int = 0,
+                   trie: Trie | None = None):
+    """Feed ids (T,) after the cache; return logits (T or keep, V) and features (T, F) or None.
+    With a trie that is not a chain, ids are [anchor, *trie.tokens] and attend along the tree."""
     input_ids = torch.tensor([ids], device=target.device)  # (1, T)
+    tree = {}
+    if trie is not None and not is_chain(trie):
+        mask, positions = tree_inputs(trie, cache.get_seq_length(), input_ids.device)  # (1,1,T,P+T), (1,T)
+        additive = torch.zeros(mask.shape, dtype=target.model.dtype, device=mask.device)
+        tree = {"attention_mask": additive.masked_fill(~mask, torch.finfo(additive.dtype).min),
+                "position_ids": positions}  # an additive mask works for both sdpa and eager attention
     out = target.model(
         input_ids=input_ids, past_key_values=cache, use_cache=True, output_hidden_states=bool(layers),
-        logits_to_keep=keep,  # 0 keeps all; prefill keeps only the last position's logits
+        logits_to_keep=keep, **tree,  # keep=0 keeps all; prefill keeps only the last position's logits
     )
     logits = out.logits[0]  # (T, V)
     if not layers:
@@ -97,10 +109,18 @@ def target_forward(target: Target, ids: list[int], cache: DynamicCache, layers: 
     return logits, features
 
 
-def rollback(cache: DynamicCache, n_rejected: int) -> None:
-    """Drop the KV entries of rejected draft positions (transformers 5 crops by a negative count)."""
-    if n_rejected > 0:
-        cache.crop(-n_rejected)
+def keep_positions(cache: DynamicCache, fed: int, kept: list[int]) -> None:
+    """After a forward over `fed` positions, keep only those at indices `kept` (increasing, 0 = the
+    anchor) in the cache. A chain keeps a prefix: a crop (transformers 5 crops by a negative count);
+    a tree path is gathered into place first, touching only this round's positions."""
+    if kept != list(range(len(kept))):
+        past = cache.get_seq_length() - fed
+        src = torch.tensor(kept, device=cache.layers[0].keys.device) + past  # (N_kept,)
+        for layer in cache.layers:  # keys, values (B, H, P+T, D_h)
+            layer.keys[..., past : past + len(kept), :] = layer.keys[..., src, :]
+            layer.values[..., past : past + len(kept), :] = layer.values[..., src, :]
+    if fed > len(kept):
+        cache.crop(-(fed - len(kept)))
 
 
 def best_draft_length(confidence: torch.Tensor, verify_cost: tuple[float, ...]) -> int:
@@ -116,7 +136,8 @@ def best_draft_length(confidence: torch.Tensor, verify_cost: tuple[float, ...]) 
 
 def clip_draft(draft: Draft | None, k: int, verify_cost: tuple[float, ...] = ()) -> Draft:
     """No draft -> an empty one; a drafter that overshoots the room left is cut to k slots; with a cost
-    curve, a draft with confidences is cut to its best expected length."""
+    curve, a draft with confidences is cut to its best expected length. (Alternatives are cut by the
+    trie's node budget, round_trie.)"""
     if draft is None:
         return Draft(torch.empty(0, dtype=torch.long), None)
     if verify_cost and draft.confidence is not None:
@@ -124,7 +145,7 @@ def clip_draft(draft: Draft | None, k: int, verify_cost: tuple[float, ...] = ())
     if len(draft.tokens) <= k:
         return draft
     cut = lambda x: None if x is None else x[:k]  # noqa: E731
-    return Draft(draft.tokens[:k], cut(draft.q_draft), cut(draft.confidence))
+    return Draft(draft.tokens[:k], cut(draft.q_draft), cut(draft.confidence), draft.alternatives)
 
 
 def check_prompt(target: Target, prompt_ids: list[int], gen: GenerationConfig) -> None:
@@ -144,6 +165,27 @@ def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, genera
     p_target = target_probs(logits, sampling)  # (K+1, V)
     q_draft = None if draft.q_draft is None else draft.q_draft.to(p_target)
     return verify_sampled(draft.tokens.to(logits.device), p_target, q_draft, generator)
+
+
+def branches_of(draft: Draft) -> list[list[int]]:
+    return [draft.tokens.tolist(), *(list(alt) for alt in draft.alternatives)]
+
+
+def round_trie(draft: Draft, k: int) -> Trie:
+    """The nodes one round verifies: the draft's tokens, merged with its alternatives (App. D) into a
+    trie of at most k nodes. A draft without alternatives is a chain of its own tokens."""
+    return build_trie(branches_of(draft), k)
+
+
+def verify_round(draft: Draft, trie: Trie, logits: torch.Tensor, sampling: SamplingConfig, generator):
+    """-> (indices of the kept positions, 0 = the anchor, then the accepted nodes; the target's token)."""
+    if is_chain(trie):
+        verdict = _verify(draft, logits, sampling, generator)
+        return list(range(1 + verdict.n_accepted)), verdict.next_token
+    if not sampling.greedy:
+        raise ValueError("tree verification of several drafts is exact at temperature 0 only")
+    path, next_token = greedy_path(trie, logits.argmax(-1).tolist())
+    return [0, *(node + 1 for node in path)], next_token
 
 
 def _commit(state: _State, target: Target, tokens: list[int], gen: GenerationConfig) -> tuple[list[int], str | None]:
@@ -197,20 +239,20 @@ def generate(
             k = min(gen.block_size, room - 1)
             draft = drafter.propose(anchor, k, gen.sampling, draft_gen) if drafter is not None and k > 0 else None
             draft = clip_draft(draft, k, gen.verify_cost)
+            trie = round_trie(draft, k)
             t1 = clock()
-            block = [anchor] + draft.tokens.tolist()  # (K+1,)
-            logits, features = target_forward(target, block, cache, layers)
-            verdict = _verify(draft, logits, gen.sampling, verify_gen)
-            rollback(cache, len(draft.tokens) - verdict.n_accepted)
-            kept = block[: 1 + verdict.n_accepted]  # anchor + accepted drafts now have hidden states
+            block = [anchor, *trie.tokens]  # (T,) = (K+1,) for a full chain
+            logits, features = target_forward(target, block, cache, layers, trie=trie)
+            kept_at, anchor = verify_round(draft, trie, logits, gen.sampling, verify_gen)
+            keep_positions(cache, len(block), kept_at)
+            kept = [block[i] for i in kept_at]  # anchor + accepted drafts now have hidden states
             if drafter is not None:
-                drafter.extend(kept, None if features is None else features[: len(kept)])
-            anchor = verdict.next_token
+                drafter.extend(kept, None if features is None else features[kept_at])
             t2 = clock()
             committed, reason = _commit(state, target, kept[1:] + [anchor], gen)
             yield RoundEvent(
-                "round", tuple(block[1:]), verdict.n_accepted, anchor, tuple(committed), state.text,
-                t1 - t0, t2 - t1, reason,
+                "round", tuple(followed_branch(trie, branches_of(draft), kept[1:])), len(kept) - 1, anchor, tuple(committed),
+                state.text, t1 - t0, t2 - t1, reason, branches=1 + len(draft.alternatives),
             )
 
 

@@ -13,7 +13,7 @@ class DrafterUnavailable(RuntimeError):
 
 
 def build_drafter(name: str, target: Target, steps: int = 1, weights: str | None = None,
-                  allow_download: bool = False, best_of: int = 1) -> Drafter | None:
+                  allow_download: bool = False, best_of: int = 1, tree: int = 1) -> Drafter | None:
     """Return a ready drafter, None for plain decoding, or raise DrafterUnavailable with the reason."""
     if name == "none":
         return None
@@ -25,7 +25,7 @@ def build_drafter(name: str, target: Target, steps: int = 1, weights: str | None
 
         try:
             return load_engine_drafter(name, target, steps=steps, weights=weights, allow_download=allow_download,
-                                       best_of=best_of)
+                                       best_of=best_of, tree=tree)
         except CheckpointError as err:
             raise DrafterUnavailable(str(err)) from err
     raise DrafterUnavailable(f"unknown drafter {name!r}; choose from {ENGINE_DRAFTERS + HF_BASELINES}")

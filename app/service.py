@@ -33,9 +33,15 @@ class ChatSettings:
     system_prompt: str = ""
     seed: int = 0
     adaptive: bool = True  # cut low-confidence draft tails under the measured verify cost (engine.best_draft_length)
+    tree: int = 1  # FlashMap drafts per round, verified together as a tree (paper App. D; T=0 only)
 
     def __post_init__(self):
         self.generation()  # validates K, max new tokens and sampling settings up front
+        if self.tree < 1:
+            raise ValueError(f"drafts per round must be >= 1, got {self.tree}")
+        if self.tree > 1 and self.temperature > 0:
+            raise ValueError("Several drafts per round (tree verification) are exact at temperature 0 only: "
+                             "set temperature to 0 or drafts per round to 1.")
 
     def generation(self, verify_cost: tuple[float, ...] = ()) -> GenerationConfig:
         return GenerationConfig(self.max_new_tokens, self.block_size, SamplingConfig(self.temperature, self.top_p),
@@ -48,7 +54,7 @@ class ChatService:
         self.weights = weights or {}
         self.allow_download = allow_download
         self.lock = threading.Lock()
-        self._drafters: dict[tuple[str, int], object] = {}
+        self._drafters: dict[tuple[str, int, int], object] = {}
         self.unavailable: dict[str, str] = {}
         self.plain_tokens_per_s: float | None = None
         self.verify_cost: tuple[float, ...] = ()  # measured by calibrate_verify_cost(); () until then
@@ -62,14 +68,15 @@ class ChatService:
     def available(self) -> list[str]:
         return [name for name in ("flashmap", "dflash", "ngram", "none") if name not in self.unavailable]
 
-    def drafter(self, name: str, steps: int):
-        """The drafter for this target (cached), None for plain; DrafterUnavailable says why not."""
+    def drafter(self, name: str, steps: int, tree: int = 1):
+        """The drafter for this target (cached), None for plain; DrafterUnavailable says why not.
+        tree > 1 applies to FlashMap only (the other drafters have no noise to draw several drafts from)."""
         if name in self.unavailable:
             raise DrafterUnavailable(self.unavailable[name])
-        key = (name, steps)
+        key = (name, steps, tree if name == "flashmap" else 1)
         if key not in self._drafters:
             self._drafters[key] = build_drafter(name, self.target, steps=steps, weights=self.weights.get(name),
-                                                 allow_download=self.allow_download)
+                                                 allow_download=self.allow_download, tree=key[2])
         return self._drafters[key]
 
     def prompt_ids(self, history: list[dict], message: str, settings: ChatSettings) -> list[int]:

@@ -3,9 +3,10 @@
 python -m app.suite --prompts FILE.jsonl [FILE ...] [--limit N per file] --variants flashmap,steps=1 flashmap,steps=2 dflash ngram \
     [--block-size 16] [--temperature 0] [--max-new-tokens 128] --out FILE.json
 
-A variant is `drafter[,steps=N][,noise=shared|shuffled][,k=K][,adaptive=1][,best_of=M][,weights=FOLDER]` (k overrides
---block-size; adaptive=1 cuts each draft to its best expected length under the verify cost curve measured
-at start; best_of=M keeps the most confident of M noise draws; weights picks a checkpoint other than weights/<target>/<drafter>).
+A variant is `drafter[,steps=N][,noise=shared|shuffled][,k=K][,adaptive=1][,best_of=M][,tree=M][,weights=FOLDER]`
+(k overrides --block-size; adaptive=1 cuts each draft to its best expected length under the verify cost curve
+measured at start; best_of=M keeps the most confident of M noise draws; tree=M verifies M drafts together as a
+trie of at most k nodes, T=0 only; weights picks a checkpoint other than weights/<target>/<drafter>).
 For every prompt, plain decoding and each variant run back to back in an order rotated from prompt to prompt,
 so drift on a noisy machine hits all of them alike; each variant's summary has exactly the keys of
 `python -m app.bench`, with speedup measured against the same plain runs.
@@ -33,14 +34,16 @@ def parse_variant(spec: str, defaults: argparse.Namespace) -> argparse.Namespace
     if name not in ENGINE_DRAFTERS + HF_BASELINES:
         raise SystemExit(f"unknown drafter {name!r} in variant {spec!r}")
     fields = {"drafter": name, "steps": 1, "noise": "shared", "block_size": defaults.block_size, "adaptive": False,
-              "best_of": 1, "weights": None}
+              "best_of": 1, "tree": 1, "weights": None}
     for option in options:
         key, _, value = option.partition("=")
-        if key not in ("steps", "noise", "k", "adaptive", "best_of", "weights") or not value:
+        if key not in ("steps", "noise", "k", "adaptive", "best_of", "tree", "weights") or not value:
             raise SystemExit(f"variant {spec!r}: options are steps=N, noise=shared|shuffled, k=K, adaptive=1, "
-                             "best_of=M, weights=FOLDER")
+                             "best_of=M, tree=M, weights=FOLDER")
         fields["block_size" if key == "k" else key] = value if key in ("noise", "weights") else int(value)
     fields["adaptive"] = bool(fields["adaptive"])
+    if fields["tree"] > 1 and defaults.temperature > 0:
+        raise SystemExit(f"variant {spec!r}: tree=M verifies several drafts exactly at temperature 0 only")
     variant = argparse.Namespace(**{**vars(defaults), **fields})
     variant.label = spec
     return variant

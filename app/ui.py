@@ -41,6 +41,8 @@ def token_text(service: ChatService, token: int) -> str:
 
 SLOT_MARKS = {"acc": "✓", "rej": "✗", "unr": "·"}
 ADAPTIVE_LABEL = "Adaptive K: cut low-confidence draft tails (uses this machine's measured verify cost)"
+TREE_LABEL = "FlashMap drafts per round (T = 0: verified together as a tree of at most K tokens)"
+TREE_CHOICES = [1, 2, 4, 8]
 
 
 def slot_kinds(ev: RoundEvent) -> list[str]:
@@ -52,6 +54,9 @@ def slot_kinds(ev: RoundEvent) -> list[str]:
 def render_round(service: ChatService, index: int, ev: RoundEvent) -> str:
     """One row: each drafted slot marked accepted / rejected / not reached, then the target's token."""
     cells = [f"<span class='fm-round'>#{index}</span>"]
+    if ev.branches > 1:  # the row shows the draft the target followed furthest
+        cells.append(f"<span class='fm-slot fm-unr' title='best of {ev.branches} drafts, verified as a tree'>"
+                     f"⑂{ev.branches}</span>")
     for slot, (token, kind) in enumerate(zip(ev.drafted, slot_kinds(ev))):
         mark = SLOT_MARKS[kind]
         cells.append(f"<span class='fm-slot fm-{kind}' title='slot {slot + 1}'>{mark}{token_text(service, token)}</span>")
@@ -85,15 +90,15 @@ def slot_frame(stats: AcceptanceStats) -> pd.DataFrame:
 
 
 def settings_from(drafter, block_size, steps, temperature, top_p, max_new_tokens, thinking, system_prompt,
-                  adaptive=True):
+                  adaptive=True, tree=1):
     return ChatSettings(drafter, int(block_size), int(steps), float(temperature), float(top_p), int(max_new_tokens),
-                        bool(thinking), system_prompt or "", adaptive=bool(adaptive))
+                        bool(thinking), system_prompt or "", adaptive=bool(adaptive), tree=int(tree))
 
 
 def resolve_drafter(service: ChatService, settings: ChatSettings):
     """(drafter or None, warning or None): an unusable drafter falls back to plain decoding, saying why."""
     try:
-        return service.drafter(settings.drafter, settings.steps), None
+        return service.drafter(settings.drafter, settings.steps, settings.tree), None
     except DrafterUnavailable as err:
         return None, f"{DRAFTER_LABELS.get(settings.drafter, settings.drafter)} unavailable, using plain decoding: {err}"
 
@@ -141,10 +146,10 @@ def chat(service: ChatService, message: str, history: list[dict], stats: Accepta
 
 
 def compare(service: ChatService, prompt: str, drafter_name: str, block_size, steps, temperature, max_new_tokens,
-            adaptive=True):
+            adaptive=True, tree=1):
     """Plain decoding and the drafter on one prompt, same settings: outputs, speeds, identity check."""
     settings, drafter = prepare(service, prompt, drafter_name, block_size, steps, temperature, 1.0, max_new_tokens,
-                                False, "", adaptive)
+                                False, "", adaptive, tree)
     with user_errors():
         ids = service.prompt_ids([], prompt, settings)
         plain_text, plain_tokens, plain_tps = service.run_once(ids, settings, None)
@@ -218,6 +223,7 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
                         top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p")
                         max_new = gr.Slider(16, 2048, value=256, step=16, label="Max new tokens")
                         adaptive = gr.Checkbox(True, label=ADAPTIVE_LABEL)
+                        tree = gr.Radio(TREE_CHOICES, value=1, label=TREE_LABEL)
                         thinking = gr.Checkbox(False, label="Thinking (Qwen3)", visible=service.target.supports_thinking())
                 with gr.Column(scale=2):
                     panel = gr.HTML(render_panel(service, []), label="Draft panel", elem_id="draft-panel")
@@ -225,7 +231,7 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
                     chart = gr.BarPlot(slot_frame(AcceptanceStats()), x="slot", y="acceptance", y_lim=[0, 1],
                                        title="Acceptance per slot (given earlier slots accepted)")
             stats = gr.State(None)
-            settings = [drafter, block, steps, temperature, top_p, max_new, thinking, system, adaptive]
+            settings = [drafter, block, steps, temperature, top_p, max_new, thinking, system, adaptive, tree]
             outputs = [chatbot, panel, stats_md, chart, stats]
             run = lambda msg, hist, st, *s: (yield from chat(service, msg, hist, st, *s))
             events = [trigger(run, [message, chatbot, stats, *settings], outputs, api_visibility="private")
@@ -245,13 +251,15 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
                 c_temp = gr.Slider(0, 2, value=0, step=0.05, label="Temperature")
                 c_max = gr.Slider(16, 1024, value=128, step=16, label="Max new tokens")
                 c_adaptive = gr.Checkbox(True, label=ADAPTIVE_LABEL)
+                c_tree = gr.Radio(TREE_CHOICES, value=1, label=TREE_LABEL)
             c_run = gr.Button("Run both", variant="primary")
             with gr.Row():
                 c_plain = gr.Textbox(label="Plain decoding", lines=12)
                 c_spec = gr.Textbox(label="Speculative decoding", lines=12)
             c_summary = gr.Markdown(elem_id="compare-summary")
             c_chart = gr.Plot(label="Tokens per second", elem_id="compare-chart")
-            c_run.click(lambda *a: compare(service, *a), [c_prompt, c_drafter, c_block, c_steps, c_temp, c_max, c_adaptive],
+            c_run.click(lambda *a: compare(service, *a),
+                        [c_prompt, c_drafter, c_block, c_steps, c_temp, c_max, c_adaptive, c_tree],
                         [c_plain, c_spec, c_summary, c_chart], api_name="compare")
 
         def api_chat(message: str) -> str:

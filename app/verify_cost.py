@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from app.engine import MAX_BLOCK_SIZE, rollback, target_forward
+from app.engine import MAX_BLOCK_SIZE, keep_positions, target_forward
 from app.target import add_target_args, load_target, target_config_from_args
 
 POSITIONS = (1, 2, 4, 8, 16, 17)
@@ -35,7 +35,7 @@ def verify_cost(target, context: int, repeats: int, positions=POSITIONS) -> dict
                 start = time.perf_counter()
                 target_forward(target, block, cache, ())
                 times[t].append(time.perf_counter() - start)
-                rollback(cache, t)
+                keep_positions(cache, t, [])  # drop them all
     return {t: statistics.median(v[1:]) for t, v in times.items()}  # the first pass is a warm-up
 
 

@@ -5,8 +5,9 @@ Shape letters: B = blocks (anchors) in a batch, K = block size, V = draft vocabu
 python -m drafter.evaluate --data data/smollm2-val --variants flashmap flashmap,steps=2 dflash \
     flashmap-teacher,steps=16 flashmap,best_of=4 [--stride 2] [--out runs/eval.json]
 
-A variant is `drafter[,steps=N][,noise=shuffled][,best_of=M][,scale=S][,k=K][,weights=FOLDER]` with drafter
-one of flashmap, flashmap-teacher, dflash (scale: the teacher's initial noise scale, a diagnostic).
+A variant is `drafter[,steps=N][,noise=shuffled][,best_of=M][,tree=M][,scale=S][,k=K][,weights=FOLDER]` with
+drafter one of flashmap, flashmap-teacher, dflash (scale: the teacher's initial noise scale, a diagnostic;
+tree=M: M drafts from independent noise merged into a trie of at most K nodes, verified as a tree, App. D).
 
 At T=0 the target's output is fixed: its greedy response, which `python -m drafter.data generate`
 stored. A round anchored at position a accepts the draft's longest prefix that equals the response
@@ -32,8 +33,9 @@ from tqdm import tqdm
 from app.prompts import read_jsonl
 from app.target import add_target_args, load_target, target_config_from_args
 from drafter.data import blocks_at, load_sequences, target_to_draft_map
+from app.tree import build_trie, depth_in, followed_branch
 from drafter.drafting import BlockSampler, fold_unused, greedy_block
-from drafter.runtime import DRAFTER_MODES, default_weights, load_named_net
+from drafter.runtime import DRAFTER_MODES, check_tree, default_weights, load_named_net
 
 
 
@@ -44,6 +46,7 @@ class Variant:
     steps: int = 1
     shared_noise: bool = True
     best_of: int = 1
+    tree: int = 1
     noise_scale: float = 1.0
     block_size: int = 16
     weights: str | None = None
@@ -55,7 +58,7 @@ def parse_variant(spec: str, block_size: int) -> Variant:
     if name not in DRAFTER_MODES:
         raise SystemExit(f"variant {spec!r}: drafter must be one of {sorted(DRAFTER_MODES)}")
     fields: dict = {"block_size": block_size}
-    casts = {"steps": ("steps", int), "best_of": ("best_of", int), "scale": ("noise_scale", float),
+    casts = {"steps": ("steps", int), "best_of": ("best_of", int), "tree": ("tree", int), "scale": ("noise_scale", float),
              "k": ("block_size", int), "weights": ("weights", str)}
     for option in options:
         key, _, value = option.partition("=")
@@ -65,8 +68,8 @@ def parse_variant(spec: str, block_size: int) -> Variant:
             field, cast = casts[key]
             fields[field] = cast(value)
         else:
-            raise SystemExit(f"variant {spec!r}: options are steps=N, noise=shared|shuffled, best_of=M, scale=S, "
-                             "k=K, weights=FOLDER")
+            raise SystemExit(f"variant {spec!r}: options are steps=N, noise=shared|shuffled, best_of=M, tree=M, "
+                             "scale=S, k=K, weights=FOLDER")
     return Variant(spec, name, **fields)
 
 
@@ -141,14 +144,40 @@ def draft_rounds(variant: Variant, net, vocab_ids: torch.Tensor, target, seqs, s
         grouped = [(i, [a for _, a in group]) for i, group in groupby(chunk, key=lambda job: job[0])]
         blocks = blocks_at(target, [seqs[i] for i, _ in grouped], [anchors for _, anchors in grouped],
                            variant.block_size, net.cfg.context_window, net.cfg.feature_layers, to_draft)
-        probs = fold_unused(sampler.probs(*blocks.context(net), variant.block_size, generator), real)  # (B, K, V)
+        ctx, mask = blocks.context(net)
+        if variant.tree > 1:  # M noise draws per anchor, (B*M, ...) in anchor-major order
+            ctx, mask = ctx.repeat_interleave(variant.tree, 0), mask.repeat_interleave(variant.tree, 0)
+        probs = fold_unused(sampler.probs(ctx, mask, variant.block_size, generator), real)  # (B or B*M, K, V)
         draft, length = greedy_block(probs)  # (B, K), (B,): what the engine proposes at T=0
+        if variant.tree > 1:
+            draft, length, accepted = tree_rounds(draft, length, blocks.tokens, variant.tree)
+        else:
+            accepted = accepted_prefix(draft, blocks.tokens)  # (B,)
         draft_len.append(length)
-        n_accepted.append(accepted_prefix(draft, blocks.tokens))  # (B,)
+        n_accepted.append(accepted)
         past_cut = torch.arange(variant.block_size) >= length[:, None]  # (B, K)
         drafts.append(torch.where(past_cut, -1, vocab_ids[draft]))  # (B, K)
     index = torch.tensor(jobs, dtype=torch.long).view(-1, 2)  # (R, 2)
     return Rounds(index[:, 0], index[:, 1], torch.cat(drafts), torch.cat(n_accepted), torch.cat(draft_len))
+
+
+def tree_rounds(draft: torch.Tensor, length: torch.Tensor, truth: torch.Tensor, m: int):
+    """T=0 tree verification offline: the M drafts of each anchor merged into a trie of at most K nodes; the
+    target walks it along its greedy response. draft (B*M, K), length (B*M,), truth (B, K) draft ids ->
+    the branch shown (the first holding the accepted path, as far as the trie has it) (B, K), its length (B,)
+    and the accepted slots (B,)."""
+    b, k = truth.shape
+    shown, shown_len, accepted = torch.zeros(b, k, dtype=torch.long), torch.zeros(b, dtype=torch.long), []
+    for row in range(b):
+        branches = [draft[row * m + j, : length[row * m + j]].tolist() for j in range(m)]
+        trie = build_trie(branches, k)
+        response = truth[row].tolist()
+        n = depth_in(trie, response[: response.index(0)] if 0 in response else response)  # "other" never accepted
+        branch = next(br for br in branches if br[:n] == response[:n])  # the full draft, for the record
+        shown_len[row] = len(followed_branch(trie, branches, response[:n]))
+        shown[row, : len(branch)] = torch.tensor(branch, dtype=torch.long)
+        accepted.append(n)
+    return shown, shown_len, torch.tensor(accepted)
 
 
 def evaluate_variant(variant: Variant, loaded: tuple, target, seqs, domains: list[str], stride: int, batch: int,
@@ -193,8 +222,13 @@ def main(argv=None) -> None:
     add_target_args(parser)
     args = parser.parse_args(argv)
     variants = [parse_variant(spec, args.block_size) for spec in args.variants]
-    if any(v.steps < 1 or v.best_of < 1 or v.block_size < 1 for v in variants) or args.stride < 1:
-        raise SystemExit("steps, best_of, k and --stride must be >= 1")
+    if any(v.steps < 1 or v.best_of < 1 or v.tree < 1 or v.block_size < 1 for v in variants) or args.stride < 1:
+        raise SystemExit("steps, best_of, tree, k and --stride must be >= 1")
+    for v in variants:
+        try:
+            check_tree(DRAFTER_MODES[v.drafter], v.tree, v.best_of)
+        except ValueError as err:
+            raise SystemExit(f"variant {v.label!r}: {err}") from err
     target = load_target(target_config_from_args(args))
     folder = Path(args.data)
     loaded = [load_variant(v, target) for v in variants]  # (net, vocab_ids) each, loaded once

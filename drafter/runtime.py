@@ -65,9 +65,11 @@ class FlowDrafter:
     """
 
     def __init__(self, net: DraftNet, vocab_ids: torch.Tensor, target, mode: str, steps: int = 1,
-                 best_of: int = 1):
+                 best_of: int = 1, tree: int = 1):
+        check_tree(mode, tree, best_of)
         self.net = net
         self.sampler = drafting.BlockSampler(net, mode, steps, best_of=best_of)
+        self.tree = tree  # drafts from independent noise per round, verified as a tree (App. D)
         self.name = mode if mode != "flowmap" else f"flashmap-{steps}step"
         self.feature_layers = net.cfg.feature_layers
         self.vocab_ids = vocab_ids  # (V,) target id per draft id, -1 for "other"
@@ -94,6 +96,8 @@ class FlowDrafter:
 
     @torch.inference_mode()
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
+        if self.tree > 1:
+            return self.propose_tree(anchor, block_size, sampling, generator)
         probs = self.sampler.probs(*self.context(anchor), block_size, generator)[0]  # (K, V)
         real = self.vocab_ids >= 0  # (V,) False for "other" and unused padding slots of a small vocabulary
         probs = drafting.fold_unused(probs, real)  # (K, V)
@@ -107,6 +111,30 @@ class FlowDrafter:
         q_draft = torch.zeros(len(tokens), self.target_vocab)  # (K', V_t): q = 0 outside the draft vocabulary
         q_draft[:, self.vocab_ids[real]] = q_small[:, real]
         return Draft(target_tokens, q_draft, confidence)
+
+
+    @torch.inference_mode()
+    def propose_tree(self, anchor: int, block_size: int, sampling: SamplingConfig, generator) -> Draft:
+        """App. D: `tree` blocks from independent noise draws in one batched pass, each proposed as at T=0
+        (argmax per slot, cut at the first "other"); the engine merges them into a trie."""
+        if not sampling.greedy:
+            raise ValueError("tree drafting (several drafts verified together) is exact at temperature 0 only; "
+                             "use 1 draft per round at T > 0")
+        ctx, mask = self.context(anchor)  # (1, C, D), (1, C)
+        m = self.tree
+        probs = self.sampler.probs(ctx.expand(m, -1, -1), mask.expand(m, -1), block_size, generator)  # (M, K, V)
+        tokens, lengths = drafting.greedy_block(drafting.fold_unused(probs, self.vocab_ids >= 0))  # (M, K), (M,)
+        branches = [self.vocab_ids[row[:n]].tolist() for row, n in zip(tokens, lengths.tolist())]
+        return Draft(torch.tensor(branches[0], dtype=torch.long), None, None, tuple(map(tuple, branches[1:])))
+
+
+def check_tree(mode: str, tree: int, best_of: int) -> None:
+    if tree < 1:
+        raise ValueError(f"tree drafts per round must be >= 1, got {tree}")
+    if tree > 1 and mode == "dflash":
+        raise ValueError("a DFlash-style draft has no noise: its tree drafts would all be equal")
+    if tree > 1 and best_of > 1:
+        raise ValueError("choose best-of-M or a tree of M drafts, not both")
 
 
 PUBLISHED_DFLASH = {  # published drafters in the z-lab format, read from the local Hugging Face cache
@@ -131,17 +159,18 @@ def resolve_weights(spec: str, allow_download: bool = False) -> Path:
 
 
 def load_engine_drafter(name: str, target, steps: int = 1, weights: str | None = None,
-                        allow_download: bool = False, best_of: int = 1):
+                        allow_download: bool = False, best_of: int = 1, tree: int = 1):
     """name: flashmap | flashmap-teacher | dflash. Raises CheckpointError with the reason.
 
     dflash also accepts a published z-lab DFlash folder or hub id (drafter.zlab_dflash); for a target
     with a known published drafter and no local checkpoint, that one is looked up in the cache."""
     from drafter import zlab_dflash
 
+    check_tree(DRAFTER_MODES[name], tree, best_of)
     path = resolve_weights(weights, allow_download) if weights else default_weights(target.identity["name"], name)
     if name == "dflash" and not weights and not path.exists() and target.name in PUBLISHED_DFLASH:
         path = resolve_weights(PUBLISHED_DFLASH[target.name], allow_download)
     if name == "dflash" and zlab_dflash.is_zlab_folder(path):
         return zlab_dflash.ZLabDFlashDrafter(zlab_dflash.load_zlab_net(path, target), target)
     net, vocab_ids = load_named_net(name, path, target)
-    return FlowDrafter(net, vocab_ids, target, DRAFTER_MODES[name], steps=steps, best_of=best_of)
+    return FlowDrafter(net, vocab_ids, target, DRAFTER_MODES[name], steps=steps, best_of=best_of, tree=tree)

@@ -29,6 +29,12 @@ for T in 0 1; do
       --variants ngram hf-prompt-lookup dflash flashmap,steps=1 flashmap,steps=2 flashmap,steps=1,adaptive=1
   done
 done
+# multi-sample drafting with tree verification (App. D), T=0: K=16 as in the paper, and the small trees that
+# suit a CPU, where 17 positions cost ~1.9x one; the app's default chat setting (K=8, adaptive) for reference
+for D in math code chat; do
+  run "tree_${D}_t0" --prompts "$P/eval_$D.jsonl" --limit "$LIMIT" --temperature 0 --block-size 16 \
+    --variants flashmap flashmap,tree=4 flashmap,k=4 flashmap,tree=4,k=4 flashmap,k=8,adaptive=1 flashmap,tree=4,k=8
+done
 SWEEP=()
 for K in 2 4 8 16; do SWEEP+=(dflash,k=$K flashmap,steps=1,k=$K flashmap,steps=2,k=$K); done
 run ksweep_t0 --prompts "$P/eval_math.jsonl" "$P/eval_code.jsonl" "$P/eval_chat.jsonl" --limit "$SWEEP_LIMIT" \
@@ -44,6 +50,10 @@ off offline_val --data data/smollm2-val --stride 2 --variants dflash flashmap fl
 off offline_val_sparse --data data/smollm2-val --stride 16 --variants dflash flashmap flashmap,noise=shuffled \
   flashmap,steps=2 flashmap,steps=2,noise=shuffled flashmap,best_of=4 flashmap-teacher,steps=16 \
   flashmap-teacher,steps=16,scale=0.3 flashmap-teacher,steps=1
+off offline_tree --data data/smollm2-val --stride 2 --variants dflash flashmap flashmap,tree=2 flashmap,tree=4 \
+  flashmap,tree=8 flashmap,steps=2 flashmap,steps=2,tree=4
+off offline_tree_k4 --data data/smollm2-val --stride 2 --block-size 4 --variants dflash flashmap flashmap,tree=4 flashmap,steps=2 \
+  flashmap,steps=2,tree=4
 off offline_seen --data data/smollm2-responses --limit 32 --stride 2 --variants dflash flashmap flashmap,steps=2
 if [ -d "$PHASE1" ]; then  # the checkpoints before training phase 2, for what it bought
   off offline_val_phase1 --data data/smollm2-val --stride 2 --variants "dflash,weights=$PHASE1/dflash" \

@@ -53,7 +53,8 @@ def save_zlab(folder: Path, tiny_folder: Path) -> Path:
 def drafter_runs(folders: dict[str, Path], zlab: Path) -> list[tuple[str, list[str]]]:
     """(target name, extra bench flags) for the drafters beyond n-gram."""
     return [("tiny-qwen3", ["--drafter", "dflash", "--weights", str(zlab), "--block-size", "3"]),
-            ("smollm2-135m-instruct", ["--drafter", "flashmap", "--block-size", "16"])]  # embedded GGUF + shipped weights
+            ("smollm2-135m-instruct", ["--drafter", "flashmap", "--block-size", "16"]),  # embedded GGUF + shipped weights
+            ("smollm2-135m-instruct", ["--drafter", "flashmap", "--block-size", "16", "--tree", "4"])]  # App. D trees
 
 
 def main() -> None:
@@ -69,10 +70,10 @@ def main() -> None:
         folders = save_targets(Path(tmp))
         runs = [(name, ["--drafter", "ngram", "--block-size", "8"]) for name in folders]
         runs += drafter_runs(folders, save_zlab(Path(tmp), folders["tiny-qwen3"]))
-        for name, drafter_flags in runs:
+        for i, (name, drafter_flags) in enumerate(runs):
             folder = folders.get(name, name)  # the embedded id loads from the wheel (GGUF: no quantisation)
             for quant in args.quants if name in folders else ["none"]:
-                out = Path(tmp) / f"{name}-{drafter_flags[1]}-{quant}.json"
+                out = Path(tmp) / f"{name}-{i}-{quant}.json"
                 argv = ["--prompts", args.prompts, "--limit", str(args.limit), *drafter_flags,
                         "--max-new-tokens", "64", "--target", str(folder), "--device",
                         args.device, "--quant", quant, "--dtype", "bf16" if args.device != "cpu" else "fp32",
@@ -83,8 +84,8 @@ def main() -> None:
                     row = {k: result[k] for k in ("baseline_tokens_per_s", "tokens_per_s", "identical_to_baseline")}
                 except Exception as err:  # report and go on: one failing mode must not hide the others
                     row = {"error": f"{type(err).__name__}: {err}"}
-                print(json.dumps({"target": name, "drafter": drafter_flags[1], "device": args.device, "quant": quant,
-                                  **row}), flush=True)
+                print(json.dumps({"target": name, "drafter": " ".join(drafter_flags[1:]), "device": args.device,
+                                  "quant": quant, **row}), flush=True)
 
 
 if __name__ == "__main__":

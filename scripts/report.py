@@ -295,6 +295,51 @@ def offline_section(val: dict, sparse: dict | None, phase1: dict | None, seen: d
     return doc
 
 
+def variant_label(spec: str) -> str:
+    """'flashmap,tree=4,k=4' -> 'FlashMap 1-step, tree of 4 drafts, K=4' (any engine or offline variant)."""
+    name, *options = spec.split(",")
+    opts = dict(o.partition("=")[::2] for o in options)
+    steps = opts.pop("steps", "1")
+    label = {"flashmap": f"FlashMap {steps}-step", "flashmap-teacher": f"flow teacher, {steps} steps"}.get(
+        name, LABELS.get(name, name))
+    words = {"tree": lambda v: f"tree of {v} drafts", "k": lambda v: f"K={v}", "adaptive": lambda v: "adaptive K",
+             "best_of": lambda v: f"best of {v}", "noise": lambda v: f"{v} noise"}
+    return ", ".join([label] + [words[key](value) if key in words else f"{key}={value}" for key, value in opts.items()])
+
+
+def tree_section(engine: dict[str, dict], offline: list[dict]) -> list[str]:
+    """Paper App. D: several drafts from independent noise, merged into a trie, verified in one forward."""
+    doc = ["## Multi-sample drafting with tree verification (paper App. D), T=0", "",
+           "M blocks drafted from independent noise in one batched pass, merged into a trie of at most K nodes "
+           "(breadth-first, so a small K keeps the first slots of every draft) and verified in one target forward "
+           "with a tree attention mask; the target's greedy path walks down whichever branch holds its argmax. "
+           "Lossless at T=0 (every output below is identical to plain decoding); at T>0 the app uses one draft.", ""]
+    for domain, run in engine.items():
+        rows = run["results"]
+        doc += [f"**{domain}** — {rows[0]['prompts']} prompts, {run['max_new_tokens']} new tokens, one side-by-side run", "",
+                "| drafter | tokens/s | speedup | acceptance length | identical to plain |", "|---|---|---|---|---|",
+                f"| plain decoding | {fmt(rows[0]['baseline_tokens_per_s'], 1)} | 1.00× | 1.00 | — |"]
+        for r in rows:
+            same = {True: "yes", False: "**no**", None: "n/a"}[r["identical_to_baseline"]]
+            doc.append(f"| {variant_label(r['variant'])} | {fmt(r['tokens_per_s'], 1)} | {fmt(r['speedup'])}× | "
+                       f"{fmt(r['acceptance_length'])} | {same} |")
+        doc.append("")
+    for run in offline:
+        domains = [d for d in DOMAINS if d in run["results"][0]] + ["all"]
+        doc += [f"Offline on the held-out responses, K={run['block_size']} (`python -m drafter.evaluate`, same anchors "
+                "for every row, so the differences are paired):", ""]
+        doc += ["| drafter | " + " | ".join(domains) + " | rounds (all) |", "|---|" + "---|" * (len(domains) + 1)]
+        for r in run["results"]:
+            doc.append(f"| {variant_label(r['variant'])} | " + " | ".join(fmt(r[d]["acceptance_length"], 3) for d in domains)
+                       + f" | {r['all']['rounds']:,} |")
+        trees = [r["variant"] for r in run["results"] if ",tree=" in r["variant"]]
+        chain = {spec: ",".join(o for o in spec.split(",") if not o.startswith("tree=")) for spec in trees}
+        pairs = [(f"{variant_label(spec)} − {variant_label(chain[spec])}", spec, chain[spec]) for spec in trees]
+        doc += ["", "| comparison (accepted tokens per round) | " + " | ".join(domains) + " |",
+                "|---|" + "---|" * len(domains)] + delta_rows(run, pairs) + [""]
+    return doc
+
+
 def build(results: Path, out: Path) -> str:
     mains = {(d, t): run for d in DOMAINS for t in (0, 1) if (run := load(results, f"main_{d}_t{t}.json"))}
     doc = ["# Benchmarks: SmolLM2-135M-Instruct on a 2-core CPU", "",
@@ -330,6 +375,10 @@ def build(results: Path, out: Path) -> str:
                     f"own independent draw (same per-slot marginals, no joint structure); {first['prompts']} "
                     f"prompts, K={first['block_size']}.", ""]
             doc += shuffle_table(shuffle)
+    tree_runs = {d: run for d in DOMAINS if (run := load(results, f"tree_{d}_t0.json"))}
+    tree_offline = [run for name in ("offline_tree.json", "offline_tree_k4.json") if (run := load(results, name))]
+    if tree_runs or tree_offline:
+        doc += tree_section(tree_runs, tree_offline)
     if val := load(results, "offline_val.json"):
         doc += offline_section(val, load(results, "offline_val_sparse.json"), load(results, "offline_val_phase1.json"),
                                load(results, "offline_seen.json"))

@@ -6,6 +6,7 @@ import torch
 
 from app.engine import GenerationConfig, generate_all
 from app.registry import DrafterUnavailable, build_drafter
+from app.sampling import SamplingConfig
 from drafter import drafting
 from drafter.checkpoint import CheckpointError, save_checkpoint
 from drafter.config import DrafterConfig
@@ -134,6 +135,7 @@ def flow_drafters(target, vocab_ids, cfg_vocab=16):
     for net in (flow, dflash):  # untrained but not degenerate
         for p in net.parameters():
             torch.nn.init.normal_(p, std=0.3)
+        torch.nn.init.zeros_(net.other_head)  # else "other" wins every argmax and every T=0 draft is empty
     return [FlowDrafter(flow, vocab_ids, target, "flowmap", 1), FlowDrafter(flow, vocab_ids, target, "flowmap", 2),
             FlowDrafter(flow, vocab_ids, target, "teacher", 4), FlowDrafter(dflash, vocab_ids, target, "dflash"),
             FlowDrafter(flow, vocab_ids, target, "flowmap", 1, best_of=3)]
@@ -275,3 +277,43 @@ def test_prompt_slices_and_a_folder_resumes_only_with_its_own_settings(tmp_path)
     check_meta(tmp_path, {"start": 0, "limit": 3})  # the same settings: resume
     with pytest.raises(SystemExit, match="other settings"):
         check_meta(tmp_path, {"start": 3, "limit": 3})  # shard 0 would hold other prompts
+
+
+def test_tree_of_flow_drafts_is_lossless_at_t0_and_refused_where_it_cannot_be(setup, tiny_target):
+    _seqs, vocab_ids, _blocks = setup
+    one_step = flow_drafters(tiny_target, vocab_ids)[0]
+    tree = FlowDrafter(one_step.net, vocab_ids, tiny_target, "flowmap", 1, tree=4)
+    tree.reset()
+    tree.extend([5, 6, 7], torch.randn(3, 2 * tiny_target.model.config.hidden_size))
+    draft = tree.propose(8, 4, SamplingConfig(), torch.Generator().manual_seed(0))
+    assert len(draft.alternatives) == 3 and draft.q_draft is None
+    with torch.inference_mode():  # the same noise for 4 copies of the context: draft m is draw m's T=0 block
+        ctx, mask = tree.context(8)
+        probs = tree.sampler.probs(ctx.expand(4, -1, -1), mask.expand(4, -1), 4, torch.Generator().manual_seed(0))
+    tokens, lengths = drafting.greedy_block(drafting.fold_unused(probs, vocab_ids >= 0))
+    expected = [tuple(vocab_ids[row[:n]].tolist()) for row, n in zip(tokens, lengths.tolist())]
+    assert [tuple(draft.tokens.tolist()), *draft.alternatives] == expected and len(expected[0]) > 0
+    for prompt in ([5, 6, 7], [9, 10, 11, 12, 13]):
+        gen = GenerationConfig(max_new_tokens=24, block_size=4)
+        plain, _ = generate_all(tiny_target, prompt, gen)
+        out, events = generate_all(tiny_target, prompt, gen, tree)
+        assert out == plain and any(ev.branches == 4 for ev in events)
+    with pytest.raises(ValueError, match="temperature 0 only"):
+        generate_all(tiny_target, [5, 6], GenerationConfig(8, 4, SamplingConfig(temperature=1.0)), tree)
+    with pytest.raises(ValueError, match="no noise"):
+        FlowDrafter(one_step.net, vocab_ids, tiny_target, "dflash", tree=2)
+    with pytest.raises(ValueError, match="not both"):
+        FlowDrafter(one_step.net, vocab_ids, tiny_target, "flowmap", best_of=2, tree=2)
+
+
+def test_frozen_matrices_are_cached_at_inference_and_follow_parameter_updates(setup, tiny_target):
+    _seqs, vocab_ids, _blocks = setup
+    net = flow_drafters(tiny_target, vocab_ids)[0].net
+    with torch.no_grad():
+        first = net.head_matrix()
+        assert net.head_matrix() is first  # no (V, D_t) rebuild per draft
+        net.other_head.add_(1.0)  # an optimizer step or a load changes the parameter in place
+        updated = net.head_matrix()
+        assert updated is not first and torch.equal(updated[0], net.other_head)
+        assert torch.equal(net.embed_matrix()[0], net.other_embed)
+    assert net.head_matrix().requires_grad  # training builds it with its graph

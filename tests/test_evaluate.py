@@ -7,9 +7,9 @@ from app.engine import GenerationConfig, generate_all
 from drafter.checkpoint import save_checkpoint
 from drafter.data import Sequence, draft_vocabulary
 from drafter.evaluate import (Variant, accepted_prefix, domain_of_sequences, draft_rounds, load_variant,
-                              parse_variant, tally)
+                              parse_variant, tally, tree_rounds)
 from drafter.runtime import build_net, load_engine_drafter
-from tests.test_drafter import tiny_cfg
+from tests.test_drafter import tiny_cfg, tiny_seqs
 
 
 def test_accepted_prefix_stops_at_first_mismatch_and_never_accepts_other():
@@ -26,9 +26,24 @@ def test_tally_counts_slots_reached_and_accepted():
     assert short["per_slot_reached"] == [1, 0, 0, 0]
 
 
+def test_tree_rounds_walk_the_merged_drafts_along_the_response():
+    truth = torch.tensor([[3, 4, 5, 6], [3, 4, 0, 6], [7, 7, 7, 7]])  # 0: "other", never accepted
+    draft = torch.tensor([[3, 9, 0, 0], [3, 4, 5, 1],   # anchor 0: the second draft goes furthest
+                          [3, 4, 0, 0], [3, 4, 5, 6],   # anchor 1: "other" in the response stops at 2
+                          [1, 2, 3, 4], [5, 6, 7, 8]])  # anchor 2: nothing matches
+    length = torch.tensor([2, 4, 2, 4, 4, 4])
+    shown, shown_len, accepted = tree_rounds(draft, length, truth, m=2)
+    assert accepted.tolist() == [3, 2, 0]
+    assert shown[0].tolist() == [3, 4, 5, 1] and shown[1].tolist() == [3, 4, 0, 0] and shown[2].tolist() == [1, 2, 3, 4]
+    # tries of 4 nodes: anchor 0 keeps 3, 3-9, 3-4, 3-4-5 (the shown branch's last node did not fit);
+    # anchor 2 keeps 1, 5, 1-2, 5-6
+    assert shown_len.tolist() == [3, 2, 2]
+
+
 def test_variant_options_parse_and_bad_ones_are_refused():
     v = parse_variant("flashmap-teacher,steps=16,scale=0.5,noise=shuffled,best_of=3,k=8", 16)
     assert (v.steps, v.noise_scale, v.shared_noise, v.best_of, v.block_size) == (16, 0.5, False, 3, 8)
+    assert parse_variant("flashmap,tree=4", 16).tree == 4
     for bad in ("ngram", "flashmap,steps=", "flashmap,color=red", "flashmap,noise=loud"):
         with pytest.raises(SystemExit):
             parse_variant(bad, 16)
@@ -50,10 +65,11 @@ def test_offline_drafts_and_acceptance_equal_the_engine_rounds(tiny_target, tmp_
     gen = GenerationConfig(max_new_tokens=40, block_size=4)
     outputs = [generate_all(tiny_target, p, gen)[0] for p in prompts]
     seqs = [Sequence(p + out, len(p)) for p, out in zip(prompts, outputs)]
-    vocab_ids = draft_vocabulary(seqs, 16)
+    vocab_ids = draft_vocabulary(seqs + tiny_seqs(), 16)  # the responses repeat 4 tokens: pad the vocabulary out
     net = build_net(tiny_cfg("dflash", 16, tiny_target.model.config.hidden_size), tiny_target, vocab_ids)
     for p in net.parameters():
         torch.nn.init.normal_(p, std=0.3)
+    torch.nn.init.zeros_(net.other_head)  # else "other" wins every argmax and every draft is empty
     save_checkpoint(tmp_path, net, vocab_ids, tiny_target.identity, {})
     variant = Variant("dflash", "dflash", block_size=4, weights=str(tmp_path))
     rounds = draft_rounds(variant, *load_variant(variant, tiny_target), tiny_target, seqs)
@@ -68,7 +84,12 @@ def test_offline_drafts_and_acceptance_equal_the_engine_rounds(tiny_target, tmp_
         for ev in events[1:]:
             if (i, position) in offline:
                 draft, n_accepted = offline[(i, position)]
-                assert [t for t in draft if t >= 0] == list(ev.drafted) and n_accepted == ev.n_accepted
+                cut = len(ev.drafted)  # near max_new_tokens the engine drafts fewer slots: a prefix
+                drafted = [t for t in draft if t >= 0]
+                assert drafted[:cut] == list(ev.drafted) and min(n_accepted, cut) == ev.n_accepted
+                room = len(out) - (position - len(prompt) + 1)  # output tokens still to come after the anchor
+                assert cut == min(len(drafted), room - 1)  # the engine leaves one for the target's own token
                 compared += 1
             position += len(ev.committed)
     assert compared >= 6
+    assert (rounds.draft >= 0).any()  # non-empty drafts were compared

@@ -77,3 +77,18 @@ def test_adaptive_setting_uses_the_measured_verify_cost(service):
     assert ChatSettings().generation(curve).verify_cost == curve
     assert ChatSettings(adaptive=False).generation(curve).verify_cost == ()
     assert ui.settings_from("ngram", 8, 1, 0, 1, 32, False, "", False).adaptive is False
+
+
+def test_tree_setting_is_checked_and_shown():
+    from app.engine import RoundEvent
+
+    with pytest.raises(gr.Error, match="temperature 0 only"):
+        list(ui.chat(None, "w9", [], None, "flashmap", 8, 1, 0.7, 1.0, 24, False, "", True, 4))
+    assert ui.settings_from("flashmap", 8, 1, 0, 1, 32, False, "", True, 4).tree == 4
+
+    class Svc:
+        class target:
+            tokenizer = make_target(tiny_llama(vocab_size=64)).tokenizer
+
+    row = ui.render_round(Svc, 3, RoundEvent("round", (10, 11), 2, 20, (10, 11, 20), "", 0.0, 0.0, branches=4))
+    assert "⑂4" in row and row.count("fm-acc") == 2
