@@ -8,7 +8,6 @@ import html
 from contextlib import contextmanager
 
 import gradio as gr
-import pandas as pd
 import torch
 
 from app.engine import PromptError, RoundEvent
@@ -18,6 +17,7 @@ from app.service import DRAFTER_LABELS, ChatService, ChatSettings
 from app.stats import AcceptanceStats
 
 PANEL_ROUNDS = 12
+CHART_EVERY = 32  # rounds between redraws of the per-slot chart while a reply streams
 CSS = """
 .fm-panel {font-family: ui-monospace, monospace; font-size: 12px; line-height: 1.9}
 .fm-row {display: flex; flex-wrap: wrap; gap: 3px; align-items: center; margin-bottom: 4px}
@@ -84,9 +84,21 @@ def render_stats(service: ChatService, stats: AcceptanceStats, tokens_per_s: flo
     return "  \n".join(lines)
 
 
-def slot_frame(stats: AcceptanceStats) -> pd.DataFrame:
+def slot_chart(stats: AcceptanceStats):
+    """A matplotlib bar chart of conditional acceptance per slot (slots no round reached are left empty)."""
+    from matplotlib.figure import Figure
+
     rates = stats.per_slot()
-    return pd.DataFrame({"slot": [str(k + 1) for k in range(len(rates))], "acceptance": rates})
+    fig = Figure(figsize=(5, 2.6), layout="constrained")
+    ax = fig.add_subplot()
+    slots = list(range(1, len(rates) + 1))
+    ax.bar(slots, [r or 0.0 for r in rates], color="#2e9e48")
+    ax.set_xticks(slots or [1])
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("slot")
+    ax.set_ylabel("acceptance")
+    ax.set_title("Acceptance per slot (given earlier slots accepted)", fontsize=10)
+    return fig
 
 
 def settings_from(drafter, block_size, steps, temperature, top_p, max_new_tokens, thinking, system_prompt,
@@ -141,8 +153,10 @@ def chat(service: ChatService, message: str, history: list[dict], stats: Accepta
         for ev, tps in service.stream(prompt_ids, settings, drafter):
             stats.add(ev)
             history[-1]["content"] = ev.text
+            # drawing a figure costs more than a round here: the chart is redrawn every CHART_EVERY rounds and at the end
+            redraw = ev.finished or stats.rounds % CHART_EVERY == 1
             yield (history, render_panel(service, service.last_events), render_stats(service, stats, tps, shown),
-                   slot_frame(stats), stats)
+                   slot_chart(stats) if redraw else gr.skip(), stats)
 
 
 def compare(service: ChatService, prompt: str, drafter_name: str, block_size, steps, temperature, max_new_tokens,
@@ -228,8 +242,8 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
                 with gr.Column(scale=2):
                     panel = gr.HTML(render_panel(service, []), label="Draft panel", elem_id="draft-panel")
                     stats_md = gr.Markdown(render_stats(service, AcceptanceStats(), None, default), elem_id="stats")
-                    chart = gr.BarPlot(slot_frame(AcceptanceStats()), x="slot", y="acceptance", y_lim=[0, 1],
-                                       title="Acceptance per slot (given earlier slots accepted)")
+                    chart = gr.Plot(slot_chart(AcceptanceStats()), label="Acceptance per slot", show_label=False,
+                                    elem_id="slot-chart")
             stats = gr.State(None)
             settings = [drafter, block, steps, temperature, top_p, max_new, thinking, system, adaptive, tree]
             outputs = [chatbot, panel, stats_md, chart, stats]

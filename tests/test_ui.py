@@ -21,11 +21,14 @@ def test_only_working_drafters_are_offered(service):
 def test_chat_streams_reply_panel_and_stats(service):
     outputs = list(ui.chat(service, "w10 w11 w12 w10 w11", [], None, *SETTINGS))
     assert len(outputs) > 2
-    history, panel, stats_md, frame, stats = outputs[-1]
+    history, panel, stats_md, chart, stats = outputs[-1]
     assert [m["role"] for m in history] == ["user", "assistant"] and history[-1]["content"]
     assert "fm-bonus" in panel and "✓ accepted" in panel  # the legend names each mark
     assert "tokens/s" in stats_md and stats.rounds > 0
-    assert list(frame.columns) == ["slot", "acceptance"]
+    bars = chart.axes[0].patches  # the final event always redraws the chart: one bar per slot reached
+    assert [round(b.get_height(), 6) for b in bars] == [round(r or 0.0, 6) for r in stats.per_slot()]
+    redrawn = [not isinstance(out[3], dict) for out in outputs]  # gr.skip() is an empty update dict
+    assert redrawn[-1] and sum(redrawn) < len(outputs)  # not a figure per round: drawing costs more than one
     # the conversation goes on: history is passed back in, stats accumulate
     more = list(ui.chat(service, "w20", history, stats, *SETTINGS))[-1]
     assert len(more[0]) == 4 and more[4].rounds > stats.rounds - 1
