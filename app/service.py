@@ -57,6 +57,7 @@ class ChatService:
         self._drafters: dict[tuple[str, int, int], object] = {}
         self.unavailable: dict[str, str] = {}
         self.plain_tokens_per_s: float | None = None
+        self.plain_measured = ""  # where plain_tokens_per_s comes from (speed ratios are only fair under equal load)
         self.verify_cost: tuple[float, ...] = ()  # measured by calibrate_verify_cost(); () until then
         self.last_events: list[RoundEvent] = []
         for name in ("flashmap", "dflash"):  # probe checkpoints once so the UI lists only what works
@@ -96,6 +97,7 @@ class ChatService:
                 yield ev, n_tokens / max(time.perf_counter() - start, 1e-9)
             if drafter is None and n_tokens >= 16:
                 self.plain_tokens_per_s = n_tokens / (time.perf_counter() - start)
+                self.plain_measured = "your last plain reply"
 
     def calibrate_plain(self, max_new_tokens: int = 48) -> float:
         """Measure plain decoding on this machine (a fixed prompt), so speed figures are not assumed."""
@@ -103,6 +105,7 @@ class ChatService:
         settings = ChatSettings(drafter="none", max_new_tokens=max_new_tokens)
         for _ in self.stream(ids, settings, None):
             pass
+        self.plain_measured = "at start-up, before any browser load"
         return self.plain_tokens_per_s or 0.0
 
     def calibrate_verify_cost(self) -> tuple[float, ...]:

@@ -5,6 +5,7 @@ Every callback is a plain function of (service, inputs) so tests can call it wit
 from __future__ import annotations
 
 import html
+import time
 from contextlib import contextmanager
 
 import gradio as gr
@@ -18,6 +19,7 @@ from app.stats import AcceptanceStats
 
 PANEL_ROUNDS = 12
 CHART_EVERY = 32  # rounds between redraws of the per-slot chart while a reply streams
+UPDATE_EVERY_S = 0.1  # at most ~10 screen updates a second: the browser shares the CPU with the model
 CSS = """
 .fm-panel {font-family: ui-monospace, monospace; font-size: 12px; line-height: 1.9}
 .fm-row {display: flex; flex-wrap: wrap; gap: 3px; align-items: center; margin-bottom: 4px}
@@ -80,7 +82,8 @@ def render_stats(service: ChatService, stats: AcceptanceStats, tokens_per_s: flo
         lines.append(f"**Mean acceptance length (conversation):** {stats.acceptance_length:.2f} tokens / target forward")
     if plain:
         ratio = f" (× {tokens_per_s / plain:.2f})" if tokens_per_s else ""
-        lines.append(f"**Plain decoding on this machine:** {plain:.1f} tokens/s{ratio}")
+        source = f" ({service.plain_measured})" if service.plain_measured else ""
+        lines.append(f"**Plain decoding on this machine{source}:** {plain:.1f} tokens/s{ratio}")
     return "  \n".join(lines)
 
 
@@ -150,11 +153,16 @@ def chat(service: ChatService, message: str, history: list[dict], stats: Accepta
     with user_errors():
         prompt_ids = service.prompt_ids(history, message, settings)
         history += [{"role": "user", "content": message}, {"role": "assistant", "content": ""}]
+        last_update, last_chart = float("-inf"), 0
         for ev, tps in service.stream(prompt_ids, settings, drafter):
             stats.add(ev)
             history[-1]["content"] = ev.text
+            if not ev.finished and time.perf_counter() - last_update < UPDATE_EVERY_S:
+                continue  # every event is counted; the screen catches up at the next update
             # drawing a figure costs more than a round here: the chart is redrawn every CHART_EVERY rounds and at the end
-            redraw = ev.finished or stats.rounds % CHART_EVERY == 1
+            redraw = ev.finished or stats.rounds - last_chart >= CHART_EVERY or not last_chart
+            last_chart = stats.rounds if redraw else last_chart
+            last_update = time.perf_counter()
             yield (history, render_panel(service, service.last_events), render_stats(service, stats, tps, shown),
                    slot_chart(stats) if redraw else gr.skip(), stats)
 

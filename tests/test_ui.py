@@ -3,6 +3,7 @@ import pytest
 
 from app import ui
 from app.service import ChatService, ChatSettings
+from app.stats import AcceptanceStats
 from tests.tiny import make_target, tiny_llama
 
 SETTINGS = ["ngram", 4, 1, 0.0, 1.0, 24, False, ""]  # drafter, K, steps, T, top-p, max new, thinking, system
@@ -18,7 +19,8 @@ def test_only_working_drafters_are_offered(service):
     assert "no drafter checkpoint" in service.unavailable["flashmap"]
 
 
-def test_chat_streams_reply_panel_and_stats(service):
+def test_chat_streams_reply_panel_and_stats(service, monkeypatch):
+    monkeypatch.setattr(ui, "UPDATE_EVERY_S", 0.0)  # a screen update per round (the tiny model is too fast to throttle)
     outputs = list(ui.chat(service, "w10 w11 w12 w10 w11", [], None, *SETTINGS))
     assert len(outputs) > 2
     history, panel, stats_md, chart, stats = outputs[-1]
@@ -29,6 +31,8 @@ def test_chat_streams_reply_panel_and_stats(service):
     assert [round(b.get_height(), 6) for b in bars] == [round(r or 0.0, 6) for r in stats.per_slot()]
     redrawn = [not isinstance(out[3], dict) for out in outputs]  # gr.skip() is an empty update dict
     assert redrawn[-1] and sum(redrawn) < len(outputs)  # not a figure per round: drawing costs more than one
+    monkeypatch.setattr(ui, "UPDATE_EVERY_S", 60.0)  # throttled: the first event, then only the final state
+    assert len(list(ui.chat(service, "w10 w11 w12 w10 w11", [], None, *SETTINGS))) == 2
     # the conversation goes on: history is passed back in, stats accumulate
     more = list(ui.chat(service, "w20", history, stats, *SETTINGS))[-1]
     assert len(more[0]) == 4 and more[4].rounds > stats.rounds - 1
@@ -95,3 +99,10 @@ def test_tree_setting_is_checked_and_shown():
 
     row = ui.render_round(Svc, 3, RoundEvent("round", (10, 11), 2, 20, (10, 11, 20), "", 0.0, 0.0, branches=4))
     assert "⑂4" in row and row.count("fm-acc") == 2
+
+
+def test_plain_speed_says_where_it_was_measured(service):
+    service.calibrate_plain()
+    assert "at start-up" in ui.render_stats(service, AcceptanceStats(), 10.0, "ngram")
+    list(ui.chat(service, "w10 w11 w12", [], None, "none", 4, 1, 0.0, 1.0, 24, False, ""))
+    assert "your last plain reply" in ui.render_stats(service, AcceptanceStats(), 10.0, "ngram")
