@@ -78,6 +78,7 @@ def summarize(args, target: Target, base: list[Run], spec: list[Run]) -> dict:
         "adaptive": args.adaptive,
         "best_of": args.best_of,
         "tree": args.tree,
+        "max_skip": args.max_skip,
         "temperature": args.temperature,
         "prompts": len(spec),
         "new_tokens": spec_tokens,
@@ -128,7 +129,8 @@ def bench(args) -> dict:
     base, spec = [], []
     for i, prompt in enumerate(tqdm(prompts, desc=f"bench {args.drafter}", unit="prompt")):
         ids = target.chat_ids([{"role": "user", "content": prompt}])
-        gen = GenerationConfig(args.max_new_tokens, args.block_size, sampling, seed=args.seed + i, verify_cost=curve)
+        gen = GenerationConfig(args.max_new_tokens, args.block_size, sampling, seed=args.seed + i, verify_cost=curve,
+                               max_skip=args.max_skip)
         if i % 2 == 0:  # alternate the order so drift on a noisy machine hits both sides alike
             base.append(run_engine(target, ids, gen, None))
             spec.append(run_drafter(ids, gen))
@@ -154,6 +156,8 @@ def parse_args(argv=None):
                              "as a trie of at most --block-size nodes (paper App. D)")
     parser.add_argument("--adaptive", action="store_true",
                         help="cut each draft to its best expected length under this machine's verify cost curve")
+    parser.add_argument("--max-skip", type=int, default=8,
+                        help="with --adaptive: skip the drafter for up to N rounds after empty drafts (0: never)")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
@@ -167,8 +171,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.steps < 1 or args.best_of < 1 or args.tree < 1:
-        raise SystemExit("--steps, --best-of and --tree must be >= 1")
+    if args.steps < 1 or args.best_of < 1 or args.tree < 1 or args.max_skip < 0:
+        raise SystemExit("--steps, --best-of and --tree must be >= 1, --max-skip >= 0")
     if args.tree > 1 and args.temperature > 0:
         raise SystemExit("--tree verifies several drafts exactly at --temperature 0 only")
     result = bench(args)

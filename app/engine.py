@@ -43,12 +43,17 @@ class GenerationConfig:
     # relative cost of one target forward over 1, 2, ... positions (app.verify_cost); when given, a draft
     # with confidences is cut to the length with the most expected tokens per unit of cost
     verify_cost: tuple[float, ...] = ()
+    # with a cost curve: after a draft the curve cut to nothing, skip the drafter's call for 1, 2, 4, ... rounds, at
+    # most this many (0: never skip); a flow drafter's pass costs ~15% of a target step on a CPU, wasted on empty drafts
+    max_skip: int = 8
 
     def __post_init__(self):
         if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
             raise ValueError(f"block size K must be in 1..{MAX_BLOCK_SIZE}, got {self.block_size}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_skip < 0:
+            raise ValueError(f"max_skip must be >= 0, got {self.max_skip}")
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,27 @@ class _State:
     prompt_len: int
     output: list[int] = field(default_factory=list)
     text: str = ""
+
+
+@dataclass
+class SkipEmpty:
+    """When to call the drafter: after `empty` drafts in a row came out empty (the adaptive cut kept nothing),
+    skip the next min(2^(empty-1), max_skip) rounds, which are then plain steps; a kept draft resets it.
+    A policy only: a skipped round verifies an empty draft, so the output stays exact."""
+
+    max_skip: int
+    empty: int = 0
+    wait: int = 0
+
+    def draft_now(self) -> bool:
+        if self.wait > 0:
+            self.wait -= 1
+            return False
+        return True
+
+    def drafted(self, n_tokens: int) -> None:
+        self.empty = 0 if n_tokens else self.empty + 1
+        self.wait = min(2 ** (self.empty - 1), self.max_skip) if self.empty else 0
 
 
 def target_forward(target: Target, ids: list[int], cache: DynamicCache, layers: tuple[int, ...], keep: int = 0,
@@ -219,6 +245,7 @@ def generate(
     draft_gen = torch.Generator(device="cpu").manual_seed(gen.seed + 1)  # drafter noise, independent of target
     verify_gen = torch.Generator(device=target.device).manual_seed(gen.seed)
     state = _State(len(prompt_ids))
+    skip = SkipEmpty(gen.max_skip if gen.verify_cost else 0)
     cache = DynamicCache(config=target.model.config)
     with torch.inference_mode():
         t0 = clock()
@@ -237,8 +264,11 @@ def generate(
             t0 = clock()
             room = gen.max_new_tokens - len(state.output)
             k = min(gen.block_size, room - 1)
-            draft = drafter.propose(anchor, k, gen.sampling, draft_gen) if drafter is not None and k > 0 else None
-            draft = clip_draft(draft, k, gen.verify_cost)
+            asked = drafter is not None and k > 0 and skip.draft_now()
+            proposal = drafter.propose(anchor, k, gen.sampling, draft_gen) if asked else None
+            draft = clip_draft(proposal, k, gen.verify_cost)
+            if proposal is not None and proposal.confidence is not None:  # a draft the cost curve can cut
+                skip.drafted(len(draft.tokens))
             trie = round_trie(draft, k)
             t1 = clock()
             block = [anchor, *trie.tokens]  # (T,) = (K+1,) for a full chain

@@ -6,7 +6,8 @@ python -m app.suite --prompts FILE.jsonl [FILE ...] [--limit N per file] --varia
 A variant is `drafter[,steps=N][,noise=shared|shuffled][,k=K][,adaptive=1][,best_of=M][,tree=M][,weights=FOLDER]`
 (k overrides --block-size; adaptive=1 cuts each draft to its best expected length under the verify cost curve
 measured at start; best_of=M keeps the most confident of M noise draws; tree=M verifies M drafts together as a
-trie of at most k nodes, T=0 only; weights picks a checkpoint other than weights/<target>/<drafter>).
+trie of at most k nodes, T=0 only; skip=N caps how many rounds the drafter is skipped after empty adaptive drafts,
+0 = never, default 8; weights picks a checkpoint other than weights/<target>/<drafter>).
 For every prompt, plain decoding and each variant run back to back in an order rotated from prompt to prompt,
 so drift on a noisy machine hits all of them alike; each variant's summary has exactly the keys of
 `python -m app.bench`, with speedup measured against the same plain runs.
@@ -34,13 +35,14 @@ def parse_variant(spec: str, defaults: argparse.Namespace) -> argparse.Namespace
     if name not in ENGINE_DRAFTERS + HF_BASELINES:
         raise SystemExit(f"unknown drafter {name!r} in variant {spec!r}")
     fields = {"drafter": name, "steps": 1, "noise": "shared", "block_size": defaults.block_size, "adaptive": False,
-              "best_of": 1, "tree": 1, "weights": None}
+              "best_of": 1, "tree": 1, "max_skip": 8, "weights": None}
     for option in options:
         key, _, value = option.partition("=")
-        if key not in ("steps", "noise", "k", "adaptive", "best_of", "tree", "weights") or not value:
+        if key not in ("steps", "noise", "k", "adaptive", "best_of", "tree", "skip", "weights") or not value:
             raise SystemExit(f"variant {spec!r}: options are steps=N, noise=shared|shuffled, k=K, adaptive=1, "
-                             "best_of=M, tree=M, weights=FOLDER")
-        fields["block_size" if key == "k" else key] = value if key in ("noise", "weights") else int(value)
+                             "best_of=M, tree=M, skip=N, weights=FOLDER")
+        name = {"k": "block_size", "skip": "max_skip"}.get(key, key)
+        fields[name] = value if key in ("noise", "weights") else int(value)
     fields["adaptive"] = bool(fields["adaptive"])
     if fields["tree"] > 1 and defaults.temperature > 0:
         raise SystemExit(f"variant {spec!r}: tree=M verifies several drafts exactly at temperature 0 only")
@@ -63,7 +65,7 @@ def suite(args) -> dict:
         gen = GenerationConfig(args.max_new_tokens, args.block_size, sampling, seed=args.seed + i)
         jobs = [(None, lambda g: bench.run_engine(target, ids, g, None), gen)] + [
             (j, lambda g, run=run: run(ids, g),
-             replace(gen, block_size=v.block_size, verify_cost=curve if v.adaptive else ()))
+             replace(gen, block_size=v.block_size, verify_cost=curve if v.adaptive else (), max_skip=v.max_skip))
             for j, (v, run) in enumerate(zip(variants, runners))]
         shift = i % len(jobs)
         for j, run, job_gen in jobs[shift:] + jobs[:shift]:  # rotate who goes first

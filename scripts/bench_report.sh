@@ -26,7 +26,8 @@ run() { local name=$1; shift; [ -f "$R/$name.json" ] || $PY -m app.suite "$@" --
 for T in 0 1; do
   for D in math code chat; do
     run "main_${D}_t$T" --prompts "$P/eval_$D.jsonl" --limit "$LIMIT" --temperature "$T" --block-size 16 \
-      --variants ngram hf-prompt-lookup dflash flashmap,steps=1 flashmap,steps=2 flashmap,steps=1,adaptive=1
+      --variants ngram hf-prompt-lookup dflash flashmap,steps=1 flashmap,steps=2 flashmap,steps=1,adaptive=1,skip=0 \
+      flashmap,steps=1,adaptive=1
   done
 done
 # multi-sample drafting with tree verification (App. D), T=0: K=16 as in the paper, and the small trees that

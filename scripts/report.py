@@ -19,11 +19,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 DOMAINS = ("math", "code", "chat")
 MAIN_ORDER = ("ngram", "hf-prompt-lookup", "dflash", "flashmap,steps=1", "flashmap,steps=2",
-              "flashmap,steps=1,adaptive=1")
+              "flashmap,steps=1,adaptive=1,skip=0", "flashmap,steps=1,adaptive=1")
 LABELS = {"ngram": "n-gram (engine)", "hf-prompt-lookup": "transformers prompt lookup", "dflash": "DFlash-style",
           "flashmap,steps=1": "FlashMap 1-step", "flashmap,steps=2": "FlashMap 2-step",
           "flashmap-teacher,steps=16": "flow teacher, 16 steps",
-          "flashmap,steps=1,adaptive=1": "FlashMap 1-step, adaptive K"}
+          "flashmap,steps=1,adaptive=1,skip=0": "FlashMap 1-step, adaptive K, drafter called every round",
+          "flashmap,steps=1,adaptive=1": "FlashMap 1-step, adaptive K (drafter skipped after empty drafts)"}
 SLOT_DRAFTERS = ("dflash", "flashmap,steps=1", "flashmap,steps=2")
 
 
@@ -64,7 +65,7 @@ def main_table(run: dict, domain: str, temperature: int) -> list[str]:
 
 
 def plot_speedups(mains: dict, out: Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
     for ax, temperature in zip(axes, (0, 1)):
         width = 0.8 / len(MAIN_ORDER)
         for i, name in enumerate(MAIN_ORDER):
@@ -75,8 +76,8 @@ def plot_speedups(mains: dict, out: Path) -> None:
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(DOMAINS))], DOMAINS)
         ax.set_title(f"T = {temperature}")
         ax.set_ylabel("speedup over plain decoding")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.17, 1, 1))  # the legend sits below both panels, clear of the bars
     fig.savefig(out, dpi=110)
     plt.close(fig)
 
@@ -303,7 +304,8 @@ def variant_label(spec: str) -> str:
     label = {"flashmap": f"FlashMap {steps}-step", "flashmap-teacher": f"flow teacher, {steps} steps"}.get(
         name, LABELS.get(name, name))
     words = {"tree": lambda v: f"tree of {v} drafts", "k": lambda v: f"K={v}", "adaptive": lambda v: "adaptive K",
-             "best_of": lambda v: f"best of {v}", "noise": lambda v: f"{v} noise"}
+             "best_of": lambda v: f"best of {v}", "noise": lambda v: f"{v} noise",
+             "skip": lambda v: "drafter called every round" if v == "0" else f"drafter skipped ≤ {v} rounds after empty drafts"}
     return ", ".join([label] + [words[key](value) if key in words else f"{key}={value}" for key, value in opts.items()])
 
 

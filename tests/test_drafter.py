@@ -317,3 +317,20 @@ def test_frozen_matrices_are_cached_at_inference_and_follow_parameter_updates(se
         assert updated is not first and torch.equal(updated[0], net.other_head)
         assert torch.equal(net.embed_matrix()[0], net.other_embed)
     assert net.head_matrix().requires_grad  # training builds it with its graph
+
+
+def test_drafter_calls_are_skipped_after_empty_adaptive_drafts(setup, tiny_target):
+    _seqs, vocab_ids, _blocks = setup
+    drafter = flow_drafters(tiny_target, vocab_ids)[0]
+    calls = []
+    original = drafter.propose
+    drafter.propose = lambda *a: calls.append(1) or original(*a)
+    prompt = [5, 6, 7]
+    plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=24, block_size=4))
+    costly = (1.0, 50.0, 50.0, 50.0, 50.0)  # any draft costs 50 plain steps: the cut keeps nothing
+    for max_skip, want_calls in ((8, 5), (0, 22)):  # 22 rounds draft (k > 0); skipping: rounds 1, 3, 6, 11, 20
+        calls.clear()
+        gen = GenerationConfig(max_new_tokens=24, block_size=4, verify_cost=costly, max_skip=max_skip)
+        out, events = generate_all(tiny_target, prompt, gen, drafter)
+        assert out == plain and all(not ev.drafted for ev in events)
+        assert len(calls) == want_calls

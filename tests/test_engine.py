@@ -222,3 +222,19 @@ def test_adaptive_cut_is_exact_only_with_sample_independent_confidence():
 
     assert pvalue("max") > 1e-3
     assert pvalue("sampled") < 1e-3  # the check has the power to see a sample-dependent cut's bias
+
+
+def test_skip_empty_backs_off_after_empty_drafts_and_resets_on_a_kept_one():
+    from app.engine import SkipEmpty
+
+    skip, pattern = SkipEmpty(max_skip=4), []
+    for n_tokens in (0, 0, 0, 0, 2, 0):
+        calls = 0
+        while not skip.draft_now():  # rounds skipped before the next drafter call
+            calls += 1
+        pattern.append(calls)
+        skip.drafted(n_tokens)
+    assert pattern == [0, 1, 2, 4, 4, 0]  # 1, 2, 4 then capped at 4; the kept draft (2 tokens) resets
+    assert SkipEmpty(max_skip=0).draft_now() and GenerationConfig(max_skip=0).max_skip == 0
+    with pytest.raises(ValueError, match="max_skip"):
+        GenerationConfig(max_skip=-1)
