@@ -175,6 +175,8 @@ def main(argv=None) -> None:
         raise SystemExit("--steps, --best-of and --tree must be >= 1, --max-skip >= 0")
     if args.tree > 1 and args.temperature > 0:
         raise SystemExit("--tree verifies several drafts exactly at --temperature 0 only")
+    if args.tree > 1 and args.drafter not in ("flashmap", "flashmap-teacher"):
+        raise SystemExit("--tree needs a flow drafter (flashmap, flashmap-teacher): the others draw no noise")
     result = bench(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

@@ -205,7 +205,7 @@ def round_trie(draft: Draft, k: int) -> Trie:
 
 def verify_round(draft: Draft, trie: Trie, logits: torch.Tensor, sampling: SamplingConfig, generator):
     """-> (indices of the kept positions, 0 = the anchor, then the accepted nodes; the target's token)."""
-    if is_chain(trie):
+    if not draft.alternatives:  # one draft: greedy or rejection-sampling verification of a chain
         verdict = _verify(draft, logits, sampling, generator)
         return list(range(1 + verdict.n_accepted)), verdict.next_token
     if not sampling.greedy:

@@ -41,11 +41,13 @@ def parse_variant(spec: str, defaults: argparse.Namespace) -> argparse.Namespace
         if key not in ("steps", "noise", "k", "adaptive", "best_of", "tree", "skip", "weights") or not value:
             raise SystemExit(f"variant {spec!r}: options are steps=N, noise=shared|shuffled, k=K, adaptive=1, "
                              "best_of=M, tree=M, skip=N, weights=FOLDER")
-        name = {"k": "block_size", "skip": "max_skip"}.get(key, key)
-        fields[name] = value if key in ("noise", "weights") else int(value)
+        field = {"k": "block_size", "skip": "max_skip"}.get(key, key)
+        fields[field] = value if key in ("noise", "weights") else int(value)
     fields["adaptive"] = bool(fields["adaptive"])
     if fields["tree"] > 1 and defaults.temperature > 0:
         raise SystemExit(f"variant {spec!r}: tree=M verifies several drafts exactly at temperature 0 only")
+    if fields["tree"] > 1 and name not in ("flashmap", "flashmap-teacher"):
+        raise SystemExit(f"variant {spec!r}: tree=M needs a flow drafter (flashmap, flashmap-teacher)")
     variant = argparse.Namespace(**{**vars(defaults), **fields})
     variant.label = spec
     return variant

@@ -112,7 +112,6 @@ class FlowDrafter:
         q_draft[:, self.vocab_ids[real]] = q_small[:, real]
         return Draft(target_tokens, q_draft, confidence)
 
-
     @torch.inference_mode()
     def propose_tree(self, anchor: int, block_size: int, sampling: SamplingConfig, generator) -> Draft:
         """App. D: `tree` blocks from independent noise draws in one batched pass, each proposed as at T=0

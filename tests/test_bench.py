@@ -53,8 +53,16 @@ def test_suite_runs_variants_against_one_baseline(tiny_folder, tmp_path):
     assert all(r["identical_to_baseline"] is True and r["prompts"] == 3 for r in results)
     assert len({r["baseline_tokens_per_s"] for r in results}) == 1  # one shared plain baseline
     assert len(results[1]["per_slot_acceptance"]) == 2 and results[1]["block_size"] == 2
+    defaults = suite.parse_args(["--prompts", "x", "--variants", "ngram", "--out", "y"])
     with pytest.raises(SystemExit):
-        suite.parse_variant("ngram,depth=3", suite.parse_args(["--prompts", "x", "--variants", "ngram", "--out", "y"]))
+        suite.parse_variant("ngram,depth=3", defaults)
+    v = suite.parse_variant("flashmap,tree=4,k=4,adaptive=1,skip=0", defaults)
+    assert (v.drafter, v.tree, v.block_size, v.adaptive, v.max_skip) == ("flashmap", 4, 4, True, 0)
+    with pytest.raises(SystemExit, match="flow drafter"):
+        suite.parse_variant("ngram,tree=4", defaults)
+    with pytest.raises(SystemExit, match="temperature 0"):
+        suite.parse_variant("flashmap,tree=4", suite.parse_args(["--prompts", "x", "--variants", "ngram", "--out", "y",
+                                                                 "--temperature", "1"]))
 
 
 def test_report_is_built_from_suite_runs(tiny_folder, tmp_path):

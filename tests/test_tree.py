@@ -122,6 +122,7 @@ def test_tree_drafts_are_refused_at_positive_temperature(tiny_target):
     plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=10, block_size=1))
     oracle = BranchingOracle(plain, len(prompt), branches=2, corrupt=0.0, vocab=tiny_target.vocab_size)
     gen = GenerationConfig(max_new_tokens=10, block_size=4, sampling=SamplingConfig(temperature=1.0))
-    oracle.propose = lambda *a: Draft(torch.tensor([4, 5]), None, None, ((4, 6),))
-    with pytest.raises(ValueError, match="temperature 0 only"):
-        generate_all(tiny_target, prompt, gen, oracle)
+    for alternatives in (((4, 6),), ((4, 5),)):  # also when the drafts are equal and the trie is one chain
+        oracle.propose = lambda *a, alt=alternatives: Draft(torch.tensor([4, 5]), None, None, alt)
+        with pytest.raises(ValueError, match="temperature 0 only"):
+            generate_all(tiny_target, prompt, gen, oracle)
