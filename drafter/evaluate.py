@@ -32,8 +32,8 @@ from tqdm import tqdm
 
 from app.prompts import read_jsonl
 from app.target import add_target_args, load_target, target_config_from_args
-from drafter.data import blocks_at, load_sequences, target_to_draft_map
 from app.tree import build_trie, depth_in, followed_branch
+from drafter.data import blocks_at, load_sequences, target_to_draft_map
 from drafter.drafting import BlockSampler, fold_unused, greedy_block
 from drafter.runtime import DRAFTER_MODES, check_tree, default_weights, load_named_net
 
