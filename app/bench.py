@@ -99,6 +99,16 @@ def summarize(args, target: Target, base: list[Run], spec: list[Run]) -> dict:
     }
 
 
+def tree_refusal(drafter: str, tree: int, temperature: float) -> str | None:
+    """Why a tree of `tree` drafts per round cannot run with these settings (None: it can). Checked before the
+    target loads; the drafter and the engine refuse the same cases again for any other caller."""
+    if tree > 1 and temperature > 0:
+        return "several drafts are verified together exactly at temperature 0 only"
+    if tree > 1 and drafter not in ("flashmap", "flashmap-teacher"):
+        return "a tree needs a flow drafter (flashmap, flashmap-teacher): the others draw no noise"
+    return None
+
+
 def make_runner(args, target: Target):
     """Return run(prompt_ids, gen) for the chosen drafter; the baseline is always the engine with none."""
     if args.drafter in HF_BASELINES:
@@ -173,10 +183,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.steps < 1 or args.best_of < 1 or args.tree < 1 or args.max_skip < 0:
         raise SystemExit("--steps, --best-of and --tree must be >= 1, --max-skip >= 0")
-    if args.tree > 1 and args.temperature > 0:
-        raise SystemExit("--tree verifies several drafts exactly at --temperature 0 only")
-    if args.tree > 1 and args.drafter not in ("flashmap", "flashmap-teacher"):
-        raise SystemExit("--tree needs a flow drafter (flashmap, flashmap-teacher): the others draw no noise")
+    if why := tree_refusal(args.drafter, args.tree, args.temperature):
+        raise SystemExit(f"--tree {args.tree}: {why}")
     result = bench(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

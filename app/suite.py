@@ -44,10 +44,8 @@ def parse_variant(spec: str, defaults: argparse.Namespace) -> argparse.Namespace
         field = {"k": "block_size", "skip": "max_skip"}.get(key, key)
         fields[field] = value if key in ("noise", "weights") else int(value)
     fields["adaptive"] = bool(fields["adaptive"])
-    if fields["tree"] > 1 and defaults.temperature > 0:
-        raise SystemExit(f"variant {spec!r}: tree=M verifies several drafts exactly at temperature 0 only")
-    if fields["tree"] > 1 and name not in ("flashmap", "flashmap-teacher"):
-        raise SystemExit(f"variant {spec!r}: tree=M needs a flow drafter (flashmap, flashmap-teacher)")
+    if why := bench.tree_refusal(name, fields["tree"], defaults.temperature):
+        raise SystemExit(f"variant {spec!r}: {why}")
     variant = argparse.Namespace(**{**vars(defaults), **fields})
     variant.label = spec
     return variant

@@ -142,11 +142,15 @@ class BlockSampler:
         """ctx (B, C, D), mask (B, C) -> per-slot distributions (B, K, V)."""
         if self.best_of == 1 or self.mode == "dflash":  # dflash has no noise: its M drafts would be equal
             return self._noise_probs(ctx, mask, block, generator)
-        b, m = ctx.shape[0], self.best_of
-        rep_ctx, rep_mask = ctx.repeat_interleave(m, 0), mask.repeat_interleave(m, 0)  # (B*M, C, D), (B*M, C)
-        probs = self._noise_probs(rep_ctx, rep_mask, block, generator).view(b, m, block, -1)  # (B, M, K, V)
+        probs = self.draws(ctx, mask, block, generator, self.best_of)  # (B, M, K, V)
         best = expected_accepted(probs.max(-1).values).argmax(-1)  # (B,)
-        return probs[torch.arange(b), best]  # (B, K, V)
+        return probs[torch.arange(ctx.shape[0]), best]  # (B, K, V)
+
+    def draws(self, ctx: torch.Tensor, mask: torch.Tensor, block: int, generator, m: int) -> torch.Tensor:
+        """M blocks per context from independent noise, in one batched pass (best-of-M, App. D trees).
+        ctx (B, C, D), mask (B, C) -> (B, M, K, V)."""
+        rep_ctx, rep_mask = ctx.repeat_interleave(m, 0), mask.repeat_interleave(m, 0)  # (B*M, C, D), (B*M, C)
+        return self._noise_probs(rep_ctx, rep_mask, block, generator).view(ctx.shape[0], m, block, -1)
 
     def _noise_probs(self, ctx, mask, block: int, generator) -> torch.Tensor:
         if self.shared_noise or self.mode == "dflash":

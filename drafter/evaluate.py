@@ -145,10 +145,11 @@ def draft_rounds(variant: Variant, net, vocab_ids: torch.Tensor, target, seqs, s
         blocks = blocks_at(target, [seqs[i] for i, _ in grouped], [anchors for _, anchors in grouped],
                            variant.block_size, net.cfg.context_window, net.cfg.feature_layers, to_draft)
         ctx, mask = blocks.context(net)
-        if variant.tree > 1:  # M noise draws per anchor, (B*M, ...) in anchor-major order
-            ctx, mask = ctx.repeat_interleave(variant.tree, 0), mask.repeat_interleave(variant.tree, 0)
-        probs = fold_unused(sampler.probs(ctx, mask, variant.block_size, generator), real)  # (B or B*M, K, V)
-        draft, length = greedy_block(probs)  # (B, K), (B,): what the engine proposes at T=0
+        if variant.tree > 1:  # M noise draws per anchor, flattened anchor-major to (B*M, K, V)
+            probs = sampler.draws(ctx, mask, variant.block_size, generator, variant.tree).flatten(0, 1)
+        else:
+            probs = sampler.probs(ctx, mask, variant.block_size, generator)  # (B, K, V)
+        draft, length = greedy_block(fold_unused(probs, real))  # (B or B*M, K), (B or B*M,): the T=0 proposal
         if variant.tree > 1:
             draft, length, accepted = tree_rounds(draft, length, blocks.tokens, variant.tree)
         else:

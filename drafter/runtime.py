@@ -119,9 +119,7 @@ class FlowDrafter:
         if not sampling.greedy:
             raise ValueError("tree drafting (several drafts verified together) is exact at temperature 0 only; "
                              "use 1 draft per round at T > 0")
-        ctx, mask = self.context(anchor)  # (1, C, D), (1, C)
-        m = self.tree
-        probs = self.sampler.probs(ctx.expand(m, -1, -1), mask.expand(m, -1), block_size, generator)  # (M, K, V)
+        probs = self.sampler.draws(*self.context(anchor), block_size, generator, self.tree)[0]  # (M, K, V)
         tokens, lengths = drafting.greedy_block(drafting.fold_unused(probs, self.vocab_ids >= 0))  # (M, K), (M,)
         branches = [self.vocab_ids[row[:n]].tolist() for row, n in zip(tokens, lengths.tolist())]
         return Draft(torch.tensor(branches[0], dtype=torch.long), None, None, tuple(map(tuple, branches[1:])))
