@@ -21,6 +21,11 @@ from app.target import add_target_args, load_target, target_config_from_args
 POSITIONS = (1, 2, 4, 8, 16, 17)
 
 
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def verify_cost(target, context: int, repeats: int, positions=POSITIONS) -> dict[int, float]:
     """Median seconds of one forward over T new positions; T values interleaved across repeats."""
     gen = torch.Generator().manual_seed(0)
@@ -32,8 +37,10 @@ def verify_cost(target, context: int, repeats: int, positions=POSITIONS) -> dict
         for _ in range(repeats + 1):
             for t in positions:
                 block = torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (t,), generator=gen).tolist()
+                synchronize(target.device)
                 start = time.perf_counter()
                 target_forward(target, block, cache, ())
+                synchronize(target.device)  # CUDA runs asynchronously: time the work, not its launch
                 times[t].append(time.perf_counter() - start)
                 keep_positions(cache, t, [])  # drop them all
     return {t: statistics.median(v[1:]) for t, v in times.items()}  # the first pass is a warm-up

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,26 +82,36 @@ def write_shard(path: Path, prompts: list[list[int]], responses: list[list[int]]
 def generate(args) -> None:
     target = load_target(target_config_from_args(args))
     rows = read_prompt_rows(args.prompts, args.limit, args.start)
-    out = Path(args.out)
+    meta = {"target": target.identity, "prompts": args.prompts, "start": args.start, "limit": args.limit,
+            "max_new_tokens": args.max_new_tokens, "shard_size": args.shard_size}
+    generate_rows(target, rows, Path(args.out), meta, args.shard_size, args.batch_size, args.max_new_tokens)
+
+
+def generate_rows(target: Target, rows: list[dict], out: Path, meta: dict, shard_size: int, batch_size: int,
+                  max_new_tokens: int, deadline: float | None = None) -> int:
+    """Answer rows shard by shard into `out` (resumable); with a deadline (time.time()), start no shard after it.
+    Returns the number of complete shards."""
     out.mkdir(parents=True, exist_ok=True)
-    check_meta(out, {"target": target.identity, "prompts": args.prompts, "start": args.start, "limit": args.limit,
-                     "max_new_tokens": args.max_new_tokens, "shard_size": args.shard_size})
-    shards = range(0, len(rows), args.shard_size)
+    check_meta(out, meta)
+    shards = range(0, len(rows), shard_size)
     for start in tqdm(shards, desc="shards", unit="shard"):
-        path = out / f"shard-{start // args.shard_size:05d}.safetensors"
+        path = out / f"shard-{start // shard_size:05d}.safetensors"
         if path.exists():
             continue  # resume: this shard is complete
-        chunk = rows[start:start + args.shard_size]
+        if deadline is not None and time.time() > deadline:
+            break
+        chunk = rows[start:start + shard_size]
         prompts = [target.chat_ids([{"role": "user", "content": r["prompt"]}]) for r in chunk]
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch well
         responses: list[list[int]] = [[] for _ in prompts]
-        for b in range(0, len(order), args.batch_size):
-            idx = order[b:b + args.batch_size]
-            for i, resp in zip(idx, generate_batch(target, [prompts[i] for i in idx], args.max_new_tokens)):
+        for b in range(0, len(order), batch_size):
+            idx = order[b:b + batch_size]
+            for i, resp in zip(idx, generate_batch(target, [prompts[i] for i in idx], max_new_tokens)):
                 responses[i] = resp
         tmp = path.with_suffix(".tmp")
         write_shard(tmp, prompts, responses)
         tmp.rename(path)
+    return len(shard_paths(out))
 
 
 # ---- loading sequences -----------------------------------------------------------------------
@@ -192,8 +203,10 @@ def target_to_draft_map(vocab_ids: torch.Tensor, target_vocab: int) -> torch.Ten
 
 # ---- stage 2: blocks with target features ---------------------------------------------------
 
-def target_features(target: Target, seqs: list[Sequence], layers: tuple[int, ...]) -> list[torch.Tensor]:
-    """Hidden states (T, F) at `layers` for each sequence, one right-padded batched forward."""
+def target_features(target: Target, seqs: list[Sequence], layers: tuple[int, ...],
+                    on_device: bool = False) -> list[torch.Tensor]:
+    """Hidden states (T, F) at `layers` for each sequence, one right-padded batched forward; fp32 on the CPU,
+    or kept on the target's device in its dtype (on_device: a GPU run holds every feature in GPU memory)."""
     width = max(len(s.tokens) for s in seqs)
     ids = torch.zeros(len(seqs), width, dtype=torch.long)  # (S, T)
     mask = torch.zeros_like(ids)
@@ -202,8 +215,25 @@ def target_features(target: Target, seqs: list[Sequence], layers: tuple[int, ...
     with torch.inference_mode():
         out = target.model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
                            output_hidden_states=True, logits_to_keep=1)
-    feats = torch.cat([out.hidden_states[i] for i in layers], dim=-1).float().cpu()  # (S, T, F)
-    return [feats[i, : len(s.tokens)] for i, s in enumerate(seqs)]
+    feats = torch.cat([out.hidden_states[i] for i in layers], dim=-1)  # (S, T, F)
+    feats = feats if on_device else feats.float().cpu()
+    return [feats[i, : len(s.tokens)].clone() for i, s in enumerate(seqs)]
+
+
+def with_features_in_memory(target: Target, seqs: list[Sequence], layers: tuple[int, ...],
+                            batch_size: int = 32) -> list[Sequence]:
+    """The sequences with their features (T, F) computed now and held on the target's device in bf16, as the
+    feature cache stores them: a GPU run trains without a target forward per step and without disk."""
+    out = []
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].tokens))  # similar lengths pad little
+    feats: dict[int, torch.Tensor] = {}
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        for i, f in zip(idx, target_features(target, [seqs[i] for i in idx], layers, on_device=True)):
+            feats[i] = f.to(torch.bfloat16)
+    for i, seq in enumerate(seqs):
+        out.append(Sequence(seq.tokens, seq.prompt_len, feats[i]))
+    return out
 
 
 def blocks_from_sequences(target: Target, seqs: list[Sequence], anchors_per_seq: int, block_size: int,
@@ -244,8 +274,9 @@ def blocks_at(target: Target, seqs: list[Sequence], anchors: list[list[int]], bl
         tokens[i, : len(block)] = to_draft[torch.tensor(block)]
         valid[i, : len(block)] = True
     anchor_ids = torch.tensor([r[2] for r in rows], dtype=torch.long)
-    return Blocks(torch.cat(feats), index, feature_mask, anchor_ids,
-                  embed[anchor_ids.to(embed.device)].float().cpu(), tokens, valid)
+    pool = torch.cat(feats)  # (P, F) on the features' device (the GPU when they are held there)
+    return Blocks(pool, index, feature_mask, anchor_ids, embed[anchor_ids.to(embed.device)].float().to(pool.device),
+                  tokens, valid)
 
 
 def main(argv=None) -> None:

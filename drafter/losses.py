@@ -14,6 +14,7 @@ from drafter.flow import flow_map_step, interpolant, semigroup_weight, slot_weig
 from drafter.network import DraftNet
 
 FULL_JUMP_FRACTION = 1 / 16  # §4 Distillation: 1/16 of the jumps are full (0, 1) jumps
+FROM_ZERO_FRACTION = 1 / 4  # of the other jumps and of the zero-length ones: start at s = 0, as every draft does
 
 
 @dataclass
@@ -74,12 +75,17 @@ def weighted_ce(logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor,
     return (nll * weights).sum() / weights.sum().clamp_min(1e-8)
 
 
-def teacher_loss(net: DraftNet, batch: Blocks, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Flow teacher D_t: each block gets its own t (tau ~ U[0,1] mapped back) and noise (eqs. 2, 4)."""
+def teacher_loss(net: DraftNet, batch: Blocks, generator: torch.Generator | None = None,
+                 t0_share: float = 0.0) -> torch.Tensor:
+    """Flow teacher D_t: each block gets its own t (tau ~ U[0,1] mapped back) and noise (eqs. 2, 4).
+    A share `t0_share` of the blocks is trained at exactly t = 0: every draft starts there, yet tau ~ U[0,1]
+    through eq. 6 almost never lands below t = 0.5 with a large vocabulary (issue #15)."""
     b, k = batch.tokens.shape
     v = net.cfg.draft_vocab
     device = batch.tokens.device
-    t = t_of_tau(draw(b, generator, "cpu"), v).to(device)  # (B,) the tau table lives on the CPU
+    tau = draw(b, generator, "cpu")  # (B,)
+    tau = torch.where(draw(b, generator, "cpu") < t0_share, torch.zeros_like(tau), tau)
+    t = t_of_tau(tau, v).to(device)  # (B,) the tau table lives on the CPU
     x0 = draw((b, k, v), generator, device, normal=True)  # (B, K, V)
     x_t = interpolant(x0, batch.tokens, t)  # (B, K, V)
     logits = net(net.state_input(x_t, t, t), t, t, *batch.context(net))
@@ -95,17 +101,25 @@ def dflash_loss(net: DraftNet, batch: Blocks) -> torch.Tensor:
 
 
 def jump_times(b: int, vocab: int, generator=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(s, u, t) per block: half zero-length (s = u = t), the rest s < u < t drawn in tau-space;
-    FULL_JUMP_FRACTION of all blocks (so twice that of the non-zero half) are full jumps (0, 1), with u
-    random in between (§3.2, §4)."""
-    taus = draw((b, 3), generator, "cpu").sort(dim=1).values  # (B, 3)
+    """(s, u, t) per block, drawn in tau-space (§3.2, §4). Half are zero-length (s = u = t, tau_s ~ U[0,1],
+    a share of them at s = 0, where every draft starts); the rest are jumps s < t of random start and
+    length, a share starting at s = 0 (the first jump of every sampler), and FULL_JUMP_FRACTION of all
+    blocks the full jump (0, 1). u is the midpoint of tau_s and tau_t, so the full jump's split is
+    (0, tau^-1(1/2)) then (tau^-1(1/2), 1): exactly the 2-step sampler's two jumps."""
     zero_len = draw(b, generator, "cpu") < 0.5  # (B,)
-    full = ~zero_len & (draw(b, generator, "cpu") < 2 * FULL_JUMP_FRACTION)
-    taus[zero_len] = taus[zero_len, :1].expand(-1, 3)
-    taus[full, 0], taus[full, 2] = 0.0, 1.0
-    s, u, t = (t_of_tau(taus[:, i], vocab) for i in range(3))
-    t = torch.where(taus[:, 2] >= 1.0, torch.ones_like(t), t)  # the full jump lands exactly on t = 1
-    return s, u, t
+    pick = draw(b, generator, "cpu")  # (B,) which kind of non-zero jump
+    full = ~zero_len & (pick < 2 * FULL_JUMP_FRACTION)
+    from_zero = ~zero_len & ~full & (pick < 2 * FULL_JUMP_FRACTION + FROM_ZERO_FRACTION)
+    ends = draw((b, 2), generator, "cpu").sort(dim=1).values  # (B, 2) tau_s <= tau_t
+    tau_s, tau_t = ends[:, 0], ends[:, 1]
+    tau_s = torch.where(from_zero | full, torch.zeros_like(tau_s), tau_s)
+    tau_t = torch.where(full, torch.ones_like(tau_t), tau_t)
+    at_zero = zero_len & (draw(b, generator, "cpu") < FROM_ZERO_FRACTION)  # the diagonal (0, 0)
+    tau_s = torch.where(zero_len, torch.where(at_zero, torch.zeros_like(tau_s), draw(b, generator, "cpu")), tau_s)
+    tau_t = torch.where(zero_len, tau_s, tau_t)
+    s, u, t = (t_of_tau(tau, vocab) for tau in (tau_s, (tau_s + tau_t) / 2, tau_t))
+    t = torch.where(tau_t >= 1.0, torch.ones_like(t), t)  # the full jump lands exactly on t = 1
+    return s, torch.where(zero_len, s, u), t
 
 
 def semigroup_target(student: DraftNet, x_s, s, u, t, ctx, mask) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Train a drafter: the FlashMap flow teacher, the distilled flow map, or the DFlash-style baseline.
 
 python -m drafter.train --stage teacher --data DIR --out weights/<target>/flashmap-teacher [--steps N]
+    [--init weights/<target>/dflash --t0-share 0.3]      (warm start from the DFlash-style net, issue #15)
 python -m drafter.train --stage distill --init weights/<target>/flashmap-teacher --data DIR --out weights/<target>/flashmap
 python -m drafter.train --stage dflash  --data DIR --out weights/<target>/dflash
 
@@ -16,7 +17,7 @@ import copy
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -38,7 +39,7 @@ class TrainConfig:
     stage: str
     data: tuple[str, ...]  # folders written by drafter.data generate, pooled
     out: str
-    init: str | None = None  # distill: the teacher checkpoint
+    init: str | None = None  # distill: the teacher checkpoint; teacher / dflash: a warm start
     steps: int = 2000
     batch_seqs: int = 8  # sequences per step (one target forward)
     anchors_per_seq: int = 16  # blocks per sequence
@@ -51,6 +52,7 @@ class TrainConfig:
     threads: int = 0  # 0: torch default
     precision: str = "bf16"  # bf16: matmuls under autocast (4x faster on CPUs with AVX512-BF16); fp32
     grad_checkpoint: bool = False  # recompute each drafter block in backward (large drafters on a 24 GB GPU)
+    t0_share: float = 0.0  # teacher: share of blocks trained at exactly t = 0, where every draft starts (issue #15)
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -59,6 +61,8 @@ class TrainConfig:
             raise ValueError("--precision must be bf16 or fp32")
         if self.stage == "distill" and not self.init:
             raise ValueError("--stage distill needs --init <teacher checkpoint>")
+        if not 0.0 <= self.t0_share <= 1.0:
+            raise ValueError(f"--t0-share must be in [0, 1], got {self.t0_share}")
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -108,43 +112,64 @@ def earlier_runs(previous: dict, cfg: TrainConfig) -> list[dict]:
     return earlier if same or not previous else earlier + [previous]
 
 
-def build_student(cfg: TrainConfig, args, target, seqs):
-    """Returns (net, teacher or None, vocab_ids)."""
-    if cfg.stage == "distill":
-        teacher, vocab_ids, _ = load_net(cfg.init, target)
-        teacher.requires_grad_(False)
-        return copy.deepcopy(teacher).train().requires_grad_(True), teacher, vocab_ids
-    dcfg = DrafterConfig(
+def network_config(cfg: TrainConfig, args, target) -> DrafterConfig:
+    """The shape of a new network (teacher / dflash from scratch), built once from the CLI flags."""
+    return DrafterConfig(
         kind="dflash" if cfg.stage == "dflash" else "flashmap", block_size=args.block_size, d_model=args.d_model,
         n_layers=args.n_layers, n_heads=args.n_heads, feature_layers=spread_layers(
             target.model.config.num_hidden_layers, args.n_feature_layers),
         target_hidden=target.model.config.hidden_size, draft_vocab=args.draft_vocab,
         context_window=args.context_window,
     )
-    vocab_ids = draft_vocabulary(seqs, dcfg.draft_vocab)
-    return build_net(dcfg, target, vocab_ids).train(), None, vocab_ids
+
+
+def build_student(cfg: TrainConfig, net_cfg: DrafterConfig, target, seqs):
+    """Returns (net, frozen teacher or None, vocab_ids). With --init, the network starts from that checkpoint:
+    distillation from its teacher; a teacher warm-started from a DFlash-style net (same architecture, issue #15:
+    the one-pass regime it learned is the flow's t = 0); DFlash-style continued from an earlier one."""
+    if cfg.init:
+        net, vocab_ids, _ = load_net(cfg.init, target)
+        kind = "dflash" if cfg.stage == "dflash" else "flashmap"
+        net.cfg = replace(net.cfg, kind=kind)
+        if cfg.stage == "distill":
+            teacher = net.requires_grad_(False)
+            return copy.deepcopy(teacher).train().requires_grad_(True), teacher, vocab_ids
+        return net.train().requires_grad_(True), None, vocab_ids
+    vocab_ids = draft_vocabulary(seqs, net_cfg.draft_vocab)
+    return build_net(net_cfg, target, vocab_ids).train(), None, vocab_ids
 
 
 def loss_for(cfg: TrainConfig, net, teacher, blocks, gen):
     if cfg.stage == "teacher":
-        return teacher_loss(net, blocks, gen)
+        return teacher_loss(net, blocks, gen, cfg.t0_share)
     if cfg.stage == "dflash":
         return dflash_loss(net, blocks)
     return distill_loss(net, teacher, blocks, gen)
 
 
 def train(cfg: TrainConfig, args) -> Path:
-    """Train on the target's device (the CPU here, a GPU when --device cuda); resumes from cfg.out."""
+    """The CLI's run: load the target and the data folders (with their feature caches), then train_on."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     target = load_target(target_config_from_args(args))
-    device = target.device
     seqs = training_sequences(cfg.data)
     if not seqs:
         raise SystemExit(f"no training sequences in {cfg.data}; run python -m drafter.data generate first")
+    return train_on(cfg, target, lambda layers: training_sequences(cfg.data, layers),
+                    network_config(cfg, args, target))
+
+
+def train_on(cfg: TrainConfig, target, sequences, net_cfg: DrafterConfig, on_save=None, stop_at: float | None = None,
+             save_every_s: float | None = None, on_step=None) -> Path:
+    """Train on the target's device (the CPU here, a GPU when --device cuda); resumes from cfg.out.
+    sequences(layers) gives the training sequences, with features of those layers where cached (layers None:
+    tokens only, for the draft vocabulary); on_save(folder) runs after every save (scripts.gpu copies it out).
+    A run with a deadline (stop_at, time.time()) saves and stops there even short of cfg.steps, and saves every
+    save_every_s seconds besides every cfg.save_every steps; on_step(step) is called after each step."""
+    device = target.device
     out = Path(cfg.out)
-    net, teacher, vocab_ids = build_student(cfg, args, target, seqs)
-    seqs = training_sequences(cfg.data, net.cfg.feature_layers)  # now with the cached features of those layers
+    net, teacher, vocab_ids = build_student(cfg, net_cfg, target, sequences(None))
+    seqs = sequences(net.cfg.feature_layers)  # now with the cached features of those layers
     saved_step, earlier = 0, []
     if (out / "config.json").exists():  # resume: weights (and vocabulary) from the last save
         net, vocab_ids, meta = load_net(out, target)
@@ -168,8 +193,10 @@ def train(cfg: TrainConfig, args) -> Path:
     noise_gen = torch.Generator(device=device).manual_seed(cfg.seed + start + 1)  # times and noise, on the device
     training = {"train_config": asdict(cfg), "data": list(cfg.data), "sequences": len(seqs), "resumed_from": start,
                 "device": str(device), "earlier_runs": earlier}
-    progress = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.stage}")
+    progress = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.stage}",
+                    mininterval=5.0)
     began, running = time.time(), None
+    last_save = began
     for step in progress:
         idx = torch.randint(len(seqs), (cfg.batch_seqs,), generator=data_gen).tolist()
         blocks = blocks_from_sequences(target, [seqs[i] for i in idx], cfg.anchors_per_seq, net.cfg.block_size,
@@ -182,12 +209,21 @@ def train(cfg: TrainConfig, args) -> Path:
         opt.step()
         sched.step()
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
-        progress.set_postfix(loss=f"{running:.3f}", lr=f"{sched.get_last_lr()[0]:.2e}")
-        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+        progress.set_postfix(loss=f"{running:.3f}", lr=f"{sched.get_last_lr()[0]:.2e}", refresh=False)
+        if on_step is not None:
+            on_step(step)
+        late = stop_at is not None and time.time() > stop_at
+        timed = save_every_s is not None and time.time() - last_save > save_every_s
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps or late or timed:
             record = dict(training, step=step + 1, loss_ema=running,
                           seconds_this_run=round(time.time() - began, 1))
             save_checkpoint(out, net, vocab_ids, target.identity, record)
             save_train_state(state_path, opt, step + 1)
+            last_save = time.time()
+            if on_save is not None:
+                on_save(out)
+        if late:
+            break
     return out
 
 
@@ -197,7 +233,8 @@ def parse_args(argv=None):
     parser.add_argument("--data", nargs="+", required=True,
                         help="folders written by python -m drafter.data generate (pooled)")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--init", default=None)
+    parser.add_argument("--init", default=None, help="start from this checkpoint: the teacher (distill), a "
+                        "DFlash-style net (teacher warm start), an earlier run (dflash)")
     for field, default in [("steps", 2000), ("batch-seqs", 8), ("anchors-per-seq", 16), ("save-every", 100),
                            ("seed", 0), ("threads", 0)]:
         parser.add_argument(f"--{field}", type=int, default=default)
@@ -209,6 +246,8 @@ def parse_args(argv=None):
         parser.add_argument(f"--{field}", type=int, default=default)
     parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument("--grad-checkpoint", action="store_true", help="recompute drafter blocks in backward")
+    parser.add_argument("--t0-share", type=float, default=0.0,
+                        help="teacher: share of blocks trained at t = 0 (e.g. 0.3 with --init from a DFlash-style net)")
     add_target_args(parser)
     return parser.parse_args(argv)
 
@@ -217,7 +256,7 @@ def config_from_args(args) -> TrainConfig:
     lr = args.lr if args.lr is not None else (5e-5 if args.stage == "distill" else 6e-4)
     return TrainConfig(args.stage, tuple(args.data), args.out, args.init, args.steps, args.batch_seqs,
                        args.anchors_per_seq, lr, args.warmup_frac, args.decay_frac, args.weight_decay,
-                       args.save_every, args.seed, args.threads, args.precision, args.grad_checkpoint)
+                       args.save_every, args.seed, args.threads, args.precision, args.grad_checkpoint, args.t0_share)
 
 
 def main(argv=None) -> None:

@@ -59,3 +59,21 @@ def test_schedules_warm_up_then_decay():
     assert train_mod.lr_factor(70, wsd) == 1.0 and 0 < train_mod.lr_factor(90, wsd) < 1.0
     with pytest.raises(ValueError, match="--init"):
         train_mod.TrainConfig("distill", "d", "o")
+
+
+def test_teacher_warm_starts_from_a_dflash_style_net(tiny_run, tiny_target):
+    from safetensors.torch import load_file
+
+    run, tmp = tiny_run
+    dflash = run("dflash", tmp / "dflash", 2)
+    args = train_mod.parse_args(["--stage", "teacher", "--data", "x", "--out", str(tmp / "t"), "--init", str(dflash),
+                                 "--t0-share", "0.3"])
+    cfg = train_mod.config_from_args(args)
+    assert cfg.t0_share == 0.3 and cfg.init == str(dflash)
+    net, teacher, _vocab = train_mod.build_student(cfg, None, tiny_target, [])
+    assert net.cfg.kind == "flashmap" and teacher is None
+    start = load_file(str(dflash / "model.safetensors"))
+    assert all(torch.equal(start[k].float(), v.to(torch.bfloat16).float()) for k, v in net.state_dict().items()
+               if k in start)
+    with pytest.raises(ValueError, match="t0-share"):
+        train_mod.TrainConfig("teacher", "d", "o", t0_share=1.5)

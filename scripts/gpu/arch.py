@@ -1,0 +1,390 @@
+"""Command 1: Qwen3-8B's architecture on real hardware with random weights (no download can happen
+there), and CUDA exactness of the engine on tiny models. In --cpu-sim every size shrinks to a tiny
+random Qwen3 so the same code runs in the test suite.
+
+Shape letters: T = new positions in one forward, K = block size, F = drafter feature width.
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from app.drafting import Draft, NgramDrafter
+from app.engine import GenerationConfig, generate, generate_all
+from app.plan import QWEN3_FACTS, facts_config, plan_memory
+from app.target import Target, TargetConfig, estimate_weight_bytes, load_target
+from app.verify_cost import verify_cost
+from scripts.gpu.stages import Command
+
+GIB = 2**30
+QWEN3_8B = "Qwen/Qwen3-8B"
+TINY_FACTS = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  intermediate_size=128, vocab_size=512, tie_word_embeddings=False)
+ORACLE_RATES = (0.6, 0.8, 0.9, 1.0)
+ORACLE_BLOCKS = (8, 16)
+
+
+def sizes(cmd: Command) -> dict:
+    """What each measurement runs at: real sizes on the GPU, tiny ones in the CPU simulation."""
+    if cmd.cpu_sim:
+        return dict(facts=TINY_FACTS, contexts=(32, 64), new_tokens=16, prompt=24, repeats=2, positions=range(1, 6),
+                    device="cpu", dtype=torch.float32, zlab_layers=1)
+    return dict(facts=QWEN3_FACTS[QWEN3_8B], contexts=(256, 4096), new_tokens=128, prompt=256, repeats=5,
+                positions=range(1, 18), device="cuda", dtype=torch.bfloat16, zlab_layers=5)
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def env(cmd: Command) -> dict:
+    import transformers
+
+    info = {"torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
+        info.update(gpu=torch.cuda.get_device_name(), capability=torch.cuda.get_device_capability(),
+                    free_gib=round(free / GIB, 1), total_gib=round(total / GIB, 1))
+    return info
+
+
+# ---- a random Qwen3 at a real architecture -----------------------------------------------------------
+
+def word_tokenizer(vocab_size: int):
+    from tests.tiny import QWEN3_TEMPLATE, tiny_tokenizer
+
+    return tiny_tokenizer(vocab_size, QWEN3_TEMPLATE)
+
+
+def random_qwen3(facts: dict, device: str, dtype: torch.dtype) -> Target:
+    """Qwen3 with the given architecture facts and random normal weights (transformers' own init, std 0.02),
+    built directly on the device: no checkpoint, no CPU copy of 8B parameters."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(**facts, max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                      use_sliding_window=False, eos_token_id=151645 % facts["vocab_size"], dtype=str(dtype)[6:])
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = Qwen3ForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(previous)
+    return Target(model, word_tokenizer(facts["vocab_size"]), "qwen3-8b-arch-random", torch.device(device), ())
+
+
+@torch.no_grad()
+def stabilise(model) -> None:
+    """Make the random model's greedy continuation reproducible across forward shapes without changing its cost:
+    attention and MLP outputs scaled down 100x and the LM head set to the embedding rolled by one row, so the
+    next token is the current one + 1 by a margin of ~80 logits. With plain random weights the logits are nearly
+    flat, bf16 rounding differs between a 1-position and a 17-position forward, and the first H200 run saw the
+    greedy path fork at once (the oracle accepted nothing and no output matched: docs/gpu.md)."""
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.weight.mul_(0.01)
+        layer.mlp.down_proj.weight.mul_(0.01)
+    model.lm_head.weight.copy_(torch.roll(model.model.embed_tokens.weight, 1, dims=0))
+
+
+def random_prompt(target: Target, length: int, seed: int = 0) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(8, target.vocab_size, (length,), generator=gen).tolist()
+
+
+def timed_run(target: Target, prompt: list[int], gen: GenerationConfig, drafter=None) -> dict:
+    """One generation through the engine: tokens, seconds (synchronised), rounds, acceptance length."""
+    sync(target.device)
+    start = time.perf_counter()
+    events = list(generate(target, prompt, gen, drafter))
+    sync(target.device)
+    seconds = time.perf_counter() - start
+    tokens = [t for ev in events for t in ev.committed]
+    rounds = [ev for ev in events if ev.kind == "round"]
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": len(tokens) / seconds,
+            "acceptance_length": (len(tokens) - 1) / max(1, len(rounds))}
+
+
+def hf_generate_run(target: Target, prompt: list[int], new_tokens: int) -> dict:
+    ids = torch.tensor([prompt], device=target.device)
+    sync(target.device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                    min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    sync(target.device)
+    seconds = time.perf_counter() - start
+    tokens = out[0, len(prompt):].tolist()
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": len(tokens) / seconds}
+
+
+class OracleDrafter:
+    """Proposes the target's own greedy continuation, each slot corrupted with probability 1 - rate, so a
+    slot is accepted with probability `rate` given the earlier ones were: the speedup this engine gives a
+    drafter of that quality (its own cost ~0)."""
+
+    feature_layers: tuple[int, ...] = ()
+
+    def __init__(self, reference: list[int], rate: float, vocab_size: int, seed: int = 0):
+        self.reference, self.rate, self.vocab_size = reference, rate, vocab_size  # prompt + greedy output
+        self.name = f"oracle-{rate}"
+        self.gen = torch.Generator().manual_seed(seed)
+        self.position = 0  # tokens the target has committed before the anchor
+
+    def reset(self) -> None:
+        self.position = 0
+
+    def extend(self, token_ids: list[int], features) -> None:
+        self.position += len(token_ids)
+
+    def propose(self, anchor: int, block_size: int, sampling, generator) -> Draft:
+        truth = torch.tensor(self.reference[self.position + 1 : self.position + 1 + block_size], dtype=torch.long)
+        wrong = torch.rand(len(truth), generator=self.gen) >= self.rate  # (K,)
+        return Draft(torch.where(wrong, (truth + 1) % self.vocab_size, truth), None)
+
+
+def qwen3_bf16(cmd: Command) -> dict:
+    """Peak memory against the plan; plain decoding vs transformers' generate; the verify cost curve at two
+    contexts; the engine's own overhead per round; the oracle speedup curve; the z-lab drafter's cost."""
+    sz = sizes(cmd)
+    torch.cuda.reset_peak_memory_stats() if sz["device"] == "cuda" else None
+    target = random_qwen3(sz["facts"], sz["device"], sz["dtype"])
+    stabilise(target.model)
+    result = {"weights_gib_measured": memory_gib(sz["device"]),
+              "weights_gib_planned": estimate_weight_bytes(facts_config(QWEN3_8B) if not cmd.cpu_sim else
+                                                           _ns(sz["facts"]), sz["dtype"], "none") / GIB}
+    result["plain"] = plain_vs_generate(target, sz)
+    result["verify_cost"] = {c: verify_cost_synced(target, c, sz) for c in sz["contexts"]}
+    step = result["plain"]["engine_s_per_token"]
+    one = result["verify_cost"][sz["contexts"][0]]["seconds"][1]
+    result["engine_overhead_s_per_round"] = step - one  # a plain round minus a bare one-position forward
+    result["oracle"] = oracle_curve(target, sz, cmd)
+    result["zlab_dflash"] = zlab_cost(target, sz)
+    result["peak_gib"] = peak_gib(sz["device"])
+    long_ctx = max(sz["contexts"])
+    result["plan"] = plan_rows(sz, long_ctx) if not cmd.cpu_sim else None
+    cmd.state["random_target"] = target
+    return result
+
+
+def _ns(facts: dict):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**facts)
+
+
+def memory_gib(device: str) -> float | None:
+    return torch.cuda.memory_allocated() / GIB if device == "cuda" else None
+
+
+def peak_gib(device: str) -> float | None:
+    return torch.cuda.max_memory_allocated() / GIB if device == "cuda" else None
+
+
+def plan_rows(sz: dict, context: int) -> dict:
+    plan = plan_memory(facts_config(QWEN3_8B), 24 * GIB, (8, 9), context)
+    return {o.quant: {"weights_gib": o.weights / GIB, "total_gib": o.total / GIB} for o in plan.options}
+
+
+def plain_vs_generate(target: Target, sz: dict) -> dict:
+    """The engine's plain loop and transformers' generate on the same prompt, alternating, twice each."""
+    prompt = random_prompt(target, sz["prompt"])
+    gen = GenerationConfig(max_new_tokens=sz["new_tokens"], block_size=1)
+    timed_run(target, prompt[:16], GenerationConfig(max_new_tokens=4, block_size=1))  # warm-up
+    engine, hf = [], []
+    for _ in range(3):
+        engine.append(timed_run(target, prompt, gen))
+        hf.append(hf_generate_run(target, prompt, sz["new_tokens"]))
+    e_tps = statistics.median(r["tokens_per_s"] for r in engine)
+    h_tps = statistics.median(r["tokens_per_s"] for r in hf)
+    return {"engine_tokens_per_s": e_tps, "generate_tokens_per_s": h_tps, "ratio": e_tps / h_tps,
+            "engine_runs": [r["tokens_per_s"] for r in engine], "generate_runs": [r["tokens_per_s"] for r in hf],
+            "engine_s_per_token": 1 / e_tps, "identical": engine[0]["tokens"] == hf[0]["tokens"][: len(engine[0]["tokens"])],
+            "new_tokens": sz["new_tokens"], "prompt_tokens": sz["prompt"]}
+
+
+def verify_cost_synced(target: Target, context: int, sz: dict) -> dict:
+    seconds = verify_cost(target, context, sz["repeats"], sz["positions"])
+    return {"seconds": seconds, "relative_to_one": {t: s / seconds[1] for t, s in seconds.items()}}
+
+
+def oracle_curve(target: Target, sz: dict, cmd: Command) -> list[dict]:
+    """Speedup of the oracle drafter over plain decoding for K x acceptance rate (plain timed once per K)."""
+    prompt = random_prompt(target, sz["prompt"], seed=1)
+    plain_gen = GenerationConfig(max_new_tokens=sz["new_tokens"], block_size=1)
+    reference = timed_run(target, prompt, plain_gen)
+    full = prompt + reference["tokens"]
+    rows = []
+    for k in ORACLE_BLOCKS if not cmd.cpu_sim else (4,):
+        plain = timed_run(target, prompt, plain_gen)
+        for rate in ORACLE_RATES:
+            run = timed_run(target, prompt, GenerationConfig(max_new_tokens=sz["new_tokens"], block_size=k),
+                            OracleDrafter(full, rate, target.vocab_size))
+            rows.append({"block_size": k, "rate": rate, "speedup": run["tokens_per_s"] / plain["tokens_per_s"],
+                         "acceptance_length": run["acceptance_length"], "plain_tokens_per_s": plain["tokens_per_s"],
+                         "tokens_per_s": run["tokens_per_s"], "identical": run["tokens"] == reference["tokens"]})
+    return rows
+
+
+def zlab_config(target: Target, layers: int) -> dict:
+    """The published z-lab DFlash config fields at the target's width (Qwen3-8B: 5 layers reading 5 target
+    layers, as the paper's 1, 9, 17, 25, 33 of 36; block 16)."""
+    c = target.model.config
+    n = c.num_hidden_layers
+    ids = [1 + round(i * (n - 4) / 4) for i in range(5)] if n > 8 else [0, n - 1]  # 36 -> 1, 9, 17, 25, 33
+    return {"architectures": ["DFlashDraftModel"], "hidden_size": c.hidden_size, "num_hidden_layers": layers,
+            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim, "intermediate_size": c.intermediate_size, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000, "block_size": 16, "num_target_layers": n, "vocab_size": target.vocab_size,
+            "dflash_config": {"mask_token_id": 7, "target_layer_ids": ids}}
+
+
+def zlab_cost(target: Target, sz: dict) -> dict:
+    """Seconds per proposal of a z-lab-format DFlash drafter (random weights) at the target's size."""
+    from drafter.zlab_dflash import ZLabConfig, ZLabDFlashDrafter, ZLabDFlashNet
+
+    cfg = ZLabConfig.from_json(zlab_config(target, sz["zlab_layers"]))
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(sz["dtype"])
+    try:
+        with torch.device(sz["device"]):
+            net = ZLabDFlashNet(cfg).eval()
+    finally:
+        torch.set_default_dtype(previous)
+    drafter = ZLabDFlashDrafter(net, target)
+    width = len(drafter.feature_layers) * target.model.config.hidden_size
+    drafter.extend(list(range(sz["prompt"])), torch.randn(sz["prompt"], width, device=sz["device"]))  # (N, F)
+    times = []
+    for _ in range(sz["repeats"] * 4 + 1):
+        sync(sz["device"])
+        start = time.perf_counter()
+        drafter.propose(5, 16, _greedy(), None)
+        sync(sz["device"])
+        times.append(time.perf_counter() - start)
+    params = sum(p.numel() for p in net.parameters())
+    return {"layers": cfg.num_hidden_layers, "params_m": params / 1e6, "seconds_per_proposal": statistics.median(times[1:])}
+
+
+def _greedy():
+    from app.sampling import SamplingConfig
+
+    return SamplingConfig(0.0)
+
+
+# ---- FP8 through the app's real loading path -------------------------------------------------------------
+
+def qwen3_fp8(cmd: Command) -> dict:
+    """Save the random model, load it back with load_target(--quant fp8) (FineGrainedFP8Config), and measure
+    memory and speed as for bf16. In --cpu-sim the same save/load path runs with --quant none."""
+    sz = sizes(cmd)
+    target = cmd.state.pop("random_target", None)
+    if target is None:
+        target = random_qwen3(sz["facts"], sz["device"], sz["dtype"])
+        stabilise(target.model)
+    with tempfile.TemporaryDirectory(dir=scratch_dir()) as tmp:
+        folder = Path(tmp) / "qwen3-8b-random"
+        start = time.time()
+        target.model.save_pretrained(folder)
+        target.tokenizer.save_pretrained(folder)
+        saved_s = time.time() - start
+        del target
+        from scripts.gpu.stages import release_memory
+
+        release_memory()
+        if sz["device"] == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        quant = "fp8" if sz["device"] == "cuda" else "none"
+        start = time.time()
+        loaded = load_target(TargetConfig(target=str(folder), dtype="bf16" if quant == "fp8" else "fp32",
+                                          quant=quant, device=sz["device"]))
+        load_s = time.time() - start
+        loaded.eos_token_ids = ()
+        result = {"quant": quant, "save_s": saved_s, "load_s": load_s, "weights_gib_measured": memory_gib(sz["device"]),
+                  "weights_gib_planned": estimate_weight_bytes(loaded.model.config, torch.bfloat16, quant) / GIB}
+        prompt = random_prompt(loaded, sz["prompt"])
+        gen = GenerationConfig(max_new_tokens=sz["new_tokens"], block_size=1)
+        timed_run(loaded, prompt[:16], GenerationConfig(max_new_tokens=4, block_size=1))
+        result["plain_tokens_per_s"] = statistics.median(timed_run(loaded, prompt, gen)["tokens_per_s"] for _ in range(2))
+        result["verify_cost"] = verify_cost_synced(loaded, sz["contexts"][0], sz)
+        result["peak_gib"] = peak_gib(sz["device"])
+    return result
+
+
+def scratch_dir() -> str | None:
+    """/dev/shm when it has room for an 8B checkpoint (a RAM disk writes fastest), else the default temp dir."""
+    import shutil
+
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and shutil.disk_usage(shm).free > 40 * GIB else None
+
+
+# ---- exactness on CUDA ---------------------------------------------------------------------------------------
+
+def exactness(cmd: Command) -> dict:
+    """Every drafter through the engine on tiny fp32 targets on the device, against plain decoding."""
+    from tests.tiny import CHAT_TEMPLATE, QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
+
+    device = "cpu" if cmd.cpu_sim else "cuda"
+    rows = []
+    for name, model, template in (("tiny-llama", tiny_llama(vocab_size=64), CHAT_TEMPLATE),
+                                  ("tiny-qwen3", tiny_qwen3(vocab_size=64), QWEN3_TEMPLATE)):
+        target = make_target(model.to(device), template=template, name=name)
+        target.device = torch.device(device)
+        for label, drafter in tiny_drafters(target):
+            rows.append({"target": name, "drafter": label, **compare_with_plain(target, drafter)})
+    return {"device": device, "all_identical": all(r["identical"] for r in rows), "rows": rows}
+
+
+def tiny_drafters(target: Target) -> list[tuple[str, object]]:
+    """n-gram, the flow drafters (1- and 2-step flow map, teacher, DFlash-style, App. D tree) on a random tiny
+    network, and for Qwen3 a tiny random drafter in the published z-lab format."""
+    from drafter.config import DrafterConfig
+    from drafter.runtime import FlowDrafter, build_net
+
+    torch.manual_seed(0)
+    hidden = target.model.config.hidden_size
+    vocab_ids = torch.tensor([-1, *range(4, 19)])  # (16,) draft vocabulary
+    nets = {}
+    for kind in ("flashmap", "dflash"):
+        cfg = DrafterConfig(kind=kind, block_size=4, d_model=32, n_layers=2, n_heads=2, mlp_ratio=2,
+                            feature_layers=(1, 2), target_hidden=hidden, draft_vocab=16, context_window=8)
+        nets[kind] = build_net(cfg, target, vocab_ids)
+        for p in nets[kind].parameters():  # untrained but not degenerate
+            torch.nn.init.normal_(p, std=0.3)
+        torch.nn.init.zeros_(nets[kind].other_head)
+    drafters = [("ngram", NgramDrafter()),
+                ("flashmap-1step", FlowDrafter(nets["flashmap"], vocab_ids, target, "flowmap", 1)),
+                ("flashmap-2step", FlowDrafter(nets["flashmap"], vocab_ids, target, "flowmap", 2)),
+                ("teacher-4", FlowDrafter(nets["flashmap"], vocab_ids, target, "teacher", 4)),
+                ("dflash-style", FlowDrafter(nets["dflash"], vocab_ids, target, "dflash")),
+                ("flashmap-tree3", FlowDrafter(nets["flashmap"], vocab_ids, target, "flowmap", 1, tree=3))]
+    if target.model.config.model_type == "qwen3":
+        from drafter.zlab_dflash import ZLabConfig, ZLabDFlashDrafter, ZLabDFlashNet
+
+        cfg = zlab_config(target, 1)
+        cfg.update(head_dim=8, block_size=4, dflash_config={"mask_token_id": 7, "target_layer_ids": [0, 2]})
+        torch.manual_seed(0)
+        net = ZLabDFlashNet(ZLabConfig.from_json(cfg)).to(target.device).eval()
+        for p in net.parameters():
+            torch.nn.init.normal_(p, std=0.3)
+        drafters.append(("zlab-dflash", ZLabDFlashDrafter(net, target)))
+    return drafters
+
+
+def compare_with_plain(target: Target, drafter) -> dict:
+    identical, drafted, accepted = True, 0, 0
+    for prompt in ([5, 6, 7], [9, 10, 11, 12, 13], [20, 21, 22, 23]):
+        gen = GenerationConfig(max_new_tokens=24, block_size=4)
+        plain, _ = generate_all(target, prompt, gen)
+        out, events = generate_all(target, prompt, gen, drafter)
+        identical &= out == plain
+        drafted += sum(len(ev.drafted) for ev in events)
+        accepted += sum(ev.n_accepted for ev in events)
+    return {"identical": identical, "drafted": drafted, "accepted": accepted}
+
+
+STAGES = (("env", env, 1), ("exactness", exactness, 20), ("qwen3_bf16", qwen3_bf16, 60), ("qwen3_fp8", qwen3_fp8, 70))

@@ -1,0 +1,163 @@
+"""Getting the exact embedded target onto the GPU machine, whose commands carry at most 64 MiB each.
+
+The GGUF (93.8 MiB) is split in two halves with a sha256 manifest; command 1 carries half A, command 2
+half B, and command 2 reassembles the file and checks its hash before transformers loads it. Each
+half's folder also holds the gguf wheel (not installed there) and the prompt files (../shared does not
+travel). The drafter checkpoints (45.8 MiB) are taken out of git's index for the two commands only.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+STAGING = ROOT / ".gpu"  # ignored by .gitignore; the halves' folders are carried
+HALVES = ("a", "b")
+MACHINE_STAGE = Path("/tmp/flashmap-stage")  # outside the tree on the GPU machine: survives between commands
+GGUF_WHEEL = "gguf==0.19.0"
+PROMPT_FILES = ("train_math.jsonl", "train_code.jsonl", "eval_math.jsonl", "eval_code.jsonl", "eval_chat.jsonl")
+LIMIT = 64 * 2**20
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def split_file(path: Path, folders: list[Path]) -> dict:
+    """Cut path into len(folders) parts of equal size, one per folder, each with the same manifest."""
+    size = path.stat().st_size
+    step = -(-size // len(folders))  # ceil
+    parts = []
+    with open(path, "rb") as src:
+        for i, folder in enumerate(folders):
+            folder.mkdir(parents=True, exist_ok=True)
+            part = folder / f"{path.name}.part{i}"
+            part.write_bytes(src.read(step))
+            parts.append({"file": part.name, "size": part.stat().st_size, "sha256": sha256(part)})
+    manifest = {"name": path.name, "size": size, "sha256": sha256(path), "parts": parts}
+    for folder in folders:
+        (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def find_manifest(folders: list[Path]) -> dict:
+    for folder in folders:
+        if (folder / "manifest.json").is_file():
+            return json.loads((folder / "manifest.json").read_text())
+    raise FileNotFoundError(f"no manifest.json in {[str(f) for f in folders]}")
+
+
+def missing_parts(folders: list[Path]) -> list[str]:
+    manifest = find_manifest(folders)
+    return [p["file"] for p in manifest["parts"] if not any((f / p["file"]).is_file() for f in folders)]
+
+
+def reassemble(folders: list[Path], dest: Path) -> dict:
+    """Join the parts found in any of folders into dest, checking every part's hash and the whole's."""
+    manifest = find_manifest(folders)
+    missing = missing_parts(folders)
+    if missing:
+        raise FileNotFoundError(f"parts {missing} have not arrived: send the command that carries them")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    with open(tmp, "wb") as out:
+        for part in manifest["parts"]:
+            path = next(f / part["file"] for f in folders if (f / part["file"]).is_file())
+            if sha256(path) != part["sha256"]:
+                raise ValueError(f"{path}: sha256 differs from the manifest (a broken transfer)")
+            out.write(path.read_bytes())
+    if sha256(tmp) != manifest["sha256"]:
+        raise ValueError(f"reassembled {manifest['name']}: sha256 differs from the manifest")
+    tmp.replace(dest)
+    return manifest
+
+
+def keep_on_machine(folders: list[Path], stage: Path = MACHINE_STAGE) -> None:
+    """Copy what this command carried to a folder outside the tree, so the next command finds it."""
+    stage.mkdir(parents=True, exist_ok=True)
+    for folder in folders:
+        if folder.is_dir():
+            for path in folder.iterdir():
+                if path.is_file() and not (stage / path.name).exists():
+                    shutil.copy2(path, stage / path.name)
+
+
+def stage_embedded(gguf: Path, wheel_dir: Path | None = None, prompts: Path = ROOT.parent / "shared/data/prompts",
+                   staging: Path = STAGING) -> dict:
+    """Fill .gpu/a and .gpu/b: the GGUF halves + manifest, the gguf wheel and the prompt files in both."""
+    folders = [staging / h for h in HALVES]
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    manifest = split_file(gguf, folders)
+    wheels = sorted(wheel_dir.glob("gguf-*.whl")) if wheel_dir else download_wheel(staging / "wheels")
+    for folder in folders:
+        for wheel in wheels:
+            shutil.copy2(wheel, folder / wheel.name)
+        for name in PROMPT_FILES:
+            shutil.copy2(prompts / name, folder / name)
+    return manifest
+
+
+def download_wheel(dest: Path) -> list[Path]:
+    """The gguf wheel for the GPU machine's Python 3.12 (pure Python; numpy, pyyaml, requests, tqdm are there)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux2014_x86_64",
+                    "-d", str(dest), GGUF_WHEEL], check=True)
+    return sorted(dest.glob("gguf-*.whl"))
+
+
+# ---- what travels ----------------------------------------------------------------------------------
+
+WITHHELD = tuple(f"weights/smollm2-135m-instruct/{name}/model.safetensors"
+                 for name in ("flashmap", "flashmap-teacher", "dflash"))  # out of the index for the run
+
+
+def git_files(*args: str) -> list[str]:
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", *args], check=True, capture_output=True)
+    return [p for p in out.stdout.decode().split("\0") if p]
+
+
+def folder_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def transfer_size(carry: list[str], withheld: tuple[str, ...] = WITHHELD) -> dict:
+    """Bytes one command sends: tracked files (less the withheld ones) + untracked files git does not
+    ignore + the carried paths."""
+    tracked = [p for p in git_files() if p not in withheld and (ROOT / p).is_file()]
+    untracked = [p for p in git_files("--others", "--exclude-standard") if p not in withheld]
+    sizes = {"tracked": sum((ROOT / p).stat().st_size for p in tracked),
+             "untracked": sum((ROOT / p).stat().st_size for p in untracked),
+             "carried": sum(folder_size(ROOT / c) for c in carry if (ROOT / c).exists())}
+    sizes["total"] = sum(sizes.values())
+    sizes["fits"] = sizes["total"] <= LIMIT
+    return sizes
+
+
+def withhold_weights() -> None:
+    """Before the commands: the checkpoints leave git's index (not the commit) and are excluded locally."""
+    subprocess.run(["git", "-C", str(ROOT), "rm", "-q", "--cached", *WITHHELD], check=True)
+    exclude = ROOT / ".git/info/exclude"
+    lines = exclude.read_text().splitlines() if exclude.exists() else []
+    exclude.write_text("\n".join(lines + [f"/{p}" for p in WITHHELD if f"/{p}" not in lines]) + "\n")
+
+
+def restore_weights() -> str:
+    """After the commands: the index and the exclude file as they were; returns `git status --short`."""
+    subprocess.run(["git", "-C", str(ROOT), "reset", "-q", "--", *WITHHELD], check=True)
+    exclude = ROOT / ".git/info/exclude"
+    if exclude.exists():
+        keep = [line for line in exclude.read_text().splitlines() if line.lstrip("/") not in WITHHELD]
+        exclude.write_text("\n".join(keep) + "\n")
+    return subprocess.run(["git", "-C", str(ROOT), "status", "--short"], capture_output=True, text=True).stdout

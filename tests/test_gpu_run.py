@@ -1,0 +1,75 @@
+"""The prepared GPU run (scripts.gpu_run): the CPU simulation of both commands, the staged transfer of
+the GGUF, and the limits on what comes back from OUT."""
+import json
+
+import pytest
+
+from scripts import gpu_run
+from scripts.gpu import transfer
+from scripts.gpu.stages import Command, check_out_limits, tar_into
+
+
+def test_cpu_simulation_runs_every_stage_of_both_commands(tmp_path):
+    summary = gpu_run.cpu_sim(tmp_path / "out")
+    for name, stages in gpu_run.COMMANDS.items():
+        assert summary[name]["failed_or_skipped"] == [] and summary[name]["out_problems"] == []
+        assert summary[name]["stages"] == [stage for stage, _fn, _need in stages]
+    results = json.loads((tmp_path / "out/arch/results.json").read_text())
+    assert results["exactness"]["all_identical"]
+    assert all(row["identical"] for row in results["qwen3_bf16"]["oracle"])
+    names = sorted(p.name for p in (tmp_path / "out/train").iterdir())
+    assert names == ["data.tar", "dflash.tar", "flashmap-teacher.tar", "flashmap.tar", "progress.jsonl", "results.json"]
+
+
+def test_a_failing_stage_is_recorded_and_the_next_one_runs(tmp_path):
+    cmd = Command(tmp_path, deadline=1e12)
+
+    def broken(_cmd):
+        raise RuntimeError("out of memory")
+
+    cmd.stage("first", broken, 0)
+    cmd.stage("second", lambda _cmd: {"ok": 1}, 0)
+    cmd.stage("third", lambda _cmd: {}, 1e13)  # needs more time than is left
+    lines = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    status = {(ln["stage"], ln["status"]) for ln in lines}
+    assert {("first", "failed"), ("second", "ok"), ("third", "skipped")} <= status
+    assert "out of memory" in next(ln["error"] for ln in lines if ln["status"] == "failed")
+
+
+def test_split_and_reassemble_check_every_hash_and_name_a_missing_half(tmp_path):
+    blob = tmp_path / "model.gguf"
+    blob.write_bytes(bytes(range(256)) * 1001)
+    halves = [tmp_path / "a", tmp_path / "b"]
+    manifest = transfer.split_file(blob, halves)
+    assert [p["size"] for p in manifest["parts"]] == [128128, 128128]
+    transfer.reassemble(halves, tmp_path / "joined.gguf")
+    assert (tmp_path / "joined.gguf").read_bytes() == blob.read_bytes()
+    with pytest.raises(FileNotFoundError, match="part1"):
+        transfer.reassemble(halves[:1], tmp_path / "again.gguf")
+    part = halves[1] / "model.gguf.part1"
+    part.write_bytes(part.read_bytes()[:-1] + b"x")  # a broken transfer
+    with pytest.raises(ValueError, match="sha256"):
+        transfer.reassemble(halves, tmp_path / "again.gguf")
+
+
+def test_out_limits_name_every_problem(tmp_path):
+    for i in range(9):
+        (tmp_path / f"f{i}.txt").write_text("x")
+    (tmp_path / "a/b/c").mkdir(parents=True)
+    (tmp_path / "a/b/c/deep.txt").write_text("x")
+    (tmp_path / "odd name.txt").write_text("x")
+    (tmp_path / "big.bin").write_bytes(b"\0" * (16 * 2**20 + 1))
+    problems = " | ".join(check_out_limits(tmp_path))
+    for needle in ("files > 8", "more than 2 folders down", "odd name.txt", "big.bin"):
+        assert needle in problems
+    tar_into(tmp_path / "a/b/c", tmp_path / "packed.tar")
+    assert (tmp_path / "packed.tar").stat().st_size > 0
+
+
+def test_dry_run_sizes_count_tracked_untracked_and_carried(tmp_path):
+    size = transfer.transfer_size([])
+    assert size["total"] == size["tracked"] + size["untracked"] + size["carried"]
+    assert size["tracked"] < 20 * 2**20  # without the three checkpoints the tree is small
+    weights = sum((transfer.ROOT / p).stat().st_size for p in transfer.WITHHELD)
+    assert weights > 40 * 2**20  # the checkpoints are what must stay behind
+    assert transfer.transfer_size([".git/HEAD"])["carried"] == (transfer.ROOT / ".git/HEAD").stat().st_size
