@@ -53,6 +53,7 @@ class TrainConfig:
     precision: str = "bf16"  # bf16: matmuls under autocast (4x faster on CPUs with AVX512-BF16); fp32
     grad_checkpoint: bool = False  # recompute each drafter block in backward (large drafters on a 24 GB GPU)
     t0_share: float = 0.0  # teacher: share of blocks trained at exactly t = 0, where every draft starts (issue #15)
+    student_init: str | None = None  # distill: start the student from this flow map instead of a copy of the teacher
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -61,6 +62,8 @@ class TrainConfig:
             raise ValueError("--precision must be bf16 or fp32")
         if self.stage == "distill" and not self.init:
             raise ValueError("--stage distill needs --init <teacher checkpoint>")
+        if self.student_init and self.stage != "distill":
+            raise ValueError("--student-init applies to --stage distill only")
         if not 0.0 <= self.t0_share <= 1.0:
             raise ValueError(f"--t0-share must be in [0, 1], got {self.t0_share}")
 
@@ -133,10 +136,21 @@ def build_student(cfg: TrainConfig, net_cfg: DrafterConfig, target, seqs):
         net.cfg = replace(net.cfg, kind=kind)
         if cfg.stage == "distill":
             teacher = net.requires_grad_(False)
-            return copy.deepcopy(teacher).train().requires_grad_(True), teacher, vocab_ids
+            return distill_student(cfg, teacher, vocab_ids, target), teacher, vocab_ids
         return net.train().requires_grad_(True), None, vocab_ids
     vocab_ids = draft_vocabulary(seqs, net_cfg.draft_vocab)
     return build_net(net_cfg, target, vocab_ids).train(), None, vocab_ids
+
+
+def distill_student(cfg: TrainConfig, teacher, vocab_ids: torch.Tensor, target):
+    """A copy of the teacher, or with --student-init an earlier flow map: it keeps the jumps it learned
+    (the off-diagonal path a teacher never trains) while the new teacher's diagonal is distilled into it."""
+    if not cfg.student_init:
+        return copy.deepcopy(teacher).train().requires_grad_(True)
+    student, student_vocab, _ = load_net(cfg.student_init, target)
+    if not torch.equal(student_vocab, vocab_ids) or replace(student.cfg, kind="flashmap") != teacher.cfg:
+        raise ValueError(f"--student-init {cfg.student_init}: its shape or draft vocabulary differs from the teacher's")
+    return student.train().requires_grad_(True)
 
 
 def loss_for(cfg: TrainConfig, net, teacher, blocks, gen):
@@ -246,6 +260,8 @@ def parse_args(argv=None):
         parser.add_argument(f"--{field}", type=int, default=default)
     parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument("--grad-checkpoint", action="store_true", help="recompute drafter blocks in backward")
+    parser.add_argument("--student-init", default=None,
+                        help="distill: start the student from this flow map (else a copy of the teacher)")
     parser.add_argument("--t0-share", type=float, default=0.0,
                         help="teacher: share of blocks trained at t = 0 (e.g. 0.3 with --init from a DFlash-style net)")
     add_target_args(parser)
@@ -256,7 +272,8 @@ def config_from_args(args) -> TrainConfig:
     lr = args.lr if args.lr is not None else (5e-5 if args.stage == "distill" else 6e-4)
     return TrainConfig(args.stage, tuple(args.data), args.out, args.init, args.steps, args.batch_seqs,
                        args.anchors_per_seq, lr, args.warmup_frac, args.decay_frac, args.weight_decay,
-                       args.save_every, args.seed, args.threads, args.precision, args.grad_checkpoint, args.t0_share)
+                       args.save_every, args.seed, args.threads, args.precision, args.grad_checkpoint, args.t0_share,
+                       args.student_init)
 
 
 def main(argv=None) -> None:

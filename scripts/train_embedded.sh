@@ -42,16 +42,32 @@ distill() {
       --lr 1e-4 --threads 2 "$@"
 }
 
+# the shipped flow teacher is phase 3's (below): once it is there, phases 1-2 must not resume it as theirs
+phase3_done() { grep -q '"t0_share": 0.3' "$W/flashmap-teacher/config.json" 2>/dev/null; }
+
 # phase 1
 gen --prompts $P/train_math.jsonl $P/train_code.jsonl $P/train_chat.jsonl --limit "$LIMIT" --out "$DATA"
 features "$DATA"
-pair --data "$DATA" --steps "$STEPS"
-distill --data "$DATA" --steps "$DISTILL_STEPS"
+phase3_done || pair --data "$DATA" --steps "$STEPS"
+phase3_done || distill --data "$DATA" --steps "$DISTILL_STEPS"
 # validation responses (never trained on) and phase 2
 gen --prompts $P/train_math.jsonl $P/train_code.jsonl $P/train_chat.jsonl --start "$LIMIT" \
     --limit $((VAL_END - LIMIT)) --out "$VAL"
 features "$VAL"
 gen --prompts $P/train_math.jsonl $P/train_code.jsonl --start "$VAL_END" --limit "$LIMIT2" --out "$DATA2"
 features "$DATA2"
-pair --data "$DATA" "$DATA2" --steps "$STEPS2"
-distill --data "$DATA" "$DATA2" --steps "$DISTILL_STEPS2"
+phase3_done || pair --data "$DATA" "$DATA2" --steps "$STEPS2"
+phase3_done || distill --data "$DATA" "$DATA2" --steps "$DISTILL_STEPS2"
+# phase 3 (issue #15): the teacher warm-started from the DFlash-style net with 30% of blocks at t = 0, then the flow
+# map distilled from it starting from the phase-2 flow map (--student-init keeps the jumps it learned). Each in a
+# fresh folder (an existing one would resume), which then replaces the shipped checkpoint.
+WARM=runs/teacher-warm
+STUDENT=runs/flashmap-phase3
+if ! phase3_done; then
+  OMP_NUM_THREADS=2 $PY -m drafter.train --stage teacher --init "$W/dflash" --t0-share 0.3 --lr 3e-4 --steps 800 \
+      --threads 2 --save-every 100 --data "$DATA" "$DATA2" --out "$WARM"
+  OMP_NUM_THREADS=2 $PY -m drafter.train --stage distill --init "$WARM" --student-init "$W/flashmap" --lr 5e-5 \
+      --steps "${DISTILL_STEPS3:-1200}" --threads 2 --save-every 100 --data "$DATA" "$DATA2" --out "$STUDENT"
+  cp "$STUDENT/model.safetensors" "$STUDENT/config.json" "$W/flashmap/"  # the teacher last: it marks phase 3 done
+  cp "$WARM/model.safetensors" "$WARM/config.json" "$W/flashmap-teacher/"
+fi

@@ -77,3 +77,36 @@ def test_teacher_warm_starts_from_a_dflash_style_net(tiny_run, tiny_target):
                if k in start)
     with pytest.raises(ValueError, match="t0-share"):
         train_mod.TrainConfig("teacher", "d", "o", t0_share=1.5)
+
+
+def test_a_deadline_saves_and_stops_short_of_the_planned_steps(tiny_run, tiny_target, monkeypatch):
+    """The first GPU run planned far too many steps and was killed with no checkpoint: a deadline must save."""
+    run, tmp = tiny_run
+    args = train_mod.parse_args(["--stage", "dflash", "--data", str(tmp / "data"), "--out", str(tmp / "d"),
+                                 "--steps", "1000", "--save-every", "1000", "--batch-seqs", "2",
+                                 "--anchors-per-seq", "2", "--block-size", "4", "--d-model", "32", "--n-layers", "1",
+                                 "--n-heads", "2", "--n-feature-layers", "2", "--draft-vocab", "16",
+                                 "--context-window", "8"])
+    cfg = train_mod.config_from_args(args)
+    saves, steps = [], []
+    seqs = lambda layers: train_mod.training_sequences(cfg.data, layers)  # noqa: E731
+    train_mod.train_on(cfg, tiny_target, seqs, train_mod.network_config(cfg, args, tiny_target), saves.append,
+                       stop_at=0.0, on_step=steps.append)
+    record = json.loads((tmp / "d/config.json").read_text())["training"]
+    assert steps == [0] and record["step"] == 1 and saves == [tmp / "d"]
+
+
+def test_distillation_can_start_from_an_earlier_flow_map(tiny_run, tiny_target):
+    from safetensors.torch import load_file
+
+    run, tmp = tiny_run
+    teacher = run("teacher", tmp / "teacher", 2)
+    earlier = run("distill", tmp / "earlier", 2, init=teacher)
+    args = train_mod.parse_args(["--stage", "distill", "--data", "x", "--out", str(tmp / "s"), "--init", str(teacher),
+                                 "--student-init", str(earlier)])
+    net, frozen, _vocab = train_mod.build_student(train_mod.config_from_args(args), None, tiny_target, [])
+    start = load_file(str(earlier / "model.safetensors"))
+    assert frozen is not None and all(torch.equal(start[k].float(), v.to(torch.bfloat16).float())
+                                      for k, v in net.state_dict().items() if k in start)
+    with pytest.raises(ValueError, match="distill only"):
+        train_mod.TrainConfig("teacher", "d", "o", student_init=str(earlier))

@@ -51,7 +51,7 @@ def sizes(cmd: Command) -> dict:
     if cmd.small:  # the real target, prompts and data folders, a few small batches (rehearsal on the CPU)
         return dict(batch_seqs=2, anchors=4, gen_batch=4, shard=4, max_new=16, prompts=8, max_steps=3, shape=SHAPE,
                     check_tokens=8)
-    # 64 x 16 = 1,024 blocks a step (the paper: 256), lr as on the CPU; distillation: the paper's 5e-5 scaled by
+    # 64 x 16 = 1,024 blocks a step (the paper: 256); distillation lr (RUNS): the paper's 5e-5 scaled by
     # sqrt(4) for the 4x larger batch
     return dict(batch_seqs=64, anchors=16, gen_batch=256, shard=256, max_new=256, prompts=None, max_steps=None,
                 shape=SHAPE, check_tokens=64)
