@@ -3,6 +3,7 @@
 python -m drafter.train --stage teacher --data DIR --out weights/<target>/flashmap-teacher [--steps N]
     [--init weights/<target>/dflash --t0-share 0.3]      (warm start from the DFlash-style net, issue #15)
 python -m drafter.train --stage distill --init weights/<target>/flashmap-teacher --data DIR --out weights/<target>/flashmap
+    [--student-init FOLDER]      (start from an earlier flow map instead of a copy of the teacher)
 python -m drafter.train --stage dflash  --data DIR --out weights/<target>/dflash
 
 Every `--save-every` steps the folder gets model.safetensors + config.json (drafter config, target

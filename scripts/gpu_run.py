@@ -108,7 +108,8 @@ def rehearse(reference_gguf: Path) -> dict:
     import transformers
     from app.target import embedded_gguf_path
 
-    return {"transformers": transformers.__version__, "sha256_ok": manifest["sha256"] == transfer.sha256(reference_gguf),
+    same_hash = manifest["sha256"] == transfer.sha256(reference_gguf)
+    return {"transformers": transformers.__version__, "sha256_ok": same_hash,
             "loaded_from": str(embedded_gguf_path()), "max_abs_logit_diff": diff, "identity": loaded.identity}
 
 

@@ -203,7 +203,8 @@ def plain_vs_generate(target: Target, sz: dict) -> dict:
     h_tps = statistics.median(r["tokens_per_s"] for r in hf)
     return {"engine_tokens_per_s": e_tps, "generate_tokens_per_s": h_tps, "ratio": e_tps / h_tps,
             "engine_runs": [r["tokens_per_s"] for r in engine], "generate_runs": [r["tokens_per_s"] for r in hf],
-            "engine_s_per_token": 1 / e_tps, "identical": engine[0]["tokens"] == hf[0]["tokens"][: len(engine[0]["tokens"])],
+            "engine_s_per_token": 1 / e_tps,
+            "identical": engine[0]["tokens"] == hf[0]["tokens"][: len(engine[0]["tokens"])],
             "new_tokens": sz["new_tokens"], "prompt_tokens": sz["prompt"]}
 
 
@@ -266,7 +267,8 @@ def zlab_cost(target: Target, sz: dict) -> dict:
         sync(sz["device"])
         times.append(time.perf_counter() - start)
     params = sum(p.numel() for p in net.parameters())
-    return {"layers": cfg.num_hidden_layers, "params_m": params / 1e6, "seconds_per_proposal": statistics.median(times[1:])}
+    return {"layers": cfg.num_hidden_layers, "params_m": params / 1e6,
+            "seconds_per_proposal": statistics.median(times[1:])}
 
 
 def _greedy():
@@ -308,7 +310,8 @@ def qwen3_fp8(cmd: Command) -> dict:
         prompt = random_prompt(loaded, sz["prompt"])
         gen = GenerationConfig(max_new_tokens=sz["new_tokens"], block_size=1)
         timed_run(loaded, prompt[:16], GenerationConfig(max_new_tokens=4, block_size=1))
-        result["plain_tokens_per_s"] = statistics.median(timed_run(loaded, prompt, gen)["tokens_per_s"] for _ in range(2))
+        runs = [timed_run(loaded, prompt, gen)["tokens_per_s"] for _ in range(2)]
+        result["plain_tokens_per_s"] = statistics.median(runs)
         result["verify_cost"] = verify_cost_synced(loaded, sz["contexts"][0], sz)
         result["peak_gib"] = peak_gib(sz["device"])
     return result

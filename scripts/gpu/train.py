@@ -11,7 +11,6 @@ import importlib
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -19,7 +18,7 @@ import torch
 from app.prompts import read_jsonl
 from app.target import EMBEDDED_GGUF, EMBEDDED_PACKAGE, TargetConfig, load_target
 from drafter.config import DrafterConfig
-from drafter.data import Sequence, generate_rows, load_sequences, with_features_in_memory
+from drafter.data import generate_rows, load_sequences, with_features_in_memory
 from drafter.train import TrainConfig, train_on
 from scripts.gpu.stages import Command, tar_into
 from scripts.gpu.transfer import HALVES, MACHINE_STAGE, ROOT, STAGING, keep_on_machine, reassemble, split_file
@@ -121,10 +120,11 @@ def greedy_check(cmd: Command) -> list[dict]:
     from app.engine import GenerationConfig, generate_all
 
     tgt = cmd.state["target"]
-    rows = prompt_rows(cmd, "eval_math.jsonl")[:CHECK_PROMPTS // 2] + prompt_rows(cmd, "eval_code.jsonl")[:CHECK_PROMPTS // 2]
+    half = CHECK_PROMPTS // 2
+    rows = prompt_rows(cmd, "eval_math.jsonl")[:half] + prompt_rows(cmd, "eval_code.jsonl")[:half]
     gen = GenerationConfig(max_new_tokens=sizes(cmd)["check_tokens"], block_size=1)
-    return [{"prompt": r["prompt"], "tokens": generate_all(tgt, tgt.chat_ids([{"role": "user", "content": r["prompt"]}]),
-                                                          gen)[0]} for r in rows]
+    ids = [tgt.chat_ids([{"role": "user", "content": r["prompt"]}]) for r in rows]
+    return [{"prompt": r["prompt"], "tokens": generate_all(tgt, i, gen)[0]} for r, i in zip(rows, ids)]
 
 
 # ---- data ----------------------------------------------------------------------------------------------
