@@ -67,7 +67,7 @@ if ! phase3_done; then
   OMP_NUM_THREADS=2 $PY -m drafter.train --stage teacher --init "$W/dflash" --t0-share 0.3 --lr 3e-4 --steps 800 \
       --threads 2 --save-every 100 --data "$DATA" "$DATA2" --out "$WARM"
   OMP_NUM_THREADS=2 $PY -m drafter.train --stage distill --init "$WARM" --student-init "$W/flashmap" --lr 5e-5 \
-      --steps "${DISTILL_STEPS3:-2700}" --threads 2 --save-every 100 --data "$DATA" "$DATA2" --out "$STUDENT"
+      --steps "${DISTILL_STEPS3:-3300}" --threads 2 --save-every 100 --data "$DATA" "$DATA2" --out "$STUDENT"
   cp "$STUDENT/model.safetensors" "$STUDENT/config.json" "$W/flashmap/"  # the teacher last: it marks phase 3 done
   cp "$WARM/model.safetensors" "$WARM/config.json" "$W/flashmap-teacher/"
 fi
