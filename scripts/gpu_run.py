@@ -1,8 +1,9 @@
 """The prepared run for a borrowed GPU machine (issue #13; the commands, carry lists and timeouts are in
 docs/gpu-run.md). Two commands, sent back to back:
 
-  python -m scripts.gpu_run --command arch  --budget-s 200   Qwen3-8B's architecture, random weights; CUDA exactness
-  python -m scripts.gpu_run --command train --budget-s 430   the embedded drafters at GPU scale
+  python -m scripts.gpu_run --command arch  [--budget-s S]   Qwen3-8B's architecture, random weights; CUDA exactness
+  python -m scripts.gpu_run --command train [--budget-s S]   the embedded drafters at GPU scale
+  (default budgets: PLAN below; the budgets actually sent are in docs/gpu-run.md)
 
 Each writes OUT/progress.jsonl (one flushed line per stage event), OUT/results.json and, for train, the
 checkpoints and data as tars, all atomically. OUT is $OUT (the device tool's folder) unless --out says.

@@ -14,10 +14,12 @@ from pathlib import Path
 import torch
 
 from app.drafting import Draft, NgramDrafter
-from app.engine import GenerationConfig, generate, generate_all
+from app import bench
+from app.engine import GenerationConfig, generate_all
 from app.plan import QWEN3_FACTS, facts_config, plan_memory
 from app.target import Target, TargetConfig, estimate_weight_bytes, load_target
-from app.verify_cost import verify_cost
+from app.stats import AcceptanceStats
+from app.verify_cost import synchronize as sync, verify_cost
 from scripts.gpu.stages import Command
 
 GIB = 2**30
@@ -35,11 +37,6 @@ def sizes(cmd: Command) -> dict:
                     device="cpu", dtype=torch.float32, zlab_layers=1)
     return dict(facts=QWEN3_FACTS[QWEN3_8B], contexts=(256, 4096), new_tokens=128, prompt=256, repeats=5,
                 positions=range(1, 18), device="cuda", dtype=torch.bfloat16, zlab_layers=5)
-
-
-def sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 def env(cmd: Command) -> dict:
@@ -97,16 +94,12 @@ def random_prompt(target: Target, length: int, seed: int = 0) -> list[int]:
 
 
 def timed_run(target: Target, prompt: list[int], gen: GenerationConfig, drafter=None) -> dict:
-    """One generation through the engine: tokens, seconds (synchronised), rounds, acceptance length."""
+    """One generation through the bench's engine run (its clock stops after the last event's tokens reach the
+    host, so it covers the GPU's work): tokens, seconds, tokens/s, the bench's acceptance length."""
     sync(target.device)
-    start = time.perf_counter()
-    events = list(generate(target, prompt, gen, drafter))
-    sync(target.device)
-    seconds = time.perf_counter() - start
-    tokens = [t for ev in events for t in ev.committed]
-    rounds = [ev for ev in events if ev.kind == "round"]
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": len(tokens) / seconds,
-            "acceptance_length": (len(tokens) - 1) / max(1, len(rounds))}
+    run = bench.run_engine(target, prompt, gen, drafter)
+    return {"tokens": run.tokens, "seconds": run.seconds, "tokens_per_s": len(run.tokens) / run.seconds,
+            "acceptance_length": AcceptanceStats().add_all(run.events).acceptance_length}
 
 
 def hf_generate_run(target: Target, prompt: list[int], new_tokens: int) -> dict:
@@ -261,10 +254,10 @@ def zlab_cost(target: Target, sz: dict) -> dict:
     drafter.extend(list(range(sz["prompt"])), torch.randn(sz["prompt"], width, device=sz["device"]))  # (N, F)
     times = []
     for _ in range(sz["repeats"] * 4 + 1):
-        sync(sz["device"])
+        sync(torch.device(sz["device"]))
         start = time.perf_counter()
         drafter.propose(5, 16, _greedy(), None)
-        sync(sz["device"])
+        sync(torch.device(sz["device"]))
         times.append(time.perf_counter() - start)
     params = sum(p.numel() for p in net.parameters())
     return {"layers": cfg.num_hidden_layers, "params_m": params / 1e6,
