@@ -1,43 +1,85 @@
 """FlashMap Chat: `python app.py`, then open the printed local URL.
 
-Loads the target (the embedded SmolLM2-135M-Instruct by default, offline), its drafters, measures
-plain decoding speed on this machine, and serves the UI on 127.0.0.1 (no share links).
+Loads the target (the embedded SmolLM2-135M-Instruct by default, offline) and its drafters, and serves the UI
+and an OpenAI-compatible API (/v1) on 127.0.0.1 (no share links) as soon as the target is loaded; the verify-cost
+curve for adaptive K is read from this machine's cache and re-measured in the background.
 """
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import threading
+import time
+from pathlib import Path
 
-from app.target import TargetLoadError, add_target_args, load_target, target_config_from_args
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP: see core/threads.py
+
+from core.target import TargetLoadError, add_target_args, load_target, target_config_from_args  # noqa: E402
+from core.threads import apply_thread_policy  # noqa: E402
+
+DEFAULT_DATA_DIR = Path.home() / ".flashmap-chat"
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     add_target_args(parser)
-    parser.add_argument("--drafter", default="flashmap", choices=["flashmap", "dflash", "ngram", "none"])
+    parser.add_argument("--drafter", default="flashmap", choices=["flashmap", "dflash", "ngram", "none"],
+                        help="the drafter selected when the page opens")
     parser.add_argument("--weights", default=None, help="drafter checkpoint folder or hub id for --drafter")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    parser.add_argument("--port", type=int, default=7860, help="port of the UI and the /v1 API")
+    parser.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR),
+                        help="saved conversations and cached measurements (default ~/.flashmap-chat)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads (0: the default policy, core.threads; shown in the UI)")
+    parser.add_argument("--no-measure", action="store_true",
+                        help="do not re-measure the verify-cost curve in the background (use the cached one)")
     return parser.parse_args(argv)
+
+
+def serve(app, host: str, port: int) -> None:
+    """Run uvicorn; print the URL once it is accepting connections."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.05)
+    if server.started:
+        print(f"Running on local URL: http://{host}:{port}", flush=True)
+    thread.join()
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from app.service import ChatService
-    from app.ui import CSS, build_ui
-
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    print(f"CPU threads: {apply_thread_policy(args.threads)}", flush=True)
     print(f"Loading target {args.target} …", flush=True)
     try:
         target = load_target(target_config_from_args(args))
     except TargetLoadError as err:
         raise SystemExit(f"error: {err}") from err
-    service = ChatService(target, {args.drafter: args.weights} if args.weights else None, args.allow_download)
+
+    import gradio as gr
+    from fastapi import FastAPI
+
+    from app.openai_api import add_openai_routes
+    from app.service import ChatService
+    from app.ui import CSS, build_ui
+
+    service = ChatService(target, {args.drafter: args.weights} if args.weights else None, args.allow_download,
+                          data_dir=Path(args.data_dir))
     for name, why in service.unavailable.items():
         print(f"note: {name} drafter unavailable ({why})", flush=True)
-    print(f"Measuring plain decoding on this machine: {service.calibrate_plain():.1f} tokens/s", flush=True)
-    curve = service.calibrate_verify_cost()
-    print(f"Verify cost of 2 / 9 / 17 positions: {curve[1]:.2f} / {curve[8]:.2f} / {curve[16]:.2f} x one", flush=True)
-    demo = build_ui(service, args.drafter)
-    demo.launch(server_name=args.host, server_port=args.port, share=False, css=CSS)
+    if not args.no_measure:
+        service.measure_in_background()
+    print(f"Verify-cost curve: {service.curve_status}", flush=True)
+    api = FastAPI(title="FlashMap Chat")
+    add_openai_routes(api, service, args.drafter)
+    app = gr.mount_gradio_app(api, build_ui(service, args.drafter), path="/", css=CSS)
+    serve(app, args.host, args.port)
 
 
 if __name__ == "__main__":

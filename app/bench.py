@@ -1,30 +1,51 @@
 """Benchmark CLI: plain decoding against a drafter, prompt by prompt, alternating, same settings.
 
-python -m app.bench --prompts FILE.jsonl [--limit N] --drafter NAME [--steps 1|2] [--block-size K]
+python -m app.bench --prompts FILE.jsonl [--limit N] --drafter SPEC [--steps 1|2] [--block-size K]
     [--temperature T] [--max-new-tokens N] [--target ID] [--seed S] --out FILE.json
+
+SPEC is a drafter name or its text form with options (drafter/spec.py), e.g. `flashmap,steps=2,tree=4`;
+the flags --steps, --noise, --block-size, --best-of, --tree, --adaptive, --max-skip and --weights set the
+same options. Prompt files: a path, or a name the project ships (eval_math, eval_code, eval_chat).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm import tqdm
 
-from app.engine import GenerationConfig, RoundEvent, generate
-from app.prompts import read_jsonl
-from app.registry import ENGINE_DRAFTERS, HF_BASELINES, build_drafter
-from app.sampling import SamplingConfig
-from app.stats import AcceptanceStats
-from app.target import Target, add_target_args, load_target, target_config_from_args
-from app.verify_cost import relative_curve
+from core.drafting import MAX_BLOCK_SIZE
+from core.engine import GenerationConfig, RoundEvent, block_size_for, generate
+from core.prompts import read_prompt_file, resolve_prompt_file
+from core.sampling import SamplingConfig
+from core.stats import AcceptanceStats
+from core.target import Target, TargetConfig, add_target_args, load_target, target_config_from_args
+from core.verify_cost import relative_curve
+from drafter.registry import DrafterUnavailable, build_drafter
+from drafter.spec import ENGINE_DRAFTERS, HF_BASELINES, DrafterSpec, SpecError
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    prompts: tuple[str, ...]  # JSONL files with a `prompt` field
+    spec: DrafterSpec
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    limit: int | None = None  # first N prompts of each file
+    max_new_tokens: int = 128
+    seed: int = 0
+    target: TargetConfig = field(default_factory=TargetConfig)
+
+    def __post_init__(self):
+        self.spec.validate(self.sampling)
 
 
 def read_prompts(path: str, limit: int | None) -> list[str]:
-    prompts = [row["prompt"] for row in read_jsonl(path)]
+    prompts = [row["prompt"] for row in read_prompt_file(path)]
     return prompts[:limit] if limit else prompts
 
 
@@ -61,36 +82,51 @@ def run_hf(target: Target, prompt_ids: list[int], gen: GenerationConfig, prompt_
     return Run(target.until_eos(out[0, len(prompt_ids):].tolist()), seconds)
 
 
-def summarize(args, target: Target, base: list[Run], spec: list[Run]) -> dict:
+@dataclass(frozen=True)
+class Runner:
+    """One drafter spec made runnable: run(prompt_ids, gen) -> Run, and the block size K it drafts."""
+
+    spec: DrafterSpec
+    block_size: int  # K resolved: the spec's, capped by the drafter's own (engine.block_size_for); 0 for plain
+    run: Callable[[list[int], GenerationConfig], Run]
+
+    def generation(self, gen: GenerationConfig, verify_cost: tuple[float, ...]) -> GenerationConfig:
+        """gen with this drafter's K, and the cost curve and skip limit when its spec is adaptive."""
+        return replace(gen, block_size=self.block_size or None, verify_cost=verify_cost if self.spec.adaptive else (),
+                       max_skip=self.spec.max_skip)
+
+
+def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: list[Run], spec: list[Run]) -> dict:
     stats = AcceptanceStats()
     for run in spec:
         stats.add_all(run.events)
     base_tokens, spec_tokens = sum(len(r.tokens) for r in base), sum(len(r.tokens) for r in spec)
     base_tps = base_tokens / sum(r.seconds for r in base)
     spec_tps = spec_tokens / sum(r.seconds for r in spec)
-    greedy = args.temperature == 0
+    k, d = runner.block_size, runner.spec
     return {
         "target": target.name,
-        "drafter": args.drafter,
-        "steps": args.steps,
-        "noise": args.noise,
-        "block_size": args.block_size,
-        "adaptive": args.adaptive,
-        "best_of": args.best_of,
-        "tree": args.tree,
-        "max_skip": args.max_skip,
-        "temperature": args.temperature,
+        "drafter": d.name,
+        "spec": d.text(),
+        "steps": d.steps,
+        "noise": d.noise,
+        "block_size": k,
+        "adaptive": d.adaptive,
+        "best_of": d.best_of,
+        "tree": d.tree,
+        "max_skip": d.max_skip,
+        "temperature": sampling.temperature,
         "prompts": len(spec),
         "new_tokens": spec_tokens,
         "baseline_tokens_per_s": base_tps,
         "tokens_per_s": spec_tps,
         "speedup": spec_tps / base_tps,
         "acceptance_length": stats.acceptance_length,
-        "per_slot_acceptance": stats.per_slot(args.block_size) if stats.rounds else None,
+        "per_slot_acceptance": stats.per_slot(k) if stats.rounds else None,
         "rounds": stats.rounds,  # with the counts below, runs pool exactly (docs/benchmarks.md)
-        "per_slot_reached": stats.reached[: args.block_size],
-        "per_slot_accepted": stats.accepted[: args.block_size],
-        "identical_to_baseline": all(b.tokens == s.tokens for b, s in zip(base, spec)) if greedy else None,
+        "per_slot_reached": stats.reached[:k],
+        "per_slot_accepted": stats.accepted[:k],
+        "identical_to_baseline": all(b.tokens == s.tokens for b, s in zip(base, spec)) if sampling.greedy else None,
         "per_prompt": [
             {"baseline_tokens": len(b.tokens), "baseline_s": b.seconds, "tokens": len(s.tokens), "s": s.seconds,
              "identical": b.tokens == s.tokens}
@@ -99,28 +135,18 @@ def summarize(args, target: Target, base: list[Run], spec: list[Run]) -> dict:
     }
 
 
-def tree_refusal(drafter: str, tree: int, temperature: float) -> str | None:
-    """Why a tree of `tree` drafts per round cannot run with these settings (None: it can). Checked before the
-    target loads; the drafter and the engine refuse the same cases again for any other caller."""
-    if tree > 1 and temperature > 0:
-        return "several drafts are verified together exactly at temperature 0 only"
-    if tree > 1 and drafter not in ("flashmap", "flashmap-teacher"):
-        return "a tree needs a flow drafter (flashmap, flashmap-teacher): the others draw no noise"
-    return None
-
-
-def make_runner(args, target: Target):
-    """Return run(prompt_ids, gen) for the chosen drafter; the baseline is always the engine with none."""
-    if args.drafter in HF_BASELINES:
-        lookup = args.drafter == "hf-prompt-lookup"
-        return lambda ids, gen: run_hf(target, ids, gen, lookup)
-    drafter = build_drafter(args.drafter, target, steps=args.steps, weights=args.weights,
-                            allow_download=args.allow_download, best_of=args.best_of, tree=args.tree)
-    if args.noise == "shuffled":
-        if not hasattr(drafter, "sampler"):
-            raise SystemExit(f"--noise shuffled needs a flow drafter, not {args.drafter}")
-        drafter.sampler.shared_noise = False
-    return lambda ids, gen: run_engine(target, ids, gen, drafter)
+def make_runner(spec: DrafterSpec, target: Target, allow_download: bool = False) -> Runner:
+    """The runner for one spec; the baseline is always the engine with no drafter."""
+    if spec.is_hf_baseline:
+        lookup = spec.name == "hf-prompt-lookup"
+        k = spec.block_size or MAX_BLOCK_SIZE
+        return Runner(spec, k, lambda ids, gen: run_hf(target, ids, gen, lookup))
+    try:
+        drafter = build_drafter(spec, target, allow_download)
+    except DrafterUnavailable as err:
+        raise SystemExit(f"{spec.text()}: {err}") from err
+    k = block_size_for(GenerationConfig(block_size=spec.block_size), drafter)
+    return Runner(spec, k, lambda ids, gen: run_engine(target, ids, gen, drafter))
 
 
 def warm_up(target: Target) -> None:
@@ -129,65 +155,106 @@ def warm_up(target: Target) -> None:
     run_engine(target, warm, GenerationConfig(max_new_tokens=8), None)
 
 
-def bench(args) -> dict:
-    target = load_target(target_config_from_args(args))
-    prompts = read_prompts(args.prompts, args.limit)
-    run_drafter = make_runner(args, target)
-    sampling = SamplingConfig(args.temperature, args.top_p, args.top_k)
+def bench(cfg: BenchConfig) -> dict:
+    target = load_target(cfg.target)
+    prompts = [p for path in cfg.prompts for p in read_prompts(path, cfg.limit)]
+    runner = make_runner(cfg.spec, target, cfg.target.allow_download)
     warm_up(target)
-    curve = relative_curve(target) if args.adaptive else ()
+    curve = relative_curve(target) if cfg.spec.adaptive else ()
     base, spec = [], []
-    for i, prompt in enumerate(tqdm(prompts, desc=f"bench {args.drafter}", unit="prompt")):
+    for i, prompt in enumerate(tqdm(prompts, desc=f"bench {cfg.spec.text()}", unit="prompt")):
         ids = target.chat_ids([{"role": "user", "content": prompt}])
-        gen = GenerationConfig(args.max_new_tokens, args.block_size, sampling, seed=args.seed + i, verify_cost=curve,
-                               max_skip=args.max_skip)
+        gen = runner.generation(GenerationConfig(cfg.max_new_tokens, sampling=cfg.sampling, seed=cfg.seed + i), curve)
         if i % 2 == 0:  # alternate the order so drift on a noisy machine hits both sides alike
             base.append(run_engine(target, ids, gen, None))
-            spec.append(run_drafter(ids, gen))
+            spec.append(runner.run(ids, gen))
         else:
-            spec.append(run_drafter(ids, gen))
+            spec.append(runner.run(ids, gen))
             base.append(run_engine(target, ids, gen, None))
-    return summarize(args, target, base, spec)
+    return summarize(runner, cfg.sampling, target, base, spec)
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", required=True, help="JSONL with a `prompt` field per line")
-    parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--drafter", required=True, choices=ENGINE_DRAFTERS + HF_BASELINES)
-    parser.add_argument("--steps", type=int, default=1, help="FlashMap jumps (1 or 2; teacher: Euler steps, e.g. 16)")
-    parser.add_argument("--noise", default="shared", choices=["shared", "shuffled"],
+def add_spec_args(parser: argparse.ArgumentParser) -> None:
+    """The drafter options as flags; each sets the same field as the spec text's option (drafter/spec.py)."""
+    parser.add_argument("--steps", type=int, default=None,
+                        help="FlashMap jumps (1 or 2; teacher: Euler steps, e.g. 16)")
+    parser.add_argument("--noise", default=None, choices=["shared", "shuffled"],
                         help="shuffled: independent noise per slot (the shuffle test, paper §6.2)")
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--best-of", type=int, default=1,
+    parser.add_argument("--block-size", type=int, default=None,
+                        help="K, tokens drafted per round (default and upper limit: the drafter's own block)")
+    parser.add_argument("--best-of", type=int, default=None,
                         help="flow drafters: draft M blocks from independent noise, keep the most confident")
-    parser.add_argument("--tree", type=int, default=1,
+    parser.add_argument("--tree", type=int, default=None,
                         help="flow drafters, T=0: draft M blocks from independent noise and verify them together "
-                             "as a trie of at most --block-size nodes (paper App. D)")
-    parser.add_argument("--adaptive", action="store_true",
+                             "as a trie of at most K nodes (paper App. D)")
+    parser.add_argument("--adaptive", action="store_true", default=None,
                         help="cut each draft to its best expected length under this machine's verify cost curve")
-    parser.add_argument("--max-skip", type=int, default=8,
-                        help="with --adaptive: skip the drafter for up to N rounds after empty drafts (0: never)")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--max-skip", type=int, default=None,
+                        help="with --adaptive: skip the drafter for up to N rounds after empty drafts (0: never; 8)")
+    parser.add_argument("--weights", default=None,
+                        help="drafter checkpoint folder or hub id (default: weights/<target>/<drafter>)")
+
+
+def spec_from_args(text: str, args) -> DrafterSpec:
+    """The spec text (a name, or name,option=value...) with the flags that were given filled in."""
+    flags = {"steps": args.steps, "noise": args.noise, "block_size": args.block_size, "best_of": args.best_of,
+             "tree": args.tree, "adaptive": args.adaptive, "max_skip": args.max_skip, "weights": args.weights}
+    try:
+        return DrafterSpec.parse(text, **{k: v for k, v in flags.items() if v is not None})
+    except SpecError as err:
+        raise SystemExit(f"--drafter {text}: {err}") from err
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy, identical to plain decoding")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (T > 0)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the K most likely tokens (T > 0; 0: all)")
+
+
+def sampling_from_args(args) -> SamplingConfig:
+    try:
+        return SamplingConfig(args.temperature, args.top_p, args.top_k)
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
+
+
+def parse_args(argv=None) -> tuple[BenchConfig, str]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", nargs="+", required=True,
+                        help="JSONL files with a `prompt` field, or shipped names: eval_math eval_code eval_chat")
+    parser.add_argument("--limit", type=int, default=None, help="first N prompts of each file")
+    parser.add_argument("--drafter", required=True,
+                        help=f"one of {', '.join(ENGINE_DRAFTERS + HF_BASELINES)}, optionally with options, "
+                             "e.g. flashmap,steps=2")
+    add_spec_args(parser)
+    add_sampling_args(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--weights", default=None, help="drafter checkpoint folder or hub id (default: weights/<target>/<drafter>)")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--seed", type=int, default=0, help="prompt i runs with seed S + i")
+    parser.add_argument("--out", required=True, help="where the JSON summary is written")
     add_target_args(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_prompt_files(args.prompts)
+    try:
+        cfg = BenchConfig(tuple(args.prompts), spec_from_args(args.drafter, args), sampling_from_args(args),
+                          args.limit, args.max_new_tokens, args.seed, target_config_from_args(args))
+    except SpecError as err:
+        raise SystemExit(str(err)) from err
+    return cfg, args.out
+
+
+def check_prompt_files(names: list[str]) -> None:
+    for name in names:
+        try:
+            resolve_prompt_file(name)
+        except FileNotFoundError as err:
+            raise SystemExit(f"--prompts: {err}") from err
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
-    if args.steps < 1 or args.best_of < 1 or args.tree < 1 or args.max_skip < 0:
-        raise SystemExit("--steps, --best-of and --tree must be >= 1, --max-skip >= 0")
-    if why := tree_refusal(args.drafter, args.tree, args.temperature):
-        raise SystemExit(f"--tree {args.tree}: {why}")
-    result = bench(args)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    cfg, out = parse_args(argv)
+    result = bench(cfg)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "per_prompt"}))
 
 

@@ -1,30 +1,60 @@
-"""What the UI needs from the engine, without any UI code: drafters for the loaded target,
-settings -> GenerationConfig, a running conversation's statistics, and plain-decoding speed.
+"""What the UI and the API need from the engine, without any UI code: drafters for the loaded target,
+settings -> GenerationConfig, one reply streamed with its honest speed figure, the verify-cost curve (cached per
+machine, re-measured in the background) and saved conversations.
 
-One model, many tabs: `lock` serialises every use of the target (Gradio's queue already runs
-one event at a time; the lock also covers the API endpoints).
+One model, many clients: `lock` serialises every use of the target in arrival order (the UI's queue, the
+OpenAI-compatible API and the background measurement all take it).
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from app.engine import GenerationConfig, RoundEvent, generate
-from app.registry import DrafterUnavailable, build_drafter
-from app.sampling import SamplingConfig
-from app.stats import AcceptanceStats
-from app.target import Target
-from app.verify_cost import relative_curve
+import torch
 
-DRAFTER_LABELS = {"flashmap": "FlashMap", "dflash": "DFlash-style", "ngram": "n-gram", "none": "none (plain)"}
-CALIBRATION_PROMPT = "Write a short Python function that returns the sum of a list of numbers."
+from app.conversations import ConversationStore
+from core.drafting import MAX_BLOCK_SIZE
+from core.engine import GenerationConfig, RoundEvent, generate
+from core.sampling import SamplingConfig
+from core.stats import ReplySpeed
+from core.target import Target
+from core.verify_cost import load_cached, relative_from, save_cached, timed_passes
+from drafter.registry import DrafterUnavailable, build_drafter
+from drafter.spec import DrafterSpec
+
+APP_DRAFTERS = ("flashmap", "dflash", "ngram", "none")  # what the UI offers (the teacher is for analysis)
+PLAIN_PROBE_EVERY = 16  # a drafting reply's plain steps: at most 1 round in 16 (< 3% of its speed) for its ratio
+CURVE_REPEATS = 7  # passes over 1..17 positions; the curve is their per-position median
+log = logging.getLogger("flashmap")
+
+
+class FairLock:
+    """A lock granted in arrival order (threading.Lock is not): the UI, the API and the background
+    measurement are served first come, first served."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._next_ticket = self._serving = 0
+
+    def __enter__(self):
+        with self._cond:
+            ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
+            self._cond.wait_for(lambda: self._serving == ticket)
+        return self
+
+    def __exit__(self, *exc):
+        with self._cond:
+            self._serving += 1
+            self._cond.notify_all()
 
 
 @dataclass(frozen=True)
 class ChatSettings:
     drafter: str = "flashmap"
-    block_size: int = 8
+    block_size: int | None = None  # K; None: the drafter's own block (and never more than it)
     steps: int = 1
     temperature: float = 0.0
     top_p: float = 1.0
@@ -34,89 +64,133 @@ class ChatSettings:
     seed: int = 0
     adaptive: bool = True  # cut low-confidence draft tails under the measured verify cost (engine.best_draft_length)
     tree: int = 1  # FlashMap drafts per round, verified together as a tree (paper App. D; T=0 only)
+    stop_strings: tuple[str, ...] = ()  # the reply ends before the first of these (the API's `stop`)
 
     def __post_init__(self):
         self.generation()  # validates K, max new tokens and sampling settings up front
-        if self.tree < 1:
-            raise ValueError(f"drafts per round must be >= 1, got {self.tree}")
-        if self.tree > 1 and self.temperature > 0:
-            raise ValueError("Several drafts per round (tree verification) are exact at temperature 0 only: "
-                             "set temperature to 0 or drafts per round to 1.")
+        self.spec().validate(self.sampling())  # which options suit the drafter and the temperature (SpecError)
 
-    def generation(self, verify_cost: tuple[float, ...] = ()) -> GenerationConfig:
-        return GenerationConfig(self.max_new_tokens, self.block_size, SamplingConfig(self.temperature, self.top_p),
-                                seed=self.seed, verify_cost=verify_cost if self.adaptive else ())
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature, self.top_p)
+
+    def spec(self) -> DrafterSpec:
+        return DrafterSpec(self.drafter, steps=self.steps, tree=self.tree, block_size=self.block_size,
+                           adaptive=self.adaptive)
+
+    def generation(self, verify_cost: tuple[float, ...] = (), drafting: bool = False) -> GenerationConfig:
+        """The engine's settings; a drafting reply makes a plain step at least every PLAIN_PROBE_EVERY rounds, so
+        its speed is always compared with plain decoding measured inside it (core.stats.ReplySpeed)."""
+        return GenerationConfig(self.max_new_tokens, self.block_size, self.sampling(), self.stop_strings,
+                                seed=self.seed, verify_cost=verify_cost if self.adaptive else (),
+                                plain_probe_every=PLAIN_PROBE_EVERY if drafting else 0)
 
 
 class ChatService:
-    def __init__(self, target: Target, weights: dict[str, str] | None = None, allow_download: bool = False):
+    def __init__(self, target: Target, weights: dict[str, str] | None = None, allow_download: bool = False,
+                 data_dir: Path | None = None):
         self.target = target
         self.weights = weights or {}
         self.allow_download = allow_download
-        self.lock = threading.Lock()
-        self._drafters: dict[tuple[str, int, int], object] = {}
+        self.lock = FairLock()
+        self.data_dir = Path(data_dir) if data_dir else None
+        self.conversations = ConversationStore(self.data_dir / "conversations") if self.data_dir else None
+        self._drafters: dict[DrafterSpec, object] = {}
         self.unavailable: dict[str, str] = {}
-        self.plain_tokens_per_s: float | None = None
-        self.plain_measured = ""  # where plain_tokens_per_s comes from (speed ratios are only fair under equal load)
-        self.verify_cost: tuple[float, ...] = ()  # measured by calibrate_verify_cost(); () until then
+        self.verify_cost: tuple[float, ...] = ()  # relative cost of 1..17 positions; () until measured
+        self.curve_status = "not measured yet: adaptive K is off until it is"
+        self.cancel_event = threading.Event()
         self.last_events: list[RoundEvent] = []
+        self.last_speed = ReplySpeed()
+        cached = load_cached(self.data_dir / "cache", target) if self.data_dir else None
+        if cached:
+            self.verify_cost = cached[0]
+            self.curve_status = f"cached from {time.strftime('%Y-%m-%d %H:%M', time.localtime(cached[1]))}"
         for name in ("flashmap", "dflash"):  # probe checkpoints once so the UI lists only what works
             try:
-                self.drafter(name, 1)
+                self.drafter(DrafterSpec(name))
             except DrafterUnavailable as err:
                 self.unavailable[name] = str(err)
 
     def available(self) -> list[str]:
-        return [name for name in ("flashmap", "dflash", "ngram", "none") if name not in self.unavailable]
+        return [name for name in APP_DRAFTERS if name not in self.unavailable]
 
-    def drafter(self, name: str, steps: int, tree: int = 1):
-        """The drafter for this target (cached), None for plain; DrafterUnavailable says why not.
-        tree > 1 applies to FlashMap only (the other drafters have no noise to draw several drafts from)."""
-        if name in self.unavailable:
-            raise DrafterUnavailable(self.unavailable[name])
-        key = (name, steps, tree if name == "flashmap" else 1)
+    def drafter(self, spec: DrafterSpec):
+        """The drafter for this spec on this target (cached; K is the engine's business, not the drafter's),
+        None for plain; DrafterUnavailable says why not."""
+        if spec.name in self.unavailable:
+            raise DrafterUnavailable(self.unavailable[spec.name])
+        key = DrafterSpec(spec.name, steps=spec.steps, tree=spec.tree, weights=self.weights.get(spec.name))
         if key not in self._drafters:
-            self._drafters[key] = build_drafter(name, self.target, steps=steps, weights=self.weights.get(name),
-                                                 allow_download=self.allow_download, tree=key[2])
+            self._drafters[key] = build_drafter(key, self.target, self.allow_download)
         return self._drafters[key]
 
-    def prompt_ids(self, history: list[dict], message: str, settings: ChatSettings) -> list[int]:
+    def max_block_size(self, name: str) -> int:
+        """The largest K the drafter can propose (its trained block); the engine's limit when unavailable."""
+        try:
+            drafter = self.drafter(DrafterSpec(name))
+        except DrafterUnavailable:
+            drafter = None
+        return drafter.max_block_size if drafter is not None else MAX_BLOCK_SIZE
+
+    def messages(self, history: list[dict], message: str, settings: ChatSettings) -> list[dict]:
         messages = ([{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else [])
         messages += [{"role": m["role"], "content": m["content"]} for m in history if isinstance(m.get("content"), str)]
-        messages.append({"role": "user", "content": message})
-        return self.target.chat_ids(messages, enable_thinking=settings.enable_thinking)
+        return messages + [{"role": "user", "content": message}]
+
+    def prompt_ids(self, history: list[dict], message: str, settings: ChatSettings) -> list[int]:
+        return self.target.chat_ids(self.messages(history, message, settings), enable_thinking=settings.enable_thinking)
 
     def stream(self, prompt_ids: list[int], settings: ChatSettings, drafter, cancel=None):
-        """Yield (event, tokens/s so far) for one reply, holding the model lock."""
+        """Yield (event, ReplySpeed so far) for one reply, holding the model lock. Stop (cancel()) or the given
+        cancel flag ends it after the current round, with what was written kept."""
         with self.lock:
-            start, n_tokens = time.perf_counter(), 0
-            self.last_events = []
-            for ev in generate(self.target, prompt_ids, settings.generation(self.verify_cost), drafter, cancel):
-                n_tokens += len(ev.committed)
+            self.cancel_event = cancel = cancel or threading.Event()
+            speed, self.last_events = ReplySpeed(), []
+            gen = settings.generation(self.verify_cost, drafting=drafter is not None)
+            for ev in generate(self.target, prompt_ids, gen, drafter, cancel):
+                speed.add(ev, time.perf_counter())
                 self.last_events.append(ev)
-                yield ev, n_tokens / max(time.perf_counter() - start, 1e-9)
-            if drafter is None and n_tokens >= 16:
-                self.plain_tokens_per_s = n_tokens / (time.perf_counter() - start)
-                self.plain_measured = "your last plain reply"
+                yield ev, speed
+            self.last_speed = speed
 
-    def calibrate_plain(self, max_new_tokens: int = 48) -> float:
-        """Measure plain decoding on this machine (a fixed prompt), so speed figures are not assumed."""
-        ids = self.target.chat_ids([{"role": "user", "content": CALIBRATION_PROMPT}])
-        settings = ChatSettings(drafter="none", max_new_tokens=max_new_tokens)
-        for _ in self.stream(ids, settings, None):
-            pass
-        self.plain_measured = "at start-up, before any browser load"
-        return self.plain_tokens_per_s or 0.0
+    def cancel(self) -> None:
+        """Stop the reply being written (a no-op when none is)."""
+        self.cancel_event.set()
 
-    def calibrate_verify_cost(self) -> tuple[float, ...]:
-        """Measure what a target forward over 1..K+1 positions costs here (for the adaptive draft length)."""
-        with self.lock:
-            self.verify_cost = relative_curve(self.target)
+    def run_once(self, prompt_ids: list[int], settings: ChatSettings, drafter) -> tuple[str, list[int], ReplySpeed]:
+        """Whole reply: (text, token ids, speed)."""
+        text, tokens, speed = "", [], ReplySpeed()
+        for ev, speed in self.stream(prompt_ids, settings, drafter):
+            text, tokens = ev.text, tokens + list(ev.committed)
+        return text, tokens, speed
+
+    def measure_verify_cost(self, repeats: int = CURVE_REPEATS) -> tuple[float, ...]:
+        """Measure what a target forward over 1..17 positions costs here, one pass at a time so that replies
+        are served in between; keep the curve (median per position, made sane) and cache it on disk."""
+        passes = timed_passes(self.target, 256, repeats, range(1, MAX_BLOCK_SIZE + 2))
+        for done in range(1, repeats + 1):
+            self.curve_status = f"measuring the verify cost ({done}/{repeats})…"
+            with self.lock:
+                times = next(passes)
+        self.verify_cost = relative_from(times)
+        if self.data_dir:
+            save_cached(self.data_dir / "cache", self.target, self.verify_cost)
+        self.curve_status = f"measured {time.strftime('%H:%M')}"
+        log.info("verify cost of 2 / 9 / 17 positions: %.2f / %.2f / %.2f x one", self.verify_cost[1],
+                 self.verify_cost[8], self.verify_cost[16])
         return self.verify_cost
 
-    def run_once(self, prompt_ids: list[int], settings: ChatSettings, drafter) -> tuple[str, list[int], float]:
-        """Whole reply: (text, token ids, tokens/s)."""
-        text, tokens, tps = "", [], 0.0
-        for ev, tps in self.stream(prompt_ids, settings, drafter):
-            text, tokens = ev.text, tokens + list(ev.committed)
-        return text, tokens, tps
+    def measure_in_background(self) -> threading.Thread:
+        thread = threading.Thread(target=self._measure_logged, name="verify-cost", daemon=True)
+        thread.start()
+        return thread
+
+    def _measure_logged(self) -> None:
+        try:
+            self.measure_verify_cost()
+        except Exception:  # a real fault: keep serving (adaptive K keeps the cached curve or stays off)
+            self.curve_status = "measurement failed (see the server log)"
+            log.exception("verify cost measurement failed")
+
+    def threads(self) -> int:
+        return torch.get_num_threads()

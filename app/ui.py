@@ -1,310 +1,428 @@
-"""The Gradio app: chat with live draft panels and stats, and a side-by-side compare tab.
+"""The Gradio app: chat with live draft panels and stats, saved conversations, a streaming side-by-side compare
+tab, and named API endpoints.
 
-Every callback is a plain function of (service, inputs) so tests can call it without a browser.
+Every callback is a plain function of (service, inputs) so tests can call it without a browser. A user's mistake
+(an empty message, settings that do not fit together, a prompt too long for the context) is a toast that leaves
+the conversation as it was, never an error laid over the outputs; Stop ends a reply after the current round and
+keeps what was written.
 """
 from __future__ import annotations
 
-import html
+import logging
 import time
-from contextlib import contextmanager
 
 import gradio as gr
 import torch
 
-from app.engine import PromptError, RoundEvent
-from app.prompts import read_jsonl
-from app.registry import DrafterUnavailable
-from app.service import DRAFTER_LABELS, ChatService, ChatSettings
-from app.stats import AcceptanceStats
+from app.render import CSS, render_panel, render_stats, slot_chart, slot_kinds, speed_chart, speed_lines
+from app.service import ChatService, ChatSettings
+from core.engine import PromptError
+from core.prompts import read_prompt_file
+from core.stats import AcceptanceStats
+from drafter.registry import DrafterUnavailable
+from drafter.spec import FLOW_DRAFTERS
+from drafter.spec import LABELS as DRAFTER_LABELS
 
-PANEL_ROUNDS = 12
-CHART_EVERY = 32  # rounds between redraws of the per-slot chart while a reply streams
+__all__ = ["CSS", "build_ui"]
 UPDATE_EVERY_S = 0.1  # at most ~10 screen updates a second: the browser shares the CPU with the model
-CSS = """
-.fm-panel {font-family: ui-monospace, monospace; font-size: 12px; line-height: 1.9}
-.fm-row {display: flex; flex-wrap: wrap; gap: 3px; align-items: center; margin-bottom: 4px}
-.fm-round {color: #666; width: 3.2em}
-.fm-slot {padding: 1px 5px; border-radius: 4px; border: 1px solid transparent; white-space: pre}
-.fm-acc {background: #c9f2d0; border-color: #2e9e48; color: #0b4d1c}
-.fm-rej {background: #ffd0d0; border-color: #c62828; color: #6b0d0d; text-decoration: line-through}
-.fm-unr {background: #eeeeee; border-color: #bbbbbb; color: #888888}
-.fm-bonus {background: #cfe3ff; border-color: #1f5fbf; color: #0b2e66; font-weight: bold}
-"""
-LEGEND = (
-    "<div class='fm-row'><span class='fm-slot fm-acc'>✓ accepted</span><span class='fm-slot fm-rej'>✗ rejected</span>"
-    "<span class='fm-slot fm-unr'>· not reached</span><span class='fm-slot fm-bonus'>★ target token</span></div>"
-)
-
-
-def token_text(service: ChatService, token: int) -> str:
-    text = service.target.tokenizer.decode([token])
-    return html.escape(text.replace("\n", "⏎").replace(" ", "␣") or "∅")
-
-
-SLOT_MARKS = {"acc": "✓", "rej": "✗", "unr": "·"}
+CHART_EVERY_S = 1.5  # the per-slot chart is redrawn this often while a reply streams (a figure costs ~ a round)
 ADAPTIVE_LABEL = "Adaptive K: cut low-confidence draft tails (uses this machine's measured verify cost)"
 TREE_LABEL = "FlashMap drafts per round (T = 0: verified together as a tree of at most K tokens)"
 TREE_CHOICES = [1, 2, 4, 8]
+# every ChatSettings field, by name: components map onto these keys
+CASTS = {"drafter": str, "block_size": lambda v: int(v) or None, "steps": int, "temperature": float, "top_p": float,
+         "max_new_tokens": int, "enable_thinking": bool, "system_prompt": lambda v: v or "", "adaptive": bool,
+         "tree": int, "seed": int, "stop_strings": tuple}
+COMPARE_FIXED = ("top_p", "enable_thinking", "system_prompt", "seed", "stop_strings")  # Compare keeps their defaults
+log = logging.getLogger("flashmap")
 
 
-def slot_kinds(ev: RoundEvent) -> list[str]:
-    """Per drafted slot: accepted, the first rejected, or not reached (after the rejection)."""
-    return ["acc" if slot < ev.n_accepted else "rej" if slot == ev.n_accepted else "unr"
-            for slot in range(len(ev.drafted))]
+class UserError(ValueError):
+    """Something the user can fix; shown as a toast, logged as one line."""
 
 
-def render_round(service: ChatService, index: int, ev: RoundEvent) -> str:
-    """One row: each drafted slot marked accepted / rejected / not reached, then the target's token."""
-    cells = [f"<span class='fm-round'>#{index}</span>"]
-    if ev.branches > 1:  # the row shows the draft the target followed furthest
-        cells.append(f"<span class='fm-slot fm-unr' title='best of {ev.branches} drafts, verified as a tree'>"
-                     f"⑂{ev.branches}</span>")
-    for slot, (token, kind) in enumerate(zip(ev.drafted, slot_kinds(ev))):
-        mark = SLOT_MARKS[kind]
-        cells.append(f"<span class='fm-slot fm-{kind}' title='slot {slot + 1}'>{mark}{token_text(service, token)}</span>")
-    cells.append(f"<span class='fm-slot fm-bonus' title='target'>★{token_text(service, ev.target_token)}</span>")
-    return "<div class='fm-row'>" + "".join(cells) + "</div>"
-
-
-def render_panel(service: ChatService, events: list[RoundEvent]) -> str:
-    rounds = [ev for ev in events if ev.kind == "round" and ev.finish_reason != "cancelled"]
-    start = max(0, len(rounds) - PANEL_ROUNDS)
-    rows = [render_round(service, start + i + 1, ev) for i, ev in enumerate(rounds[start:])]
-    body = "".join(reversed(rows)) or "<div class='fm-row'>No rounds yet.</div>"
-    return f"<div class='fm-panel'>{LEGEND}{body}</div>"
-
-
-def render_stats(service: ChatService, stats: AcceptanceStats, tokens_per_s: float | None, drafter: str) -> str:
-    plain = service.plain_tokens_per_s
-    lines = [f"**Drafter:** {DRAFTER_LABELS.get(drafter, drafter)}"]
-    lines.append(f"**This reply:** {tokens_per_s:.1f} tokens/s" if tokens_per_s else "**This reply:** –")
-    if stats.acceptance_length:
-        lines.append(f"**Mean acceptance length (conversation):** {stats.acceptance_length:.2f} tokens / target forward")
-    if plain:
-        ratio = f" (× {tokens_per_s / plain:.2f})" if tokens_per_s else ""
-        source = f" ({service.plain_measured})" if service.plain_measured else ""
-        lines.append(f"**Plain decoding on this machine{source}:** {plain:.1f} tokens/s{ratio}")
-    return "  \n".join(lines)
-
-
-def slot_chart(stats: AcceptanceStats):
-    """A matplotlib bar chart of conditional acceptance per slot (slots no round reached are left empty)."""
-    from matplotlib.figure import Figure
-
-    rates = stats.per_slot()
-    fig = Figure(figsize=(5, 2.6), layout="constrained")
-    ax = fig.add_subplot()
-    slots = list(range(1, len(rates) + 1))
-    ax.bar(slots, [r or 0.0 for r in rates], color="#2e9e48")
-    ax.set_xticks(slots or [1])
-    ax.set_ylim(0, 1)
-    ax.set_xlabel("slot")
-    ax.set_ylabel("acceptance")
-    ax.set_title("Acceptance per slot (given earlier slots accepted)", fontsize=10)
-    return fig
-
-
-def settings_from(drafter, block_size, steps, temperature, top_p, max_new_tokens, thinking, system_prompt,
-                  adaptive=True, tree=1):
-    return ChatSettings(drafter, int(block_size), int(steps), float(temperature), float(top_p), int(max_new_tokens),
-                        bool(thinking), system_prompt or "", adaptive=bool(adaptive), tree=int(tree))
-
-
-def resolve_drafter(service: ChatService, settings: ChatSettings):
-    """(drafter or None, warning or None): an unusable drafter falls back to plain decoding, saying why."""
+def settings_from(**values) -> ChatSettings:
+    """ChatSettings from component values by field name (fields not given keep their defaults); K = 0 means the
+    drafter's own. Raises UserError saying what does not fit."""
+    unknown = set(values) - set(CASTS)
+    if unknown:
+        raise UserError(f"unknown settings {sorted(unknown)}")
     try:
-        return service.drafter(settings.drafter, settings.steps, settings.tree), None
-    except DrafterUnavailable as err:
-        return None, f"{DRAFTER_LABELS.get(settings.drafter, settings.drafter)} unavailable, using plain decoding: {err}"
+        return ChatSettings(**{name: CASTS[name](value) for name, value in values.items()})
+    except (TypeError, ValueError) as err:
+        raise UserError(str(err)) from err
 
 
-def prepare(service: ChatService, text: str, *settings_args) -> tuple[ChatSettings, object]:
-    """Validate a request: (settings, drafter or None). Bad input raises a gr.Error with the reason;
-    an unusable drafter falls back to plain decoding with a warning."""
+def check_controls(controls: dict, fixed) -> None:
+    """Every ChatSettings field has a component or is declared fixed: a new setting cannot be dropped silently."""
+    missing = set(CASTS) - set(controls) - set(fixed)
+    if missing:
+        raise RuntimeError(f"settings without a control: {sorted(missing)}")
+
+
+def prepare(service: ChatService, text: str, values: dict) -> tuple[ChatSettings, object]:
+    """Validate a request: (settings, drafter or None). An unusable drafter falls back to plain decoding with a
+    warning toast; anything the user must fix raises UserError."""
     if not (text or "").strip():
-        raise gr.Error("Type a message first: the prompt is empty.")
+        raise UserError("Type a message first: the prompt is empty.")
+    settings = settings_from(**values)
     try:
-        settings = settings_from(*settings_args)
-    except ValueError as err:
-        raise gr.Error(str(err)) from err
-    drafter, warning = resolve_drafter(service, settings)
-    if warning:
-        gr.Warning(warning)
-    return settings, drafter
+        return settings, service.drafter(settings.spec())
+    except DrafterUnavailable as err:
+        label = DRAFTER_LABELS.get(settings.drafter, settings.drafter)
+        gr.Warning(f"{label} unavailable, using plain decoding: {err}")
+        log.warning("drafter %s unavailable: %s", settings.drafter, err)
+        return settings, None
 
 
-@contextmanager
-def user_errors():
-    """Turn the failures a user can cause into a clear message instead of a stack trace."""
+def toast(err: Exception) -> None:
+    message = str(err)
+    if isinstance(err, (MemoryError, torch.OutOfMemoryError)):
+        message = "Out of memory: lower max new tokens, shorten the chat, or start a new one."
+    log.warning("user error: %s", message)  # one line, no traceback: nothing is broken
+    gr.Warning(message)
+
+
+def context_usage(service: ChatService, history: list[dict], settings: ChatSettings) -> tuple[int, int]:
+    """(tokens the conversation takes with the next turn's prompt, the model's context)."""
+    system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
+    messages = system + [{"role": m["role"], "content": m["content"]} for m in history]
+    used = len(service.target.chat_ids(messages, settings.enable_thinking)) if messages else 0
+    return used, service.target.max_positions
+
+
+def stats_text(service, stats, speed, drafter_name, history, settings) -> str:
+    return render_stats(stats, speed, drafter_name, context_usage(service, history, settings), service.curve_status,
+                        service.threads())
+
+
+def chat(service: ChatService, message: str, history: list[dict], stats: AcceptanceStats | None,
+         conv_id: str | None = None, **settings_values):
+    """Streams (history, panel html, stats markdown, slot chart, stats, conversation id) while the reply is written;
+    the conversation is saved when the reply ends (stopped replies included)."""
+    stats, history = stats or AcceptanceStats(), list(history or [])
+    unchanged = (list(history), gr.skip(), gr.skip(), gr.skip(), stats, conv_id)
     try:
-        yield
-    except PromptError as err:
-        raise gr.Error(str(err)) from err
-    except (MemoryError, torch.OutOfMemoryError) as err:
-        raise gr.Error("Out of memory: lower max new tokens, shorten the chat, or start a new one.") from err
-
-
-def chat(service: ChatService, message: str, history: list[dict], stats: AcceptanceStats | None, *settings_args):
-    """Streams (history, panel html, stats markdown, slot chart, stats) while the reply is written."""
-    stats = stats or AcceptanceStats()
-    history = list(history or [])
-    settings, drafter = prepare(service, message, *settings_args)
-    shown = settings.drafter if drafter is not None else "none"
-    with user_errors():
+        settings, drafter = prepare(service, message, settings_values)
         prompt_ids = service.prompt_ids(history, message, settings)
+        shown = settings.drafter if drafter is not None else "none"
         history += [{"role": "user", "content": message}, {"role": "assistant", "content": ""}]
-        last_update, last_chart = float("-inf"), 0
-        for ev, tps in service.stream(prompt_ids, settings, drafter):
+        last_update = last_chart = float("-inf")
+        speed = None
+        for ev, speed in service.stream(prompt_ids, settings, drafter):
             stats.add(ev)
             history[-1]["content"] = ev.text
-            if not ev.finished and time.perf_counter() - last_update < UPDATE_EVERY_S:
+            now = time.perf_counter()
+            if not ev.finished and now - last_update < UPDATE_EVERY_S:
                 continue  # every event is counted; the screen catches up at the next update
-            # drawing a figure costs more than a round here: the chart is redrawn every CHART_EVERY rounds and at the end
-            redraw = ev.finished or stats.rounds - last_chart >= CHART_EVERY or not last_chart
-            last_chart = stats.rounds if redraw else last_chart
-            last_update = time.perf_counter()
-            yield (history, render_panel(service, service.last_events), render_stats(service, stats, tps, shown),
-                   slot_chart(stats) if redraw else gr.skip(), stats)
+            redraw = ev.finished or now - last_chart >= CHART_EVERY_S
+            last_chart, last_update = (now if redraw else last_chart), now
+            yield (history, render_panel(service.target.tokenizer, service.last_events),
+                   stats_text(service, stats, speed, shown, history, settings), slot_chart(stats) if redraw
+                   else gr.skip(), stats, conv_id)
+    except (UserError, PromptError, MemoryError, torch.OutOfMemoryError) as err:
+        toast(err)
+        yield unchanged
+        return
+    if service.conversations is not None:
+        conv_id = service.conversations.save(history, conv_id)
+    yield history, gr.skip(), gr.skip(), gr.skip(), stats, conv_id
 
 
-def compare(service: ChatService, prompt: str, drafter_name: str, block_size, steps, temperature, max_new_tokens,
-            adaptive=True, tree=1):
-    """Plain decoding and the drafter on one prompt, same settings: outputs, speeds, identity check."""
-    settings, drafter = prepare(service, prompt, drafter_name, block_size, steps, temperature, 1.0, max_new_tokens,
-                                False, "", adaptive, tree)
-    with user_errors():
+def regenerate(service: ChatService, history: list[dict], stats, conv_id, **settings_values):
+    """The last reply written again (with the current settings): the last turn is taken off and re-sent."""
+    history = list(history or [])
+    if len(history) < 2 or history[-1]["role"] != "assistant":
+        gr.Warning("Nothing to regenerate yet.")
+        yield history, gr.skip(), gr.skip(), gr.skip(), stats, conv_id
+        return
+    yield from chat(service, history[-2]["content"], history[:-2], stats, conv_id, **settings_values)
+
+
+def edit_last(history: list[dict]) -> tuple[list[dict], str]:
+    """The last user message back in the message box and the last turn taken off, to be edited and re-sent."""
+    history = list(history or [])
+    if len(history) < 2 or history[-1]["role"] != "assistant":
+        gr.Warning("Nothing to edit yet.")
+        return history, gr.skip()
+    return history[:-2], history[-2]["content"]
+
+
+def conversation_choices(service: ChatService) -> list[tuple[str, str]]:
+    if service.conversations is None:
+        return []
+    return [(f"{row['title']} · {time.strftime('%m-%d %H:%M', time.localtime(row['updated']))}", row["id"])
+            for row in service.conversations.list()]
+
+
+def open_conversation(service: ChatService, conv_id: str | None):
+    """(history, panel, stats, conversation id, title) of a saved conversation."""
+    if not conv_id or service.conversations is None:
+        return [], render_panel(None, []), None, None, ""
+    try:
+        data = service.conversations.load(conv_id)
+    except (ValueError, OSError) as err:
+        toast(err)
+        return [], render_panel(None, []), None, None, ""
+    return data["messages"], render_panel(None, []), None, conv_id, data["title"]
+
+
+def rename_conversation(service: ChatService, conv_id: str | None, title: str):
+    if conv_id and service.conversations is not None:
+        try:
+            service.conversations.rename(conv_id, title)
+        except ValueError as err:
+            toast(err)
+    return gr.update(choices=conversation_choices(service), value=conv_id)
+
+
+def delete_conversation(service: ChatService, conv_id: str | None):
+    if conv_id and service.conversations is not None:
+        try:
+            service.conversations.delete(conv_id)
+        except ValueError as err:
+            toast(err)
+    return gr.update(choices=conversation_choices(service), value=None), [], None, None, ""
+
+
+def compare(service: ChatService, prompt: str, **settings_values):
+    """Plain decoding, then the drafter, on one prompt with the same settings, each streamed as it is written:
+    yields (plain text, speculative text, summary, chart); the identity check and the chart come at the end."""
+    try:
+        settings, drafter = prepare(service, prompt, settings_values)
         ids = service.prompt_ids([], prompt, settings)
-        plain_text, plain_tokens, plain_tps = service.run_once(ids, settings, None)
-        spec_text, spec_tokens, spec_tps = service.run_once(ids, settings, drafter)
-    label = DRAFTER_LABELS.get(drafter_name, drafter_name) if drafter is not None else "none"
+        label = DRAFTER_LABELS.get(settings.drafter, settings.drafter) if drafter is not None else "none"
+        sides = {}
+        for side, side_drafter in (("plain", None), (label, drafter)):
+            text, tokens, last = "", [], float("-inf")
+            for ev, speed in service.stream(ids, settings, side_drafter):
+                text, tokens = ev.text, tokens + list(ev.committed)
+                if ev.finished or time.perf_counter() - last >= UPDATE_EVERY_S:
+                    last = time.perf_counter()
+                    tps = f"{speed.tokens_per_s:.1f} tokens/s" if speed.tokens_per_s else "starting…"
+                    outputs = (text, "", f"**Plain decoding:** {tps}") if side == "plain" else (
+                        sides["plain"][0], text, f"**{label}:** {tps}")
+                    yield (*outputs, gr.skip())
+            sides[side] = (text, tokens, speed)
+    except (UserError, PromptError, MemoryError, torch.OutOfMemoryError) as err:
+        toast(err)
+        yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return
+    (plain_text, _, plain_speed), (spec_text, _, spec_speed) = sides["plain"], sides[label]
+    yield plain_text, spec_text, compare_summary(settings, label, sides), speed_chart(
+        ["plain", label], [plain_speed.tokens_per_s or 0.0, spec_speed.tokens_per_s or 0.0])
+
+
+def compare_summary(settings: ChatSettings, label: str, sides: dict) -> str:
+    (_, plain_tokens, plain_speed), (_, spec_tokens, spec_speed) = sides["plain"], sides[label]
     if settings.temperature == 0:
         same = plain_tokens == spec_tokens
         check = "✓ identical to plain decoding, token for token" if same else "✗ outputs differ"
     else:
         check = "T > 0: outputs are samples; both follow the target's distribution exactly"
-    summary = (f"**Plain:** {plain_tps:.1f} tokens/s ({len(plain_tokens)} tokens)  \n"
-               f"**{label}:** {spec_tps:.1f} tokens/s ({len(spec_tokens)} tokens)  \n"
-               f"**Speedup:** × {spec_tps / plain_tps:.2f}  \n**Check:** {check}")
-    return plain_text, spec_text, summary, speed_chart(["plain", label], [plain_tps, spec_tps])
+    plain_tps, spec_tps = plain_speed.tokens_per_s or 0.0, spec_speed.tokens_per_s or 0.0
+    ratio = f"× {spec_tps / plain_tps:.2f}" if plain_tps else "–"
+    return (f"**Plain:** {plain_tps:.1f} tokens/s ({len(plain_tokens)} tokens)  \n"
+            f"**{label}:** {spec_tps:.1f} tokens/s ({len(spec_tokens)} tokens)  \n"
+            f"**Speedup:** {ratio} (the two runs back to back, under the same load)  \n**Check:** {check}")
 
 
-def speed_chart(labels: list[str], tokens_per_s: list[float]):
-    """A matplotlib bar chart of tokens/s, one bar per decoding mode."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 2.6), layout="constrained")
-    ax = fig.add_subplot()
-    bars = ax.barh(labels, tokens_per_s, color=["#9e9e9e", "#2e9e48"][: len(labels)])
-    ax.bar_label(bars, fmt="%.1f tok/s", padding=3)
-    ax.set_xlabel("tokens / s")
-    ax.set_xlim(0, max(tokens_per_s) * 1.3)
-    ax.invert_yaxis()
-    return fig
+def drafter_options(service: ChatService, name: str, block_size) -> tuple:
+    """Updates for (K, steps, drafts per round, adaptive) when the drafter changes: K's range follows the block the
+    drafter was trained for; options that do not apply to it are reset to their defaults and disabled."""
+    k_max = service.max_block_size(name)
+    flow, drafts = name in FLOW_DRAFTERS, name != "none"
+    return (gr.update(maximum=k_max, value=min(int(block_size or k_max), k_max), interactive=drafts),
+            gr.update(interactive=True) if flow else gr.update(value=1, interactive=False),
+            gr.update(interactive=True) if flow else gr.update(value=1, interactive=False),
+            gr.update(interactive=drafts))
 
 
-def example_prompts(shared_data: str = "../shared/data/prompts") -> list[str]:
-    """A few eval prompts per domain when the shared data is present, else built-in ones."""
-    prompts = []
-    for domain in ("math", "code", "chat"):
+def example_prompts() -> list[str]:
+    """Two evaluation prompts per domain, from the sets the project ships (data/prompts)."""
+    return [row["prompt"] for domain in ("math", "code", "chat") for row in read_prompt_file(f"eval_{domain}")[:2]]
+
+
+def api_functions(service: ChatService, default: str):
+    """The named API endpoints (/chat, /compare, /draft_panel): every setting a parameter with its default."""
+
+    def api_chat(message: str, drafter: str = default, block_size: int = 0, steps: int = 1, temperature: float = 0.0,
+                 top_p: float = 1.0, max_new_tokens: int = 256, adaptive: bool = True, tree: int = 1,
+                 system_prompt: str = "", enable_thinking: bool = False, seed: int = 0) -> str:
+        """Reply to one user message (streamed text). block_size 0: the drafter's own block."""
+        values = dict(drafter=drafter, block_size=block_size, steps=steps, temperature=temperature, top_p=top_p,
+                      max_new_tokens=max_new_tokens, adaptive=adaptive, tree=tree, system_prompt=system_prompt,
+                      enable_thinking=enable_thinking, seed=seed)
         try:
-            prompts += [row["prompt"] for row in read_jsonl(f"{shared_data}/eval_{domain}.jsonl")[:2]]
-        except OSError:
-            pass
-    return prompts or [
-        "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-        "How many clips did Natalia sell altogether in April and May?",
-        "Write a Python function that checks whether a string is a palindrome.",
-        "Give me three tips for staying focused while working from home.",
-    ]
+            settings, drafter_obj = prepare(service, message, values)
+            for ev, _speed in service.stream(service.prompt_ids([], message, settings), settings, drafter_obj):
+                yield ev.text
+        except (UserError, PromptError) as err:
+            log.warning("user error (api /chat): %s", err)
+            raise gr.Error(str(err)) from err
+
+    def api_compare(prompt: str, drafter: str = default, block_size: int = 0, steps: int = 1,
+                    temperature: float = 0.0, max_new_tokens: int = 128, adaptive: bool = True, tree: int = 1) -> dict:
+        """Plain decoding and the drafter on one prompt: both texts, tokens/s, speedup and the identity check."""
+        values = dict(drafter=drafter, block_size=block_size, steps=steps, temperature=temperature,
+                      max_new_tokens=max_new_tokens, adaptive=adaptive, tree=tree)
+        try:
+            settings, drafter_obj = prepare(service, prompt, values)
+            ids = service.prompt_ids([], prompt, settings)
+            plain = service.run_once(ids, settings, None)
+            spec = service.run_once(ids, settings, drafter_obj)
+        except (UserError, PromptError) as err:
+            log.warning("user error (api /compare): %s", err)
+            raise gr.Error(str(err)) from err
+        return {"plain_text": plain[0], "text": spec[0], "plain_tokens_per_s": plain[2].tokens_per_s,
+                "tokens_per_s": spec[2].tokens_per_s, "identical": plain[1] == spec[1],
+                "speedup": (spec[2].tokens_per_s or 0) / (plain[2].tokens_per_s or 1)}
+
+    def api_draft_panel() -> str:
+        """The draft panel of the most recent reply, as plain text rows (for scripts and tests)."""
+        decode = service.target.tokenizer.decode
+        return "\n".join(" ".join([f"{'✓✗·'['acc rej unr'.split().index(kind)]}{decode([t])}"
+                                   for t, kind in zip(ev.drafted, slot_kinds(ev))] + ["★" + decode([ev.target_token])])
+                         for ev in service.last_events if ev.kind == "round")
+
+    def api_speed() -> dict:
+        """The last reply's speed and its ratio to plain decoding measured inside it."""
+        speed = service.last_speed
+        return {"tokens_per_s": speed.tokens_per_s, "plain_tokens_per_s": speed.plain_tokens_per_s,
+                "ratio": speed.ratio, "plain_steps": len(speed.plain_steps)}
+
+    return {"chat": api_chat, "compare": api_compare, "draft_panel": api_draft_panel, "speed": api_speed}
+
+
+def status_text(service: ChatService) -> str:
+    return f"Verify-cost curve: {service.curve_status} · CPU threads: {service.threads()}"
 
 
 def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Blocks:
     available = service.available()
     default = default_drafter if default_drafter in available else available[0]
+    k_max = service.max_block_size(default)
     choices = [(DRAFTER_LABELS[name], name) for name in available]
     with gr.Blocks(title="FlashMap Chat") as demo:
         gr.Markdown(f"# FlashMap Chat\nTarget: `{service.target.name}` on `{service.target.device}` — "
                     "speculative decoding that never changes the target's output.")
+        status = gr.Markdown(status_text(service), elem_id="status")
+        gr.Timer(2.0).tick(lambda: status_text(service), None, status, queue=False, show_progress="hidden",
+                           api_visibility="private")
         if service.unavailable:
-            gr.Markdown("  \n".join(f"⚠️ {DRAFTER_LABELS[n]} unavailable: {why}" for n, why in service.unavailable.items()))
+            gr.Markdown("  \n".join(f"⚠️ {DRAFTER_LABELS[n]} unavailable: {why}"
+                                    for n, why in service.unavailable.items()))
         with gr.Tab("Chat"):
-            with gr.Row():
-                with gr.Column(scale=3):
-                    chatbot = gr.Chatbot(label="Chat", height=460)
-                    message = gr.Textbox(label="Message", placeholder="Ask something…", lines=2)
-                    with gr.Row():
-                        send = gr.Button("Send", variant="primary")
-                        stop = gr.Button("Stop")
-                        clear = gr.Button("New chat")
-                    with gr.Accordion("Settings", open=True):
-                        system = gr.Textbox(label="System prompt", lines=1)
-                        drafter = gr.Dropdown(choices, value=default, label="Drafter")
-                        block = gr.Slider(1, 16, value=8, step=1, label="Block size K")
-                        steps = gr.Radio([1, 2], value=1, label="Drafting steps (FlashMap)")
-                        temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature")
-                        top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p")
-                        max_new = gr.Slider(16, 2048, value=256, step=16, label="Max new tokens")
-                        adaptive = gr.Checkbox(True, label=ADAPTIVE_LABEL)
-                        tree = gr.Radio(TREE_CHOICES, value=1, label=TREE_LABEL)
-                        thinking = gr.Checkbox(False, label="Thinking (Qwen3)", visible=service.target.supports_thinking())
-                with gr.Column(scale=2):
-                    panel = gr.HTML(render_panel(service, []), label="Draft panel", elem_id="draft-panel")
-                    stats_md = gr.Markdown(render_stats(service, AcceptanceStats(), None, default), elem_id="stats")
-                    chart = gr.Plot(slot_chart(AcceptanceStats()), label="Acceptance per slot", show_label=False,
-                                    elem_id="slot-chart")
-            stats = gr.State(None)
-            settings = [drafter, block, steps, temperature, top_p, max_new, thinking, system, adaptive, tree]
-            outputs = [chatbot, panel, stats_md, chart, stats]
-            run = lambda msg, hist, st, *s: (yield from chat(service, msg, hist, st, *s))
-            events = [trigger(run, [message, chatbot, stats, *settings], outputs, api_visibility="private")
-                      for trigger in (send.click, message.submit)]
-            for ev in events:
-                ev.then(lambda: "", None, message, api_visibility="private")
-            stop.click(None, None, None, cancels=events, api_visibility="private")
-            clear.click(lambda: ([], render_panel(service, []), None), None, [chatbot, panel, stats],
-                        api_visibility="private")
+            chat_tab(service, choices, default, k_max)
         with gr.Tab("Compare"):
-            c_prompt = gr.Textbox(label="Prompt", lines=3, elem_id="compare-prompt")
-            gr.Examples(example_prompts(), inputs=c_prompt, label="Examples (math, code, chat)")
-            with gr.Row():
-                c_drafter = gr.Dropdown([c for c in choices if c[1] != "none"] or choices, value=default, label="Drafter")
-                c_block = gr.Slider(1, 16, value=8, step=1, label="Block size K")
-                c_steps = gr.Radio([1, 2], value=1, label="Steps")
-                c_temp = gr.Slider(0, 2, value=0, step=0.05, label="Temperature")
-                c_max = gr.Slider(16, 1024, value=128, step=16, label="Max new tokens")
-                c_adaptive = gr.Checkbox(True, label=ADAPTIVE_LABEL)
-                c_tree = gr.Radio(TREE_CHOICES, value=1, label=TREE_LABEL)
-            c_run = gr.Button("Run both", variant="primary")
-            with gr.Row():
-                c_plain = gr.Textbox(label="Plain decoding", lines=12)
-                c_spec = gr.Textbox(label="Speculative decoding", lines=12)
-            c_summary = gr.Markdown(elem_id="compare-summary")
-            c_chart = gr.Plot(label="Tokens per second", elem_id="compare-chart")
-            c_run.click(lambda *a: compare(service, *a),
-                        [c_prompt, c_drafter, c_block, c_steps, c_temp, c_max, c_adaptive, c_tree],
-                        [c_plain, c_spec, c_summary, c_chart], api_name="compare")
-
-        def api_chat(message: str) -> str:
-            """Reply to one user message with the default drafter and settings (streamed)."""
-            defaults = ChatSettings(drafter=default)
-            settings, drafter_obj = prepare(service, message, default, defaults.block_size, defaults.steps,
-                                            defaults.temperature, defaults.top_p, defaults.max_new_tokens, False, "",
-                                            defaults.adaptive)
-            with user_errors():
-                for ev, _tps in service.stream(service.prompt_ids([], message, settings), settings, drafter_obj):
-                    yield ev.text
-
-        def api_draft_panel() -> str:
-            """The draft panel of the most recent reply, as plain text rows (for scripts and tests)."""
-            rows = []
-            for ev in service.last_events:
-                if ev.kind == "round":
-                    decode = service.target.tokenizer.decode
-                    slots = [SLOT_MARKS[kind] + decode([t]) for t, kind in zip(ev.drafted, slot_kinds(ev))]
-                    rows.append(" ".join(slots + ["★" + decode([ev.target_token])]))
-            return "\n".join(rows)
-
-        gr.api(api_chat, api_name="chat")
-        gr.api(api_draft_panel, api_name="draft_panel")
+            compare_tab(service, choices, default, k_max)
+        for name, fn in api_functions(service, default).items():
+            gr.api(fn, api_name=name)
     demo.queue(default_concurrency_limit=1)  # one model: requests wait in line, the queue shows their place
     return demo
+
+
+def settings_controls(service: ChatService, choices, default: str, k_max: int) -> dict:
+    with gr.Accordion("Settings", open=True, elem_classes="fm-settings"):
+        system = gr.Textbox(label="System prompt", lines=1)
+        drafter = gr.Dropdown(choices, value=default, label="Drafter", elem_id="chat-drafter")
+        with gr.Row():
+            block = gr.Slider(1, k_max, value=k_max, step=1, label="Block size K")
+            steps = gr.Radio([1, 2], value=1, label="Drafting steps (FlashMap)", interactive=default in FLOW_DRAFTERS)
+        with gr.Row():
+            temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature")
+            top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p")
+        max_new = gr.Slider(16, 2048, value=256, step=16, label="Max new tokens")
+        adaptive = gr.Checkbox(True, label=ADAPTIVE_LABEL)
+        tree = gr.Radio(TREE_CHOICES, value=1, label=TREE_LABEL, interactive=default in FLOW_DRAFTERS)
+        thinking = gr.Checkbox(False, label="Thinking (Qwen3)", visible=service.target.supports_thinking())
+    drafter.change(lambda n, k: drafter_options(service, n, k), [drafter, block], [block, steps, tree, adaptive],
+                   api_visibility="private")
+    return {"drafter": drafter, "block_size": block, "steps": steps, "temperature": temperature, "top_p": top_p,
+            "max_new_tokens": max_new, "enable_thinking": thinking, "system_prompt": system, "adaptive": adaptive,
+            "tree": tree}
+
+
+def chat_tab(service: ChatService, choices, default: str, k_max: int) -> None:
+    with gr.Row():
+        with gr.Column(scale=1, min_width=220):
+            saved = gr.Dropdown(conversation_choices(service), value=None, label="Saved conversations",
+                                elem_id="saved-conversations", visible=service.conversations is not None)
+            title = gr.Textbox(label="Title", elem_id="conversation-title", visible=service.conversations is not None)
+            with gr.Row(visible=service.conversations is not None):
+                rename = gr.Button("Rename", size="sm")
+                delete = gr.Button("Delete", size="sm", variant="stop")
+        with gr.Column(scale=3):
+            chatbot = gr.Chatbot(label="Chat", height=460, elem_id="chatbot")
+            message = gr.Textbox(label="Message", placeholder="Ask something…", lines=2, elem_id="message")
+            with gr.Row():
+                send = gr.Button("Send", variant="primary", elem_id="send")
+                stop = gr.Button("Stop", elem_id="stop")
+                regen = gr.Button("Regenerate", elem_id="regenerate")
+                edit = gr.Button("Edit last", elem_id="edit-last")
+                new = gr.Button("New chat", elem_id="new-chat")
+            controls = settings_controls(service, choices, default, k_max)
+        with gr.Column(scale=2):
+            panel = gr.HTML(render_panel(None, []), label="Draft panel", elem_id="draft-panel")
+            stats_md = gr.Markdown("  \n".join(speed_lines(None, True)), elem_id="stats")
+            chart = gr.Plot(slot_chart(AcceptanceStats()), label="Acceptance per slot", show_label=False,
+                            elem_id="slot-chart")
+    check_controls(controls, fixed=("seed", "stop_strings"))
+    stats, conv_id, pending = gr.State(None), gr.State(None), gr.State("")
+    outputs = [chatbot, panel, stats_md, chart, stats, conv_id]
+    settings_inputs = list(controls.values())
+
+    def run(msg, hist, st, cid, *values):
+        yield from chat(service, msg, hist, st, cid, **dict(zip(controls, values)))
+
+    def run_regenerate(hist, st, cid, *values):
+        yield from regenerate(service, hist, st, cid, **dict(zip(controls, values)))
+
+    refresh = dict(fn=lambda cid: gr.update(choices=conversation_choices(service), value=cid), inputs=conv_id,
+                   outputs=saved, api_visibility="private")
+    for trigger in (send.click, message.submit):  # the box clears at once; the message waits in `pending`
+        taken = trigger(lambda m: ("", m), message, [message, pending], queue=False, api_visibility="private")
+        taken.then(run, [pending, chatbot, stats, conv_id, *settings_inputs], outputs,
+                   api_visibility="private").then(**refresh)
+    regen.click(run_regenerate, [chatbot, stats, conv_id, *settings_inputs], outputs,
+                api_visibility="private").then(**refresh)
+    edit.click(edit_last, chatbot, [chatbot, message], api_visibility="private")
+    stop.click(service.cancel, None, None, queue=False, api_visibility="private")  # ends the reply, keeps it
+    new.click(lambda: ([], render_panel(None, []), None, None, gr.update(value=None), ""), None,
+              [chatbot, panel, stats, conv_id, saved, title], api_visibility="private")
+    saved.input(lambda cid: open_conversation(service, cid), saved, [chatbot, panel, stats, conv_id, title],
+                api_visibility="private")
+    rename.click(lambda cid, t: rename_conversation(service, cid, t), [conv_id, title], saved,
+                 api_visibility="private")
+    delete.click(lambda cid: delete_conversation(service, cid), conv_id, [saved, chatbot, stats, conv_id, title],
+                 api_visibility="private")
+
+
+def compare_tab(service: ChatService, choices, default: str, k_max: int) -> None:
+    c_prompt = gr.Textbox(label="Prompt", lines=3, elem_id="compare-prompt")
+    gr.Examples(example_prompts(), inputs=c_prompt, label="Examples (math, code, chat)")
+    with gr.Row(elem_classes="fm-settings"):
+        c_drafter = gr.Dropdown([c for c in choices if c[1] != "none"] or choices, value=default, label="Drafter")
+        c_block = gr.Slider(1, k_max, value=k_max, step=1, label="Block size K")
+        c_steps = gr.Radio([1, 2], value=1, label="Steps", interactive=default in FLOW_DRAFTERS)
+        c_temp = gr.Slider(0, 2, value=0, step=0.05, label="Temperature")
+        c_max = gr.Slider(16, 1024, value=128, step=16, label="Max new tokens")
+        c_adaptive = gr.Checkbox(True, label=ADAPTIVE_LABEL)
+        c_tree = gr.Radio(TREE_CHOICES, value=1, label=TREE_LABEL, interactive=default in FLOW_DRAFTERS)
+    c_run = gr.Button("Run both", variant="primary", elem_id="compare-run")
+    with gr.Row():
+        c_plain = gr.Textbox(label="Plain decoding", lines=12, elem_id="compare-plain")
+        c_spec = gr.Textbox(label="Speculative decoding", lines=12, elem_id="compare-spec")
+    c_summary = gr.Markdown(elem_id="compare-summary")
+    c_chart = gr.Plot(label="Tokens per second", elem_id="compare-chart")
+    c_controls = {"drafter": c_drafter, "block_size": c_block, "steps": c_steps, "temperature": c_temp,
+                  "max_new_tokens": c_max, "adaptive": c_adaptive, "tree": c_tree}
+    check_controls(c_controls, fixed=COMPARE_FIXED)
+    c_drafter.change(lambda n, k: drafter_options(service, n, k), [c_drafter, c_block],
+                     [c_block, c_steps, c_tree, c_adaptive], api_visibility="private")
+
+    def run(prompt, *values):
+        yield from compare(service, prompt, **dict(zip(c_controls, values)))
+
+    c_run.click(run, [c_prompt, *c_controls.values()], [c_plain, c_spec, c_summary, c_chart],
+                api_visibility="private")

@@ -26,10 +26,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from app.prompts import read_jsonl
-from app.target import Target, add_target_args, load_target, target_config_from_args
-from drafter.losses import Blocks
-
+from core.prompts import read_jsonl
+from core.target import Target, add_target_args, load_target, target_config_from_args
+from drafter.blocks import Blocks
 
 # ---- stage 1: responses --------------------------------------------------------------------
 
@@ -84,7 +83,14 @@ def generate(args) -> None:
     rows = read_prompt_rows(args.prompts, args.limit, args.start)
     meta = {"target": target.identity, "prompts": args.prompts, "start": args.start, "limit": args.limit,
             "max_new_tokens": args.max_new_tokens, "shard_size": args.shard_size}
+    write_domains(Path(args.out), rows)
     generate_rows(target, rows, Path(args.out), meta, args.shard_size, args.batch_size, args.max_new_tokens)
+
+
+def write_domains(out: Path, rows: list[dict]) -> None:
+    """domains.json: each sequence's domain in order, so evaluation needs no prompt files (a clone has none)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "domains.json").write_text(json.dumps([row.get("domain", "?") for row in rows]))
 
 
 def generate_rows(target: Target, rows: list[dict], out: Path, meta: dict, shard_size: int, batch_size: int,
@@ -165,7 +171,9 @@ def load_sequences(folder, layers: tuple[int, ...] | None = None) -> list[Sequen
 
 
 def extract_features(args) -> None:
-    """Cache target features for every shard (bf16, ~2 bytes x F per token), resumable per shard."""
+    """Cache target features for every shard (bf16, ~2 bytes x F per token), resumable per shard. Sequences are
+    batched by length (little padding); --autocast bf16 runs the target's matmuls in bf16 (2x faster on a CPU with
+    AVX512-BF16; features within ~0.8% of fp32's, against 0.2% for storing them in bf16), recorded per shard."""
     target = load_target(target_config_from_args(args))
     layers = tuple(args.layers)
     out = features_dir(args.data, layers)
@@ -174,12 +182,23 @@ def extract_features(args) -> None:
         if (out / path.name).exists():
             continue
         seqs = read_shard(path)
-        feats = []
-        for start in range(0, len(seqs), args.batch_size):
-            feats += target_features(target, seqs[start:start + args.batch_size], layers)
+        with torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
+            feats = features_by_length(target, seqs, layers, args.batch_size)
         tmp = (out / path.name).with_suffix(".tmp")
-        save_file({"features": torch.cat(feats).to(torch.bfloat16).contiguous()}, str(tmp))  # (sum T, F)
+        save_file({"features": torch.cat(feats).to(torch.bfloat16).contiguous()}, str(tmp),  # (sum T, F)
+                  metadata={"autocast": args.autocast})
         tmp.rename(out / path.name)
+
+
+def features_by_length(target: Target, seqs: list[Sequence], layers: tuple[int, ...], batch_size: int,
+                       on_device: bool = False) -> list:
+    """target_features for every sequence, batched in order of length, returned in the sequences' order."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].tokens))
+    feats: dict[int, torch.Tensor] = {}
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        feats.update(zip(idx, target_features(target, [seqs[i] for i in idx], layers, on_device)))
+    return [feats[i] for i in range(len(seqs))]
 
 
 def draft_vocabulary(seqs: list[Sequence], size: int) -> torch.Tensor:
@@ -224,16 +243,8 @@ def with_features_in_memory(target: Target, seqs: list[Sequence], layers: tuple[
                             batch_size: int = 32) -> list[Sequence]:
     """The sequences with their features (T, F) computed now and held on the target's device in bf16, as the
     feature cache stores them: a GPU run trains without a target forward per step and without disk."""
-    out = []
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].tokens))  # similar lengths pad little
-    feats: dict[int, torch.Tensor] = {}
-    for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
-        for i, f in zip(idx, target_features(target, [seqs[i] for i in idx], layers, on_device=True)):
-            feats[i] = f.to(torch.bfloat16)
-    for i, seq in enumerate(seqs):
-        out.append(Sequence(seq.tokens, seq.prompt_len, feats[i]))
-    return out
+    feats = features_by_length(target, seqs, layers, batch_size, on_device=True)
+    return [Sequence(seq.tokens, seq.prompt_len, f.to(torch.bfloat16)) for seq, f in zip(seqs, feats)]
 
 
 def blocks_from_sequences(target: Target, seqs: list[Sequence], anchors_per_seq: int, block_size: int,
@@ -295,6 +306,8 @@ def main(argv=None) -> None:
     feat.add_argument("--data", required=True)
     feat.add_argument("--layers", type=int, nargs="+", required=True, help="e.g. 1 10 20 29 for SmolLM2-135M")
     feat.add_argument("--batch-size", type=int, default=8)
+    feat.add_argument("--autocast", default="none", choices=["none", "bf16"],
+                      help="bf16: the target's matmuls in bf16 (2x faster on AVX512-BF16 CPUs, features within ~0.8%%)")
     add_target_args(feat)
     args = parser.parse_args(argv)
     if args.cmd == "generate":

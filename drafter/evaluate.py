@@ -5,9 +5,9 @@ Shape letters: B = blocks (anchors) in a batch, K = block size, V = draft vocabu
 python -m drafter.evaluate --data data/smollm2-val --variants flashmap flashmap,steps=2 dflash \
     flashmap-teacher,steps=16 flashmap,best_of=4 [--stride 2] [--out runs/eval.json]
 
-A variant is `drafter[,steps=N][,noise=shuffled][,best_of=M][,tree=M][,scale=S][,k=K][,weights=FOLDER]` with
-drafter one of flashmap, flashmap-teacher, dflash (scale: the teacher's initial noise scale, a diagnostic;
-tree=M: M drafts from independent noise merged into a trie of at most K nodes, verified as a tree, App. D).
+A variant is a drafter spec (drafter/spec.py): `drafter[,steps=N][,noise=shuffled][,best_of=M][,tree=M][,scale=S]
+[,k=K][,weights=FOLDER]` with drafter one of flashmap, flashmap-teacher, dflash (scale: the teacher's initial noise
+scale, a diagnostic; tree=M: M drafts from independent noise merged into a trie of at most K nodes, App. D).
 
 At T=0 the target's output is fixed: its greedy response, which `python -m drafter.data generate`
 stored. A round anchored at position a accepts the draft's longest prefix that equals the response
@@ -30,47 +30,40 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from app.prompts import read_jsonl
-from app.target import add_target_args, load_target, target_config_from_args
-from app.tree import build_trie, depth_in, followed_branch
+from core.prompts import read_jsonl
+from core.target import add_target_args, load_target, target_config_from_args
+from core.tree import build_trie, depth_in, followed_branch
 from drafter.data import blocks_at, load_sequences, target_to_draft_map
 from drafter.drafting import BlockSampler, fold_unused, greedy_block
-from drafter.runtime import DRAFTER_MODES, check_tree, default_weights, load_named_net
-
+from drafter.runtime import DRAFTER_MODES, default_weights, load_named_net
+from drafter.spec import NET_DRAFTERS, DrafterSpec, SpecError
 
 
 @dataclass(frozen=True)
 class Variant:
+    """A drafter spec as the evaluator runs it, labelled with its text as typed."""
+
     label: str
-    drafter: str
-    steps: int = 1
-    shared_noise: bool = True
-    best_of: int = 1
-    tree: int = 1
-    noise_scale: float = 1.0
-    block_size: int = 16
-    weights: str | None = None
+    spec: DrafterSpec
+
+    def block_size(self, net) -> int:
+        """K: the spec's, capped by the block the checkpoint was trained for; unset, the checkpoint's own."""
+        return min(self.spec.block_size or net.cfg.block_size, net.cfg.block_size)
 
 
-def parse_variant(spec: str, block_size: int) -> Variant:
-    """'flashmap,steps=2,best_of=4' -> Variant."""
-    name, *options = spec.split(",")
-    if name not in DRAFTER_MODES:
-        raise SystemExit(f"variant {spec!r}: drafter must be one of {sorted(DRAFTER_MODES)}")
-    fields: dict = {"block_size": block_size}
-    casts = {"steps": ("steps", int), "best_of": ("best_of", int), "tree": ("tree", int), "scale": ("noise_scale", float),
-             "k": ("block_size", int), "weights": ("weights", str)}
-    for option in options:
-        key, _, value = option.partition("=")
-        if key == "noise" and value in ("shared", "shuffled"):
-            fields["shared_noise"] = value == "shared"
-        elif key in casts and value:
-            field, cast = casts[key]
-            fields[field] = cast(value)
-        else:
-            raise SystemExit(f"variant {spec!r}: options are steps=N, noise=shared|shuffled, best_of=M, tree=M, "
-                             "scale=S, k=K, weights=FOLDER")
-    return Variant(spec, name, **fields)
+def parse_variant(text: str, block_size: int | None = None) -> Variant:
+    """'flashmap,steps=2,best_of=4' -> Variant (the spec grammar of drafter/spec.py); --block-size fills k."""
+    try:
+        spec = DrafterSpec.parse(text, **({"block_size": block_size} if block_size else {}))
+    except SpecError as err:
+        raise SystemExit(f"variant {text!r}: {err}") from err
+    if spec.name not in NET_DRAFTERS:
+        raise SystemExit(f"variant {text!r}: offline evaluation drafts with a trained network, one of "
+                         f"{', '.join(NET_DRAFTERS)}")
+    if spec.adaptive or spec.max_skip != DrafterSpec.max_skip:
+        raise SystemExit(f"variant {text!r}: adaptive and skip act on the engine's verify cost; "
+                         "use python -m app.suite")
+    return Variant(text, spec)
 
 
 def accepted_prefix(draft: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
@@ -81,14 +74,20 @@ def accepted_prefix(draft: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
 
 
 def domain_of_sequences(folder: Path) -> list[str]:
-    """The prompt file (domain) of each stored sequence, in load order, from the folder's meta.json."""
+    """The domain of each stored sequence, in load order: from the folder's domains.json (written by
+    `drafter.data generate`), else from the prompt files its meta.json names."""
+    if (folder / "domains.json").exists():
+        return json.loads((folder / "domains.json").read_text())
     if not (folder / "meta.json").exists():
         raise SystemExit(f"{folder}: no meta.json; write the folder with python -m drafter.data generate")
     meta = json.loads((folder / "meta.json").read_text())
     start, limit = meta.get("start", 0), meta.get("limit")
     names = []
     for path in meta["prompts"]:
-        rows = read_jsonl(path)[start:start + limit if limit else None]
+        try:
+            rows = read_jsonl(path)[start:start + limit if limit else None]
+        except OSError as err:
+            raise SystemExit(f"{folder}: no domains.json and the prompt file {path} is missing ({err})") from err
         names += [Path(path).stem.removeprefix("train_")] * len(rows)
     return names
 
@@ -124,39 +123,40 @@ class Rounds:
 
 def load_variant(variant: Variant, target) -> tuple:
     """(network, vocab_ids) of the variant's checkpoint, refusing one of the other kind."""
-    folder = variant.weights or default_weights(target.identity["name"], variant.drafter)
-    return load_named_net(variant.drafter, folder, target)
+    folder = variant.spec.weights or default_weights(target.identity["name"], variant.spec.name)
+    return load_named_net(variant.spec.name, folder, target)
 
 
 @torch.inference_mode()
 def draft_rounds(variant: Variant, net, vocab_ids: torch.Tensor, target, seqs, stride: int = 1, batch: int = 128,
                  seed: int = 0) -> Rounds:
     """Draft at every stride-th anchor of each sequence, as the engine would at T=0."""
-    sampler = BlockSampler(net, DRAFTER_MODES[variant.drafter], variant.steps, variant.shared_noise,
-                           variant.best_of, variant.noise_scale)
+    spec, k = variant.spec, variant.block_size(net)
+    sampler = BlockSampler(net, DRAFTER_MODES[spec.name], spec.steps, spec.noise == "shared", spec.best_of,
+                           spec.noise_scale)
     to_draft = target_to_draft_map(vocab_ids, target.vocab_size)
     real = vocab_ids >= 0  # (V,)
-    jobs = [(i, a) for i, seq_anchors in enumerate(anchors_of(seqs, variant.block_size, stride)) for a in seq_anchors]
+    jobs = [(i, a) for i, seq_anchors in enumerate(anchors_of(seqs, k, stride)) for a in seq_anchors]
     generator = torch.Generator().manual_seed(seed)
     drafts, n_accepted, draft_len = [], [], []
     for start in tqdm(range(0, len(jobs), batch), desc=variant.label, unit="batch", leave=False):
         chunk = jobs[start:start + batch]  # sorted by sequence, then anchor: blocks_at keeps this order
         grouped = [(i, [a for _, a in group]) for i, group in groupby(chunk, key=lambda job: job[0])]
         blocks = blocks_at(target, [seqs[i] for i, _ in grouped], [anchors for _, anchors in grouped],
-                           variant.block_size, net.cfg.context_window, net.cfg.feature_layers, to_draft)
+                           k, net.cfg.context_window, net.cfg.feature_layers, to_draft)
         ctx, mask = blocks.context(net)
-        if variant.tree > 1:  # M noise draws per anchor, flattened anchor-major to (B*M, K, V)
-            probs = sampler.draws(ctx, mask, variant.block_size, generator, variant.tree).flatten(0, 1)
+        if spec.tree > 1:  # M noise draws per anchor, flattened anchor-major to (B*M, K, V)
+            probs = sampler.draws(ctx, mask, k, generator, spec.tree).flatten(0, 1)
         else:
-            probs = sampler.probs(ctx, mask, variant.block_size, generator)  # (B, K, V)
+            probs = sampler.probs(ctx, mask, k, generator)  # (B, K, V)
         draft, length = greedy_block(fold_unused(probs, real))  # (B or B*M, K), (B or B*M,): the T=0 proposal
-        if variant.tree > 1:
-            draft, length, accepted = tree_rounds(draft, length, blocks.tokens, variant.tree)
+        if spec.tree > 1:
+            draft, length, accepted = tree_rounds(draft, length, blocks.tokens, spec.tree)
         else:
             accepted = accepted_prefix(draft, blocks.tokens)  # (B,)
         draft_len.append(length)
         n_accepted.append(accepted)
-        past_cut = torch.arange(variant.block_size) >= length[:, None]  # (B, K)
+        past_cut = torch.arange(k) >= length[:, None]  # (B, K)
         drafts.append(torch.where(past_cut, -1, vocab_ids[draft]))  # (B, K)
     index = torch.tensor(jobs, dtype=torch.long).view(-1, 2)  # (R, 2)
     return Rounds(index[:, 0], index[:, 1], torch.cat(drafts), torch.cat(n_accepted), torch.cat(draft_len))
@@ -183,6 +183,7 @@ def tree_rounds(draft: torch.Tensor, length: torch.Tensor, truth: torch.Tensor, 
 
 def evaluate_variant(variant: Variant, loaded: tuple, target, seqs, domains: list[str], stride: int, batch: int,
                      seed: int) -> dict:
+    k = variant.block_size(loaded[0])
     began = time.perf_counter()
     rounds = draft_rounds(variant, *loaded, target, seqs, stride, batch, seed)
     seconds = time.perf_counter() - began
@@ -190,9 +191,9 @@ def evaluate_variant(variant: Variant, loaded: tuple, target, seqs, domains: lis
     by_domain = {}
     for name in dict.fromkeys(domains):
         keep = torch.tensor([d == name for d in domain_of_round])  # (R,)
-        by_domain[name] = tally(rounds.n_accepted[keep], rounds.draft_len[keep], variant.block_size)
-    return {"variant": variant.label, "weights": variant.weights, "seconds": round(seconds, 1),
-            "all": tally(rounds.n_accepted, rounds.draft_len, variant.block_size), **by_domain,
+        by_domain[name] = tally(rounds.n_accepted[keep], rounds.draft_len[keep], k)
+    return {"variant": variant.label, "weights": variant.spec.weights, "block_size": k, "seconds": round(seconds, 1),
+            "all": tally(rounds.n_accepted, rounds.draft_len, k), **by_domain,
             # per round, for paired comparisons between variants of one K (same data -> same anchors)
             "rounds": {"sequence": rounds.seq_index.tolist(), "n_accepted": rounds.n_accepted.tolist()}}
 
@@ -213,23 +214,20 @@ def held_out_sequences(folder: Path, layers: tuple[int, ...], limit: int | None)
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, help="a folder written by drafter.data generate, with features")
-    parser.add_argument("--variants", nargs="+", required=True)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--variants", nargs="+", required=True,
+                        help="drafter specs (drafter/spec.py), e.g. flashmap flashmap,steps=2 dflash flashmap,tree=4")
+    parser.add_argument("--block-size", type=int, default=None,
+                        help="K for variants without k= (default and upper limit: the checkpoint's own block)")
     parser.add_argument("--stride", type=int, default=2, help="every N-th anchor of each response")
     parser.add_argument("--batch", type=int, default=128, help="blocks per drafter pass")
     parser.add_argument("--limit", type=int, default=None, help="first N sequences of each domain")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--seed", type=int, default=0, help="noise seed of the flow drafters")
+    parser.add_argument("--out", default=None, help="JSON with per-domain tallies and per-round counts")
     add_target_args(parser)
     args = parser.parse_args(argv)
-    variants = [parse_variant(spec, args.block_size) for spec in args.variants]
-    if any(v.steps < 1 or v.best_of < 1 or v.tree < 1 or v.block_size < 1 for v in variants) or args.stride < 1:
-        raise SystemExit("steps, best_of, tree, k and --stride must be >= 1")
-    for v in variants:
-        try:
-            check_tree(DRAFTER_MODES[v.drafter], v.tree, v.best_of)
-        except ValueError as err:
-            raise SystemExit(f"variant {v.label!r}: {err}") from err
+    variants = [parse_variant(text, args.block_size) for text in args.variants]
+    if args.stride < 1:
+        raise SystemExit("--stride must be >= 1")
     target = load_target(target_config_from_args(args))
     folder = Path(args.data)
     loaded = [load_variant(v, target) for v in variants]  # (net, vocab_ids) each, loaded once

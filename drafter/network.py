@@ -45,7 +45,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, mask: torch.Tensor | None = None):
         src = x if context is None else context
         b, n, d = x.shape
-        split = lambda y: y.view(b, y.shape[1], self.heads, d // self.heads).transpose(1, 2)  # (B, H, N, D/H)
+
+        def split(y):
+            return y.view(b, y.shape[1], self.heads, d // self.heads).transpose(1, 2)  # (B, N, D) -> (B, H, N, D/H)
+
         q, k, v = self.q_norm(split(self.q(x))), self.k_norm(split(self.k(src))), split(self.v(src))
         attn_mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, C) True = attend
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, H, K, D/H)

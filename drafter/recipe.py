@@ -20,9 +20,11 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-from app.plan import GIB, QWEN3_FACTS, facts_config
-from app.target import estimate_weight_bytes
+import torch
+
+from core.plan import GIB, QWEN3_FACTS, estimate_weight_bytes, facts_config
 from drafter.config import DrafterConfig, spread_layers
+from drafter.network import DraftNet
 from drafter.runtime import default_weights
 
 PROMPT_FILES = ("train_math.jsonl", "train_code.jsonl", "train_chat.jsonl")
@@ -73,10 +75,6 @@ class RecipeConfig:
 
 def drafter_params(cfg: DrafterConfig) -> int:
     """Trainable parameters of the DraftNet for this config, counted on the meta device (no memory)."""
-    import torch
-
-    from drafter.network import DraftNet
-
     with torch.device("meta"):
         rows = torch.empty(cfg.draft_vocab, cfg.target_hidden)
         return sum(p.numel() for p in DraftNet(cfg, rows, rows).parameters())

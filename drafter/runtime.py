@@ -1,4 +1,4 @@
-"""The FlashMap and DFlash-style drafters as the engine sees them (app.drafting.Drafter).
+"""The FlashMap and DFlash-style drafters as the engine sees them (core.drafting.Drafter).
 
 Shape letters: N = newly committed positions, W = context window, F = feature width,
 K = block size, V = draft vocabulary, V_t = target vocabulary, D_t = target width.
@@ -10,12 +10,13 @@ from pathlib import Path
 
 import torch
 
-from app.drafting import Draft
-from app.sampling import SamplingConfig
-from drafter import drafting
+from core.drafting import Draft
+from core.sampling import SamplingConfig
+from drafter import drafting, zlab_dflash
 from drafter.checkpoint import CheckpointError, read_checkpoint
 from drafter.config import DrafterConfig
 from drafter.network import DraftNet
+from drafter.spec import DrafterSpec
 
 WEIGHTS_ROOT = Path(__file__).resolve().parent.parent / "weights"
 DRAFTER_MODES = {"flashmap": "flowmap", "flashmap-teacher": "teacher", "dflash": "dflash"}  # name -> BlockSampler mode
@@ -65,13 +66,13 @@ class FlowDrafter:
     """
 
     def __init__(self, net: DraftNet, vocab_ids: torch.Tensor, target, mode: str, steps: int = 1,
-                 best_of: int = 1, tree: int = 1):
-        check_tree(mode, tree, best_of)
+                 best_of: int = 1, tree: int = 1, shared_noise: bool = True, noise_scale: float = 1.0):
         self.net = net
-        self.sampler = drafting.BlockSampler(net, mode, steps, best_of=best_of)
+        self.sampler = drafting.BlockSampler(net, mode, steps, shared_noise, best_of, noise_scale)
         self.tree = tree  # drafts from independent noise per round, verified as a tree (App. D)
         self.name = mode if mode != "flowmap" else f"flashmap-{steps}step"
         self.feature_layers = net.cfg.feature_layers
+        self.max_block_size = net.cfg.block_size  # the block it was trained for: the engine never asks for more
         self.vocab_ids = vocab_ids  # (V,) target id per draft id, -1 for "other"
         self.target_vocab = target.vocab_size
         self.input_embeddings = target.model.get_input_embeddings().weight.detach()  # (V_t, D_t)
@@ -115,23 +116,11 @@ class FlowDrafter:
     @torch.inference_mode()
     def propose_tree(self, anchor: int, block_size: int, sampling: SamplingConfig, generator) -> Draft:
         """App. D: `tree` blocks from independent noise draws in one batched pass, each proposed as at T=0
-        (argmax per slot, cut at the first "other"); the engine merges them into a trie."""
-        if not sampling.greedy:
-            raise ValueError("tree drafting (several drafts verified together) is exact at temperature 0 only; "
-                             "use 1 draft per round at T > 0")
+        (argmax per slot, cut at the first "other"); the engine merges them into a trie (and refuses it at T > 0)."""
         probs = self.sampler.draws(*self.context(anchor), block_size, generator, self.tree)[0]  # (M, K, V)
         tokens, lengths = drafting.greedy_block(drafting.fold_unused(probs, self.vocab_ids >= 0))  # (M, K), (M,)
         branches = [self.vocab_ids[row[:n]].tolist() for row, n in zip(tokens, lengths.tolist())]
         return Draft(torch.tensor(branches[0], dtype=torch.long), None, None, tuple(map(tuple, branches[1:])))
-
-
-def check_tree(mode: str, tree: int, best_of: int) -> None:
-    if tree < 1:
-        raise ValueError(f"tree drafts per round must be >= 1, got {tree}")
-    if tree > 1 and mode == "dflash":
-        raise ValueError("a DFlash-style draft has no noise: its tree drafts would all be equal")
-    if tree > 1 and best_of > 1:
-        raise ValueError("choose best-of-M or a tree of M drafts, not both")
 
 
 PUBLISHED_DFLASH = {  # published drafters in the z-lab format, read from the local Hugging Face cache
@@ -155,19 +144,17 @@ def resolve_weights(spec: str, allow_download: bool = False) -> Path:
         raise CheckpointError(f"no folder {spec} and hub repo {spec} is not in the local cache{hint} ({err})") from err
 
 
-def load_engine_drafter(name: str, target, steps: int = 1, weights: str | None = None,
-                        allow_download: bool = False, best_of: int = 1, tree: int = 1):
-    """name: flashmap | flashmap-teacher | dflash. Raises CheckpointError with the reason.
+def load_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False):
+    """A network drafter (flashmap | flashmap-teacher | dflash) for this spec. Raises CheckpointError with the reason.
 
     dflash also accepts a published z-lab DFlash folder or hub id (drafter.zlab_dflash); for a target
     with a known published drafter and no local checkpoint, that one is looked up in the cache."""
-    from drafter import zlab_dflash
-
-    check_tree(DRAFTER_MODES[name], tree, best_of)
+    name, weights = spec.name, spec.weights
     path = resolve_weights(weights, allow_download) if weights else default_weights(target.identity["name"], name)
     if name == "dflash" and not weights and not path.exists() and target.name in PUBLISHED_DFLASH:
         path = resolve_weights(PUBLISHED_DFLASH[target.name], allow_download)
     if name == "dflash" and zlab_dflash.is_zlab_folder(path):
         return zlab_dflash.ZLabDFlashDrafter(zlab_dflash.load_zlab_net(path, target), target)
     net, vocab_ids = load_named_net(name, path, target)
-    return FlowDrafter(net, vocab_ids, target, DRAFTER_MODES[name], steps=steps, best_of=best_of, tree=tree)
+    return FlowDrafter(net, vocab_ids, target, DRAFTER_MODES[name], steps=spec.steps, best_of=spec.best_of,
+                       tree=spec.tree, shared_noise=spec.noise == "shared", noise_scale=spec.noise_scale)

@@ -19,8 +19,9 @@ import time
 import torch
 
 from drafter import drafting
+from drafter.blocks import Blocks
 from drafter.config import DrafterConfig
-from drafter.losses import Blocks, distill_loss, dflash_loss, teacher_loss
+from drafter.losses import dflash_loss, distill_loss, teacher_loss
 from drafter.network import DraftNet
 
 WORDS = ["<other>", "new", "york", "san", "diego", "los", "angeles", "las", "vegas"]
@@ -83,12 +84,15 @@ def run(steps: int = 600, samples: int = 2000, seed: int = 0) -> dict:
     factorized = train(make_net("dflash", seed), lambda net, b, g: dflash_loss(net, b), steps, 3e-3, seed)
     teacher = train(make_net("flashmap", seed), teacher_loss, 2 * steps, 3e-3, seed)
     frozen = copy.deepcopy(teacher).requires_grad_(False)
-    student = train(copy.deepcopy(teacher), lambda net, b, g: distill_loss(net, frozen, b, g), 2 * steps, 1e-3, seed + 1)
+    distill = lambda net, b, g: distill_loss(net, frozen, b, g)  # noqa: E731
+    student = train(copy.deepcopy(teacher), distill, 2 * steps, 1e-3, seed + 1)
     factor = drafting.noise_embedding_factor(student)
     return {
         "factorized": mode_fraction(factorized, lambda n, c, m, g: drafting.masked(n, c, m, 2), samples, seed),
-        "teacher_16step": mode_fraction(teacher, lambda n, c, m, g: drafting.jumps(n, c, m, 2, 16, g, True), samples, seed),
-        "flowmap_1step": mode_fraction(student, lambda n, c, m, g: drafting.one_jump(n, c, m, 2, g, factor), samples, seed),
+        "teacher_16step": mode_fraction(teacher, lambda n, c, m, g: drafting.jumps(n, c, m, 2, 16, g, True),
+                                        samples, seed),
+        "flowmap_1step": mode_fraction(student, lambda n, c, m, g: drafting.one_jump(n, c, m, 2, g, factor),
+                                       samples, seed),
         "flowmap_2step": mode_fraction(student, lambda n, c, m, g: drafting.jumps(n, c, m, 2, 2, g), samples, seed),
     }
 

@@ -2,7 +2,8 @@
 
 python -m drafter.train --stage teacher --data DIR --out weights/<target>/flashmap-teacher [--steps N]
     [--init weights/<target>/dflash --t0-share 0.3]      (warm start from the DFlash-style net, issue #15)
-python -m drafter.train --stage distill --init weights/<target>/flashmap-teacher --data DIR --out weights/<target>/flashmap
+python -m drafter.train --stage distill --init weights/<target>/flashmap-teacher --data DIR \
+    --out weights/<target>/flashmap
     [--student-init FOLDER]      (start from an earlier flow map instead of a copy of the teacher)
 python -m drafter.train --stage dflash  --data DIR --out weights/<target>/dflash
 
@@ -18,14 +19,14 @@ import copy
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from app.target import add_target_args, load_target, target_config_from_args
+from core.target import TargetConfig, add_target_args, load_target, target_config_from_args
 from drafter.checkpoint import save_checkpoint
 from drafter.config import DrafterConfig, spread_layers
 from drafter.data import blocks_from_sequences, draft_vocabulary, load_sequences, target_to_draft_map
@@ -55,6 +56,7 @@ class TrainConfig:
     grad_checkpoint: bool = False  # recompute each drafter block in backward (large drafters on a 24 GB GPU)
     t0_share: float = 0.0  # teacher: share of blocks trained at exactly t = 0, where every draft starts (issue #15)
     student_init: str | None = None  # distill: start the student from this flow map instead of a copy of the teacher
+    schedule: str = "auto"  # auto: cosine (teacher, dflash) / WSD (distill); constant: warmup then flat (drafter.loop)
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -65,13 +67,18 @@ class TrainConfig:
             raise ValueError("--stage distill needs --init <teacher checkpoint>")
         if self.student_init and self.stage != "distill":
             raise ValueError("--student-init applies to --stage distill only")
+        if self.schedule not in ("auto", "constant"):
+            raise ValueError("--schedule must be auto or constant")
         if not 0.0 <= self.t0_share <= 1.0:
             raise ValueError(f"--t0-share must be in [0, 1], got {self.t0_share}")
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Warmup then cosine (teacher, dflash) or warmup-stable-decay (distill), as in §4."""
+    """Warmup then cosine (teacher, dflash) or warmup-stable-decay (distill), as in §4; constant: at most 200
+    warmup steps, then flat (an open-ended run that keeps its best checkpoint by held-out acceptance)."""
     warm = max(1, int(cfg.warmup_frac * cfg.steps))
+    if cfg.schedule == "constant":
+        return min(1.0, (step + 1) / min(warm, 200))
     if step < warm:
         return (step + 1) / warm
     if cfg.stage == "distill":
@@ -116,14 +123,28 @@ def earlier_runs(previous: dict, cfg: TrainConfig) -> list[dict]:
     return earlier if same or not previous else earlier + [previous]
 
 
-def network_config(cfg: TrainConfig, args, target) -> DrafterConfig:
-    """The shape of a new network (teacher / dflash from scratch), built once from the CLI flags."""
+@dataclass(frozen=True)
+class NetShape:
+    """The shape of a new network (teacher / dflash from scratch); distillation and warm starts keep the shape
+    of the checkpoint they start from."""
+
+    block_size: int = 16
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_feature_layers: int = 4  # target layers read, spread over its depth (config.spread_layers)
+    draft_vocab: int = 4096
+    context_window: int = 128
+
+
+def network_config(cfg: TrainConfig, shape: NetShape, target) -> DrafterConfig:
+    """The DrafterConfig of a new network for this stage and target, built once."""
+    layers = spread_layers(target.model.config.num_hidden_layers, shape.n_feature_layers)
     return DrafterConfig(
-        kind="dflash" if cfg.stage == "dflash" else "flashmap", block_size=args.block_size, d_model=args.d_model,
-        n_layers=args.n_layers, n_heads=args.n_heads, feature_layers=spread_layers(
-            target.model.config.num_hidden_layers, args.n_feature_layers),
-        target_hidden=target.model.config.hidden_size, draft_vocab=args.draft_vocab,
-        context_window=args.context_window,
+        kind="dflash" if cfg.stage == "dflash" else "flashmap", block_size=shape.block_size, d_model=shape.d_model,
+        n_layers=shape.n_layers, n_heads=shape.n_heads, feature_layers=layers,
+        target_hidden=target.model.config.hidden_size, draft_vocab=shape.draft_vocab,
+        context_window=shape.context_window,
     )
 
 
@@ -162,16 +183,16 @@ def loss_for(cfg: TrainConfig, net, teacher, blocks, gen):
     return distill_loss(net, teacher, blocks, gen)
 
 
-def train(cfg: TrainConfig, args) -> Path:
+def train(cfg: TrainConfig, shape: NetShape, target_cfg: TargetConfig) -> Path:
     """The CLI's run: load the target and the data folders (with their feature caches), then train_on."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    target = load_target(target_config_from_args(args))
+    target = load_target(target_cfg)
     seqs = training_sequences(cfg.data)
     if not seqs:
         raise SystemExit(f"no training sequences in {cfg.data}; run python -m drafter.data generate first")
     return train_on(cfg, target, lambda layers: training_sequences(cfg.data, layers),
-                    network_config(cfg, args, target))
+                    network_config(cfg, shape, target))
 
 
 def train_on(cfg: TrainConfig, target, sequences, net_cfg: DrafterConfig, on_save=None, stop_at: float | None = None,
@@ -242,44 +263,57 @@ def train_on(cfg: TrainConfig, target, sequences, net_cfg: DrafterConfig, on_sav
     return out
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_train_args(parser: argparse.ArgumentParser, with_steps: bool = True) -> None:
+    """The TrainConfig and NetShape flags (drafter.loop reuses them without --steps: its runs are open-ended)."""
     parser.add_argument("--stage", required=True, choices=STAGES)
     parser.add_argument("--data", nargs="+", required=True,
                         help="folders written by python -m drafter.data generate (pooled)")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="checkpoint folder (an existing one resumes)")
     parser.add_argument("--init", default=None, help="start from this checkpoint: the teacher (distill), a "
                         "DFlash-style net (teacher warm start), an earlier run (dflash)")
-    for field, default in [("steps", 2000), ("batch-seqs", 8), ("anchors-per-seq", 16), ("save-every", 100),
-                           ("seed", 0), ("threads", 0)]:
-        parser.add_argument(f"--{field}", type=int, default=default)
+    ints = [("steps", 2000)] if with_steps else []
+    ints += [("batch-seqs", 8), ("anchors-per-seq", 16), ("save-every", 100), ("seed", 0), ("threads", 0)]
+    for field, default in ints:
+        parser.add_argument(f"--{field}", type=int, default=default, help=f"default {default}")
     for field, default in [("lr", None), ("warmup-frac", 0.04), ("decay-frac", 0.2), ("weight-decay", 0.1)]:
-        parser.add_argument(f"--{field}", type=float, default=default)
-    # network shape (new teacher / dflash only; distill copies the teacher's)
-    for field, default in [("block-size", 16), ("d-model", 256), ("n-layers", 4), ("n-heads", 4),
-                           ("n-feature-layers", 4), ("draft-vocab", 4096), ("context-window", 128)]:
-        parser.add_argument(f"--{field}", type=int, default=default)
+        parser.add_argument(f"--{field}", type=float, default=default,
+                            help="default 6e-4 (5e-5 for distill)" if field == "lr" else f"default {default}")
+    # network shape (new teacher / dflash only; distill and --init keep their checkpoint's)
+    for field in fields(NetShape):
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=int, default=field.default,
+                            help="new networks only: " + field.name.replace("_", " "))
     parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument("--grad-checkpoint", action="store_true", help="recompute drafter blocks in backward")
     parser.add_argument("--student-init", default=None,
                         help="distill: start the student from this flow map (else a copy of the teacher)")
     parser.add_argument("--t0-share", type=float, default=0.0,
                         help="teacher: share of blocks trained at t = 0 (e.g. 0.3 with --init from a DFlash-style net)")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_train_args(parser)
     add_target_args(parser)
     return parser.parse_args(argv)
 
 
-def config_from_args(args) -> TrainConfig:
+def config_from_args(args, **overrides) -> TrainConfig:
     lr = args.lr if args.lr is not None else (5e-5 if args.stage == "distill" else 6e-4)
-    return TrainConfig(args.stage, tuple(args.data), args.out, args.init, args.steps, args.batch_seqs,
-                       args.anchors_per_seq, lr, args.warmup_frac, args.decay_frac, args.weight_decay,
-                       args.save_every, args.seed, args.threads, args.precision, args.grad_checkpoint, args.t0_share,
-                       args.student_init)
+    values = dict(stage=args.stage, data=tuple(args.data), out=args.out, init=args.init,
+                  steps=getattr(args, "steps", None), batch_seqs=args.batch_seqs, anchors_per_seq=args.anchors_per_seq,
+                  lr=lr, warmup_frac=args.warmup_frac, decay_frac=args.decay_frac, weight_decay=args.weight_decay,
+                  save_every=args.save_every, seed=args.seed, threads=args.threads, precision=args.precision,
+                  grad_checkpoint=args.grad_checkpoint, t0_share=args.t0_share, student_init=args.student_init)
+    return TrainConfig(**{**values, **overrides})
+
+
+def shape_from_args(args) -> NetShape:
+    return NetShape(**{field.name: getattr(args, field.name) for field in fields(NetShape)})
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    print(f"saved {train(config_from_args(args), args)}")
+    print(f"saved {train(config_from_args(args), shape_from_args(args), target_config_from_args(args))}")
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.nn import functional as F
 
-from app.drafting import Draft
-from app.sampling import SamplingConfig
+from core.drafting import Draft
+from core.sampling import SamplingConfig
 from drafter.checkpoint import CheckpointError
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -222,6 +222,7 @@ class ZLabDFlashDrafter:
         self.net, self.c = net, net.c
         self.name = "dflash (published)"
         self.feature_layers = tuple(i + 1 for i in self.c.target_layer_ids)  # hidden_states[0] = embeddings
+        self.max_block_size = self.c.block_size - 1  # the anchor takes the block's first position
         self.embed = target.model.get_input_embeddings()
         self.head = target.model.get_output_embeddings()
         self.device = next(net.parameters()).device

@@ -20,8 +20,8 @@ R=docs/results
 mkdir -p "$R"
 run() { local name=$1; shift; [ -f "$R/$name.json" ] || $PY -m app.suite "$@" --out "$R/$name.json"; }
 
-[ -f "$R/verify_cost.json" ] || $PY -m app.verify_cost --positions $(seq 1 17) --out "$R/verify_cost.json"
-[ -f "$R/verify_cost_bf16.json" ] || $PY -m app.verify_cost --positions $(seq 1 17) --dtype bf16 \
+[ -f "$R/verify_cost.json" ] || $PY -m core.verify_cost --positions $(seq 1 17) --out "$R/verify_cost.json"
+[ -f "$R/verify_cost_bf16.json" ] || $PY -m core.verify_cost --positions $(seq 1 17) --dtype bf16 \
   --out "$R/verify_cost_bf16.json"
 for T in 0 1; do
   for D in math code chat; do
@@ -60,4 +60,4 @@ if [ -d "$PHASE1" ]; then  # the checkpoints before training phase 2, for what i
   off offline_val_phase1 --data data/smollm2-val --stride 2 --variants "dflash,weights=$PHASE1/dflash" \
     "flashmap,weights=$PHASE1/flashmap" "flashmap,steps=2,weights=$PHASE1/flashmap"
 fi
-$PY scripts/report.py
+$PY -m scripts.report

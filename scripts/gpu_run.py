@@ -26,8 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts.gpu import arch, train
-from scripts.gpu import transfer
+from scripts.gpu import arch, train, transfer
 from scripts.gpu.stages import Command, check_out_limits
 
 
@@ -107,7 +106,8 @@ def rehearse(reference_gguf: Path) -> dict:
     with torch.inference_mode():
         diff = (loaded.model(ids).logits - reference(ids).logits).abs().max().item()
     import transformers
-    from app.target import embedded_gguf_path
+
+    from core.target import embedded_gguf_path
 
     same_hash = manifest["sha256"] == transfer.sha256(reference_gguf)
     return {"transformers": transformers.__version__, "sha256_ok": same_hash,
@@ -116,8 +116,8 @@ def rehearse(reference_gguf: Path) -> dict:
 
 def check_greedy(results: Path) -> list[dict]:
     """After command 2: the GPU target's greedy continuations (results.json, stage target) against this CPU's."""
-    from app.engine import GenerationConfig, generate_all
-    from app.target import TargetConfig, load_target
+    from core.engine import GenerationConfig, generate_all
+    from core.target import TargetConfig, load_target
 
     rows = json.loads(results.read_text())["target"]["greedy_check"]
     target = load_target(TargetConfig(device="cpu"))
@@ -162,7 +162,7 @@ def main(argv=None) -> None:
         if not dry_run():
             raise SystemExit(1)
     elif args.prepare:
-        from app.target import embedded_gguf_path
+        from core.target import embedded_gguf_path
 
         gguf = Path(args.gguf) if args.gguf else embedded_gguf_path()
         manifest = transfer.stage_embedded(gguf, Path(args.wheels) if args.wheels else None)

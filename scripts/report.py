@@ -1,8 +1,8 @@
 """Regenerate docs/benchmarks.md and its plots from the bench runs in docs/results/.
 
-python scripts/report.py [--results docs/results] [--out docs]
+python -m scripts.report [--results docs/results] [--out docs]
 
-Reads the JSON written by `python -m app.suite` / `python -m app.verify_cost` (scripts/bench_report.sh
+Reads the JSON written by `python -m app.suite` / `python -m core.verify_cost` (scripts/bench_report.sh
 runs them) and writes docs/benchmarks.md plus PNGs beside it. Every number in the report is read from
 those files; nothing is typed in by hand.
 """
@@ -17,14 +17,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from drafter.spec import DrafterSpec  # noqa: E402
+
 DOMAINS = ("math", "code", "chat")
 MAIN_ORDER = ("ngram", "hf-prompt-lookup", "dflash", "flashmap,steps=1", "flashmap,steps=2",
               "flashmap,steps=1,adaptive=1,skip=0", "flashmap,steps=1,adaptive=1")
-LABELS = {"ngram": "n-gram (engine)", "hf-prompt-lookup": "transformers prompt lookup", "dflash": "DFlash-style",
-          "flashmap,steps=1": "FlashMap 1-step", "flashmap,steps=2": "FlashMap 2-step",
-          "flashmap-teacher,steps=16": "flow teacher, 16 steps",
-          "flashmap,steps=1,adaptive=1,skip=0": "FlashMap 1-step, adaptive K, drafter called every round",
-          "flashmap,steps=1,adaptive=1": "FlashMap 1-step, adaptive K (drafter skipped after empty drafts)"}
 SLOT_DRAFTERS = ("dflash", "flashmap,steps=1", "flashmap,steps=2")
 
 
@@ -59,7 +56,7 @@ def main_table(run: dict, domain: str, temperature: int) -> list[str]:
         if name in rows:
             r = rows[name]
             same = {True: "yes", False: "**no**", None: "n/a (T>0)"}[r["identical_to_baseline"]]
-            lines.append(f"| {LABELS[name]} | {fmt(r['tokens_per_s'], 1)} | {fmt(r['speedup'])}× | "
+            lines.append(f"| {label(name)} | {fmt(r['tokens_per_s'], 1)} | {fmt(r['speedup'])}× | "
                          f"{fmt(r['acceptance_length'])} | {same} |")
     return lines + [""]
 
@@ -71,7 +68,7 @@ def plot_speedups(mains: dict, out: Path) -> None:
         for i, name in enumerate(MAIN_ORDER):
             values = [by_variant(mains[(d, temperature)]).get(name, {}).get("speedup") if (d, temperature) in mains
                       else None for d in DOMAINS]
-            ax.bar([j + i * width for j in range(len(DOMAINS))], [v or 0 for v in values], width, label=LABELS[name])
+            ax.bar([j + i * width for j in range(len(DOMAINS))], [v or 0 for v in values], width, label=label(name))
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(DOMAINS))], DOMAINS)
         ax.set_title(f"T = {temperature}")
@@ -91,7 +88,7 @@ def plot_k_sweep(run: dict, out: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, pts in series.items():
         pts.sort()
-        ax.plot([k for k, _ in pts], [a for _, a in pts], marker="o", label=LABELS.get(name, name))
+        ax.plot([k for k, _ in pts], [a for _, a in pts], marker="o", label=label(name))
     ax.set_xlabel("proposal length K")
     ax.set_ylabel("acceptance length (tokens per target forward)")
     ax.legend()
@@ -102,7 +99,7 @@ def plot_k_sweep(run: dict, out: Path) -> list[str]:
     lines = ["| drafter | " + " | ".join(f"K={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
     for name, pts in series.items():
         got = dict(pts)
-        lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(fmt(got.get(k)) for k in ks) + " |")
+        lines.append(f"| {label(name)} | " + " | ".join(fmt(got.get(k)) for k in ks) + " |")
     return lines + [""]
 
 
@@ -115,8 +112,8 @@ def plot_slots(mains: dict, out: Path, temperature: int = 0) -> list[str]:
             continue
         rates = pooled_slots(rows)
         ax.plot(range(1, len(rates) + 1), [r if r is not None else float("nan") for r in rates], marker="o",
-                label=LABELS[name])
-        lines.append(f"| {LABELS[name]} | " + " | ".join(fmt(r) for r in rates) + " |")
+                label=label(name))
+        lines.append(f"| {label(name)} | " + " | ".join(fmt(r) for r in rates) + " |")
     ax.set_xlabel("slot k")
     ax.set_ylabel("P(slot k accepted | slots < k accepted)")
     ax.set_ylim(0, 1)
@@ -138,7 +135,7 @@ def shuffle_table(run: dict) -> list[str]:
         if shuffled is None:
             continue
         a, b = r["acceptance_length"], shuffled["acceptance_length"]
-        lines.append(f"| {LABELS.get(name, name)} | {fmt(a, 3)} | {fmt(b, 3)} | {a - b:+.3f} |")
+        lines.append(f"| {label(name)} | {fmt(a, 3)} | {fmt(b, 3)} | {a - b:+.3f} |")
     return lines + [""]
 
 
@@ -157,7 +154,7 @@ def verify_section(cost: dict, mains: dict) -> list[str]:
             for name in ("dflash", "flashmap,steps=1", "flashmap,steps=2"):
                 r = by_variant(run).get(name)
                 if r and r["acceptance_length"]:
-                    lines.append(f"| {d} T={t} {LABELS[name]} | {fmt(r['acceptance_length'])} | "
+                    lines.append(f"| {d} T={t} {label(name)} | {fmt(r['acceptance_length'])} | "
                                  f"{r['acceptance_length'] / rel[17]:.2f}× | {fmt(r['speedup'])}× |")
     return lines + [""]
 
@@ -210,18 +207,9 @@ def offline_target_rows(val: dict | None, sparse: dict | None) -> list[str]:
     return lines
 
 
-OFFLINE_LABELS = {"flashmap": "FlashMap 1-step", "flashmap,steps=2": "FlashMap 2-step", "dflash": "DFlash-style",
-                  "flashmap,best_of=4": "FlashMap 1-step, best of 4 noise draws",
-                  "flashmap,noise=shuffled": "FlashMap 1-step, per-slot independent noise",
-                  "flashmap,steps=2,noise=shuffled": "FlashMap 2-step, per-slot independent noise",
-                  "flashmap-teacher,steps=16": "flow teacher, 16 steps",
-                  "flashmap-teacher,steps=16,scale=0.3": "flow teacher, 16 steps, noise × 0.3",
-                  "flashmap-teacher,steps=1": "flow teacher, 1 step (its t = 0 denoiser)"}
-
-
-def offline_label(variant: str) -> str:
-    base, _, weights = variant.partition(",weights=")
-    return OFFLINE_LABELS.get(base, base) + (f" ({Path(weights).parent.name} checkpoint)" if weights else "")
+def label(variant: str) -> str:
+    """The people's label of a variant, from its drafter spec (drafter/spec.py)."""
+    return DrafterSpec.parse(variant).describe()
 
 
 def paired_delta(a: dict, b: dict, domain: str, run: dict) -> tuple[float, float, int] | None:
@@ -243,7 +231,7 @@ def offline_table(runs: list[dict]) -> list[str]:
     lines = ["| drafter | " + " | ".join(domains) + " | rounds (all) |", "|---|" + "---|" * (len(domains) + 1)]
     for run in runs:
         for r in run["results"]:
-            lines.append(f"| {offline_label(r['variant'])} | "
+            lines.append(f"| {label(r['variant'])} | "
                          + " | ".join(fmt(r[d]["acceptance_length"], 3) for d in domains)
                          + f" | {r['all']['rounds']:,} (anchor stride {run['stride']}) |")
     return lines + [""]
@@ -278,8 +266,8 @@ def offline_section(val: dict, sparse: dict | None, phase1: dict | None, seen: d
                             ("FlashMap 2-step − DFlash-style", "flashmap,steps=2", "dflash")])
     if sparse:
         doc += delta_rows(sparse, [("FlashMap 1-step best of 4 − 1-step", "flashmap,best_of=4", "flashmap"),
-                                   ("flow teacher 16 steps, noise × 0.3 − noise × 1", "flashmap-teacher,steps=16,scale=0.3",
-                                    "flashmap-teacher,steps=16")])
+                                   ("flow teacher 16 steps, noise × 0.3 − noise × 1",
+                                    "flashmap-teacher,steps=16,scale=0.3", "flashmap-teacher,steps=16")])
         doc += ["", "Shuffle test (paper Table 2) offline: shared noise − per-slot independent noise (paired; the "
                 "teacher's 16-step version is in the engine run above, as K independent 16-step draws per block "
                 "are too dear for thousands of rounds here):", ""] + head
@@ -296,19 +284,6 @@ def offline_section(val: dict, sparse: dict | None, phase1: dict | None, seen: d
     return doc
 
 
-def variant_label(spec: str) -> str:
-    """'flashmap,tree=4,k=4' -> 'FlashMap 1-step, tree of 4 drafts, K=4' (any engine or offline variant)."""
-    name, *options = spec.split(",")
-    opts = dict(o.partition("=")[::2] for o in options)
-    steps = opts.pop("steps", "1")
-    label = {"flashmap": f"FlashMap {steps}-step", "flashmap-teacher": f"flow teacher, {steps} steps"}.get(
-        name, LABELS.get(name, name))
-    words = {"tree": lambda v: f"tree of {v} drafts", "k": lambda v: f"K={v}", "adaptive": lambda v: "adaptive K",
-             "best_of": lambda v: f"best of {v}", "noise": lambda v: f"{v} noise",
-             "skip": lambda v: "drafter called every round" if v == "0" else f"drafter skipped ≤ {v} rounds after empty drafts"}
-    return ", ".join([label] + [words[key](value) if key in words else f"{key}={value}" for key, value in opts.items()])
-
-
 def tree_section(engine: dict[str, dict], offline: list[dict]) -> list[str]:
     """Paper App. D: several drafts from independent noise, merged into a trie, verified in one forward."""
     doc = ["## Multi-sample drafting with tree verification (paper App. D), T=0", "",
@@ -318,12 +293,13 @@ def tree_section(engine: dict[str, dict], offline: list[dict]) -> list[str]:
            "Lossless at T=0 (every output below is identical to plain decoding); at T>0 the app uses one draft.", ""]
     for domain, run in engine.items():
         rows = run["results"]
-        doc += [f"**{domain}** — {rows[0]['prompts']} prompts, {run['max_new_tokens']} new tokens, one side-by-side run", "",
+        doc += [f"**{domain}** — {rows[0]['prompts']} prompts, {run['max_new_tokens']} new tokens, "
+                "one side-by-side run", "",
                 "| drafter | tokens/s | speedup | acceptance length | identical to plain |", "|---|---|---|---|---|",
                 f"| plain decoding | {fmt(rows[0]['baseline_tokens_per_s'], 1)} | 1.00× | 1.00 | — |"]
         for r in rows:
             same = {True: "yes", False: "**no**", None: "n/a"}[r["identical_to_baseline"]]
-            doc.append(f"| {variant_label(r['variant'])} | {fmt(r['tokens_per_s'], 1)} | {fmt(r['speedup'])}× | "
+            doc.append(f"| {label(r['variant'])} | {fmt(r['tokens_per_s'], 1)} | {fmt(r['speedup'])}× | "
                        f"{fmt(r['acceptance_length'])} | {same} |")
         doc.append("")
     for run in offline:
@@ -332,11 +308,11 @@ def tree_section(engine: dict[str, dict], offline: list[dict]) -> list[str]:
                 "for every row, so the differences are paired):", ""]
         doc += ["| drafter | " + " | ".join(domains) + " | rounds (all) |", "|---|" + "---|" * (len(domains) + 1)]
         for r in run["results"]:
-            doc.append(f"| {variant_label(r['variant'])} | " + " | ".join(fmt(r[d]["acceptance_length"], 3) for d in domains)
+            doc.append(f"| {label(r['variant'])} | " + " | ".join(fmt(r[d]["acceptance_length"], 3) for d in domains)
                        + f" | {r['all']['rounds']:,} |")
         trees = [r["variant"] for r in run["results"] if ",tree=" in r["variant"]]
         chain = {spec: ",".join(o for o in spec.split(",") if not o.startswith("tree=")) for spec in trees}
-        pairs = [(f"{variant_label(spec)} − {variant_label(chain[spec])}", spec, chain[spec]) for spec in trees]
+        pairs = [(f"{label(spec)} − {label(chain[spec])}", spec, chain[spec]) for spec in trees]
         doc += ["", "| comparison (accepted tokens per round) | " + " | ".join(domains) + " |",
                 "|---|" + "---|" * len(domains)] + delta_rows(run, pairs) + [""]
     return doc
@@ -345,7 +321,7 @@ def tree_section(engine: dict[str, dict], offline: list[dict]) -> list[str]:
 def build(results: Path, out: Path) -> str:
     mains = {(d, t): run for d in DOMAINS for t in (0, 1) if (run := load(results, f"main_{d}_t{t}.json"))}
     doc = ["# Benchmarks: SmolLM2-135M-Instruct on a 2-core CPU", "",
-           "Generated by `python scripts/report.py` from the JSON files in `docs/results/`, which "
+           "Generated by `python -m scripts.report` from the JSON files in `docs/results/`, which "
            "`bash scripts/bench_report.sh` writes (each file is one side-by-side run: for every prompt, plain "
            "decoding and every drafter run back to back, in a rotating order). Speedups are ratios of "
            "tokens/s within one run.", ""]
@@ -386,7 +362,7 @@ def build(results: Path, out: Path) -> str:
                                load(results, "offline_seen.json"))
     if cost := load(results, "verify_cost.json"):
         doc += ["## Verify cost and the ceiling it sets", "",
-                "`python -m app.verify_cost`: median time of one target forward over T new positions after "
+                "`python -m core.verify_cost`: median time of one target forward over T new positions after "
                 f"{cost['context']} cached ones (fp32, as every run above).", ""]
         doc += verify_section(cost, mains)
         if bf16 := load(results, "verify_cost_bf16.json"):

@@ -1,6 +1,6 @@
 """Take the README's screenshots: start `python app.py`, chat once, run the compare tab, save PNGs.
 
-python scripts/screenshots.py [--out docs] [--drafter flashmap]   (needs Debian's chromium)
+python -m scripts.screenshots [--out docs] [--drafter flashmap]   (needs Debian's chromium)
 """
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import argparse
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,25 +18,38 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def chat_in_browser(pw, url: str, message: str, timeout_ms: int = 300_000):
-    """Open the app in headless Chromium, send one chat message, wait until the reply is complete."""
+def open_page(pw, url: str):
     browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(url)
-    page.get_by_label("Message").fill(message)
-    page.get_by_role("button", name="Send").click()
-    page.locator("#draft-panel .fm-bonus").first.wait_for(timeout=timeout_ms)
-    page.wait_for_function("() => !document.querySelector('.generating, .pending')", timeout=timeout_ms)
     return browser, page
 
 
-def start_app(port: int, drafter: str) -> tuple[subprocess.Popen, str]:
+def send(page, message: str, timeout_ms: int = 300_000) -> None:
+    """Send one chat message and wait until the reply is complete."""
+    page.locator("#message textarea").fill(message)
+    page.locator("#send").click()
+    page.locator("#draft-panel .fm-bonus").first.wait_for(timeout=timeout_ms)
+    page.wait_for_function("() => !document.querySelector('.generating, .pending')", timeout=timeout_ms)
+
+
+def chat_in_browser(pw, url: str, message: str, timeout_ms: int = 300_000):
+    """Open the app in headless Chromium, send one chat message, wait until the reply is complete."""
+    browser, page = open_page(pw, url)
+    send(page, message, timeout_ms)
+    return browser, page
+
+
+def start_app(port: int, drafter: str = "flashmap", *extra: str) -> tuple[subprocess.Popen, str]:
+    """`python app.py` on this port; returns the process and its URL once it serves."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--drafter", drafter], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--drafter", drafter, *extra], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     for line in proc.stdout:
         print(line, end="")
         if "Running on local URL:" in line:
+            proc.log = []  # the rest of its output, read on so that a full pipe never blocks the app
+            threading.Thread(target=lambda: proc.log.extend(proc.stdout), daemon=True).start()
             return proc, line.split("URL:")[1].strip()
     raise SystemExit("the app did not start")
 
@@ -55,7 +69,8 @@ def main() -> None:
             time.sleep(1)
             page.screenshot(path=f"{args.out}/screenshot-chat.png", full_page=True)
             page.get_by_role("tab", name="Compare").click()
-            page.locator("#compare-prompt textarea").fill("Write a Python function that checks whether a number is prime.")
+            prompt = "Write a Python function that checks whether a number is prime."
+            page.locator("#compare-prompt textarea").fill(prompt)
             page.get_by_role("button", name="Run both").click()
             page.locator("#compare-summary").get_by_text("Speedup").wait_for(timeout=300_000)
             time.sleep(4)  # the chart renders after the summary

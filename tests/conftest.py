@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tests.tiny import make_target, tiny_llama, tiny_qwen3, QWEN3_TEMPLATE
+from core.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
 
 torch.set_num_threads(1)  # tiny models: threads only add sync cost, and CI boxes are shared
 
@@ -22,6 +22,6 @@ def tiny_qwen3_target():
 
 @pytest.fixture(scope="session")
 def embedded_target():
-    from app.target import TargetConfig, load_target
+    from core.target import TargetConfig, load_target
 
     return load_target(TargetConfig())

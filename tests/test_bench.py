@@ -3,7 +3,7 @@ import json
 import pytest
 
 from app import bench
-from tests.tiny import tiny_llama, tiny_tokenizer
+from core.testing import tiny_llama, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -53,26 +53,23 @@ def test_suite_runs_variants_against_one_baseline(tiny_folder, tmp_path):
     assert all(r["identical_to_baseline"] is True and r["prompts"] == 3 for r in results)
     assert len({r["baseline_tokens_per_s"] for r in results}) == 1  # one shared plain baseline
     assert len(results[1]["per_slot_acceptance"]) == 2 and results[1]["block_size"] == 2
-    defaults = suite.parse_args(["--prompts", "x", "--variants", "ngram", "--out", "y"])
     with pytest.raises(SystemExit):
-        suite.parse_variant("ngram,depth=3", defaults)
-    v = suite.parse_variant("flashmap,tree=4,k=4,adaptive=1,skip=0", defaults)
-    assert (v.drafter, v.tree, v.block_size, v.adaptive, v.max_skip) == ("flashmap", 4, 4, True, 0)
-    with pytest.raises(SystemExit, match="flow drafter"):
-        suite.parse_variant("ngram,tree=4", defaults)
+        suite.parse_variant("ngram,depth=3")
+    v = suite.parse_variant("flashmap,tree=4,k=4,adaptive=1,skip=0", 16)
+    assert (v.name, v.tree, v.block_size, v.adaptive, v.max_skip) == ("flashmap", 4, 4, True, 0)
+    assert suite.parse_variant("flashmap", 8).block_size == 8 and suite.parse_variant("flashmap").block_size is None
+    with pytest.raises(SystemExit, match="flow drafters"):
+        suite.parse_variant("ngram,tree=4")
     with pytest.raises(SystemExit, match="temperature 0"):
-        suite.parse_variant("flashmap,tree=4", suite.parse_args(["--prompts", "x", "--variants", "ngram", "--out", "y",
-                                                                 "--temperature", "1"]))
+        suite.parse_args(["--prompts", str(prompts), "--variants", "flashmap,tree=4", "--out", "y",
+                          "--temperature", "1"])
 
 
 def test_report_is_built_from_suite_runs(tiny_folder, tmp_path):
-    import importlib.util
 
     from app import suite
+    from scripts import report
 
-    spec = importlib.util.spec_from_file_location("report", "scripts/report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
     prompts = prompts_file(tmp_path, 2)
     results = tmp_path / "results"
     common = ["--prompts", str(prompts), "--max-new-tokens", "10", "--target", str(tiny_folder)]
@@ -81,13 +78,13 @@ def test_report_is_built_from_suite_runs(tiny_folder, tmp_path):
     (results / "verify_cost.json").write_text(json.dumps(
         {"context": 256, "seconds": {"1": 0.04, "17": 0.08}, "relative_to_one": {"1": 1.0, "17": 2.0}}))
     text = report.build(results, tmp_path)
-    assert "| n-gram (engine) |" in text and "**math, T=0**" in text and "K=2 | K=4" in text
+    assert "| n-gram |" in text and "**math, T=0**" in text and "K=2 | K=4" in text
     assert "at most acceptance length / 2.00" in text
     assert (tmp_path / "bench-speedup.png").stat().st_size > 1000 and (tmp_path / "bench-k-sweep.png").exists()
 
 
 def test_verify_cost_cli(tiny_folder, tmp_path):
-    from app import verify_cost
+    from core import verify_cost
 
     out = tmp_path / "v.json"
     verify_cost.main(["--cached", "32", "--repeats", "2", "--positions", "2", "4", "--target", str(tiny_folder),

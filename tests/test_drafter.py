@@ -4,16 +4,18 @@ import json
 import pytest
 import torch
 
-from app.engine import GenerationConfig, generate_all
-from app.registry import DrafterUnavailable, build_drafter
-from app.sampling import SamplingConfig
+from core.engine import GenerationConfig, generate_all
+from core.sampling import SamplingConfig
+from core.testing import assert_sampled_distribution_exact, make_target, tiny_llama
 from drafter import drafting
+from drafter.blocks import Blocks
 from drafter.checkpoint import CheckpointError, save_checkpoint
 from drafter.config import DrafterConfig
 from drafter.data import Sequence, blocks_from_sequences, draft_vocabulary, target_to_draft_map
-from drafter.losses import Blocks, dflash_loss, distill_loss, teacher_loss
+from drafter.losses import dflash_loss, distill_loss, teacher_loss
+from drafter.registry import DrafterUnavailable, build_drafter
 from drafter.runtime import FlowDrafter, build_net, load_engine_drafter, load_net
-from tests.tiny import assert_sampled_distribution_exact, make_target, tiny_llama
+from drafter.spec import DrafterSpec, SpecError
 
 
 def tiny_cfg(kind="flashmap", vocab=16, hidden=32):
@@ -111,7 +113,7 @@ def test_checkpoint_round_trip_and_refusals(setup, tiny_target, tmp_path):
     with pytest.raises(CheckpointError, match="corrupt"):
         load_net(tmp_path / "ok", tiny_target)
     with pytest.raises(DrafterUnavailable, match="no drafter checkpoint"):
-        build_drafter("flashmap", tiny_target, weights=str(tmp_path / "missing"))
+        build_drafter(DrafterSpec("flashmap", weights=str(tmp_path / "missing")), tiny_target)
 
 
 def test_checkpoint_of_the_wrong_kind_is_refused(setup, tiny_target, tmp_path):
@@ -119,12 +121,12 @@ def test_checkpoint_of_the_wrong_kind_is_refused(setup, tiny_target, tmp_path):
     save_checkpoint(tmp_path, build_net(tiny_cfg("dflash"), tiny_target, vocab_ids), vocab_ids,
                     tiny_target.identity, {})
     with pytest.raises(CheckpointError, match="holds a dflash drafter"):
-        load_engine_drafter("flashmap", tiny_target, weights=str(tmp_path))
+        load_engine_drafter(DrafterSpec("flashmap", weights=str(tmp_path)), tiny_target)
     config = json.loads((tmp_path / "config.json").read_text())
     config["drafter"]["block_size"] = "sixteen"
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError):
-        load_engine_drafter("dflash", tiny_target, weights=str(tmp_path))
+        load_engine_drafter(DrafterSpec("dflash", weights=str(tmp_path)), tiny_target)
 
 
 def flow_drafters(target, vocab_ids, cfg_vocab=16):
@@ -221,7 +223,7 @@ def test_cached_features_match_the_on_the_fly_ones(tiny_target, tmp_path, monkey
     write_shard(tmp_path / "shard-00000.safetensors", [s.tokens[:6] for s in seqs], [s.tokens[6:] for s in seqs])
 
     class Args:  # what argparse gives extract_features; the tiny target is injected
-        data, layers, batch_size = str(tmp_path), [1, 2], 4
+        data, layers, batch_size, autocast = str(tmp_path), [1, 2], 4, "none"
 
     monkeypatch.setattr(data_mod, "target_config_from_args", lambda args: None)
     monkeypatch.setattr(data_mod, "load_target", lambda cfg: tiny_target)
@@ -239,7 +241,7 @@ def test_cached_features_match_the_on_the_fly_ones(tiny_target, tmp_path, monkey
 
 def test_unused_vocabulary_slots_are_never_proposed(setup, tiny_target):
     """A draft vocabulary padded with placeholders (fewer distinct tokens than slots) stays valid."""
-    from app.sampling import SamplingConfig
+    from core.sampling import SamplingConfig
 
     _seqs, vocab_ids, _blocks = setup
     padded = vocab_ids.clone()
@@ -300,10 +302,10 @@ def test_tree_of_flow_drafts_is_lossless_at_t0_and_refused_where_it_cannot_be(se
         assert out == plain and any(ev.branches == 4 for ev in events)
     with pytest.raises(ValueError, match="temperature 0 only"):
         generate_all(tiny_target, [5, 6], GenerationConfig(8, 4, SamplingConfig(temperature=1.0)), tree)
-    with pytest.raises(ValueError, match="no noise"):
-        FlowDrafter(one_step.net, vocab_ids, tiny_target, "dflash", tree=2)
-    with pytest.raises(ValueError, match="not both"):
-        FlowDrafter(one_step.net, vocab_ids, tiny_target, "flowmap", best_of=2, tree=2)
+    with pytest.raises(SpecError, match="flow drafters"):
+        DrafterSpec("dflash", tree=2)
+    with pytest.raises(SpecError, match="not both"):
+        DrafterSpec("flashmap", best_of=2, tree=2)
 
 
 def test_frozen_matrices_are_cached_at_inference_and_follow_parameter_updates(setup, tiny_target):
@@ -334,3 +336,26 @@ def test_drafter_calls_are_skipped_after_empty_adaptive_drafts(setup, tiny_targe
         out, events = generate_all(tiny_target, prompt, gen, drafter)
         assert out == plain and all(not ev.drafted for ev in events)
         assert len(calls) == want_calls
+
+
+def test_a_checkpoint_trained_at_k8_asked_for_k16_is_capped_and_exact(setup, tiny_target, tmp_path):
+    """K belongs to the drafter: a checkpoint trained for K = 8 asked for 16 drafts at most 8 per round, with
+    output identical to plain decoding, and no crash; an unset K means its own 8."""
+    from dataclasses import replace
+
+    _seqs, vocab_ids, _blocks = setup
+    torch.manual_seed(0)
+    net = build_net(replace(tiny_cfg("flashmap", 16, tiny_target.model.config.hidden_size), block_size=8),
+                    tiny_target, vocab_ids)
+    for p in net.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    torch.nn.init.zeros_(net.other_head)
+    save_checkpoint(tmp_path, net, vocab_ids, tiny_target.identity, {})
+    drafter = build_drafter(DrafterSpec("flashmap", block_size=16, weights=str(tmp_path)), tiny_target)
+    assert drafter.max_block_size == 8
+    for block_size in (16, None):
+        gen = GenerationConfig(max_new_tokens=40, block_size=block_size)
+        plain, _ = generate_all(tiny_target, [5, 6, 7], gen)
+        out, events = generate_all(tiny_target, [5, 6, 7], gen, drafter)
+        assert out == plain
+        assert max(len(ev.drafted) for ev in events if ev.kind == "round") == 8

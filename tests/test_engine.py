@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from app.drafting import Draft, NgramDrafter
-from app.engine import GenerationConfig, PromptError, generate, generate_all
-from app.sampling import SamplingConfig
-from tests.tiny import assert_sampled_distribution_exact, make_target, tiny_llama
+from core.drafting import MAX_BLOCK_SIZE, Draft, NgramDrafter
+from core.engine import GenerationConfig, PromptError, generate, generate_all
+from core.sampling import SamplingConfig
+from core.testing import assert_sampled_distribution_exact, make_target, tiny_llama
 
 
 class NoisyOracle:
@@ -15,6 +15,7 @@ class NoisyOracle:
 
     name = "oracle"
     feature_layers = (1, 2)
+    max_block_size = MAX_BLOCK_SIZE
 
     def __init__(self, reference: list[int], corrupt: float, vocab: int, seed: int = 0):
         self.reference, self.corrupt, self.vocab = reference, corrupt, vocab
@@ -45,6 +46,7 @@ class SkewedSampler:
 
     name = "skewed"
     feature_layers = ()
+    max_block_size = MAX_BLOCK_SIZE
 
     def __init__(self, q_row):
         self.q_row = torch.tensor(q_row)
@@ -171,7 +173,7 @@ def test_ngram_drafter_copies_what_followed_the_latest_match():
 
 
 def test_best_draft_length_trades_expected_tokens_against_verify_cost():
-    from app.engine import best_draft_length
+    from core.engine import best_draft_length
 
     cpu_curve = (1.0, 1.53, 1.43, 1.5, 1.55, 1.6, 1.62, 1.64, 1.66, 1.7, 1.72, 1.75, 1.8, 1.82, 1.85, 1.87, 1.9)
     assert best_draft_length(torch.ones(16), cpu_curve) == 16  # sure drafts: verify them all
@@ -205,7 +207,7 @@ def test_adaptive_cut_is_exact_only_with_sample_independent_confidence():
     """Chi-square on the first drafted token's marginal (V=5), 3,000 seeds per mode."""
     from scipy.stats import chisquare
 
-    from tests.tiny import exact_joint_23
+    from core.testing import exact_joint_23
 
     target = make_target(tiny_llama(vocab_size=5, layers=2, seed=3, scale=8.0))
     exact = exact_joint_23(target, [4, 3]).numpy().reshape(5, 5).sum(1)  # (V,) marginal of output token 2
@@ -225,7 +227,7 @@ def test_adaptive_cut_is_exact_only_with_sample_independent_confidence():
 
 
 def test_skip_empty_backs_off_after_empty_drafts_and_resets_on_a_kept_one():
-    from app.engine import SkipEmpty
+    from core.engine import SkipEmpty
 
     skip, pattern = SkipEmpty(max_skip=4), []
     for n_tokens in (0, 0, 0, 0, 2, 0):
@@ -238,3 +240,41 @@ def test_skip_empty_backs_off_after_empty_drafts_and_resets_on_a_kept_one():
     assert SkipEmpty(max_skip=0).draft_now() and GenerationConfig(max_skip=0).max_skip == 0
     with pytest.raises(ValueError, match="max_skip"):
         GenerationConfig(max_skip=-1)
+
+
+def test_plain_probes_keep_a_reply_measurable_and_exact(tiny_target):
+    """With plain_probe_every = N no N rounds in a row all draft: the reply carries plain steps for its speed
+    ratio, and the output is unchanged."""
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=60))
+    for every in (0, 4):
+        gen = GenerationConfig(max_new_tokens=60, block_size=4, plain_probe_every=every)
+        out, events = generate_all(tiny_target, prompt, gen, AlwaysDrafts())
+        assert out == plain
+        drafted = [bool(ev.drafted) for ev in events if ev.kind == "round"]
+        longest = max(len(run) for run in "".join("d" if d else "." for d in drafted).split("."))
+        assert longest == every if every else longest >= len(drafted) - 1  # the last round has no room to draft
+
+
+class AlwaysDrafts:
+    """Proposes a token that is rarely right, every round."""
+
+    name = "always"
+    feature_layers = ()
+    max_block_size = MAX_BLOCK_SIZE
+
+    def reset(self):
+        pass
+
+    def extend(self, token_ids, features):
+        pass
+
+    def propose(self, anchor, block_size, sampling, generator):
+        return Draft(torch.tensor([3] * block_size), None)
+
+
+def test_verify_cost_curves_are_made_sane():
+    from core.verify_cost import sane_curve
+
+    assert sane_curve([1.0, 2.19, 2.91, 2.19]) == (1.0, 1.25, 1.5, 1.75)  # a load spike is capped, never falls
+    assert sane_curve([1.0, 0.9, 1.1, 1.05]) == (1.0, 1.0, 1.1, 1.1)

@@ -3,12 +3,21 @@ import json
 import pytest
 import torch
 
-from app.engine import GenerationConfig, generate_all
+from core.engine import GenerationConfig, generate_all
 from drafter.checkpoint import save_checkpoint
 from drafter.data import Sequence, draft_vocabulary
-from drafter.evaluate import (Variant, accepted_prefix, domain_of_sequences, draft_rounds, load_variant,
-                              parse_variant, tally, tree_rounds)
+from drafter.evaluate import (
+    Variant,
+    accepted_prefix,
+    domain_of_sequences,
+    draft_rounds,
+    load_variant,
+    parse_variant,
+    tally,
+    tree_rounds,
+)
 from drafter.runtime import build_net, load_engine_drafter
+from drafter.spec import DrafterSpec
 from tests.test_drafter import tiny_cfg, tiny_seqs
 
 
@@ -41,10 +50,10 @@ def test_tree_rounds_walk_the_merged_drafts_along_the_response():
 
 
 def test_variant_options_parse_and_bad_ones_are_refused():
-    v = parse_variant("flashmap-teacher,steps=16,scale=0.5,noise=shuffled,best_of=3,k=8", 16)
-    assert (v.steps, v.noise_scale, v.shared_noise, v.best_of, v.block_size) == (16, 0.5, False, 3, 8)
-    assert parse_variant("flashmap,tree=4", 16).tree == 4
-    for bad in ("ngram", "flashmap,steps=", "flashmap,color=red", "flashmap,noise=loud"):
+    v = parse_variant("flashmap-teacher,steps=16,scale=0.5,noise=shuffled,best_of=3,k=8", 16).spec
+    assert (v.steps, v.noise_scale, v.noise, v.best_of, v.block_size) == (16, 0.5, "shuffled", 3, 8)
+    assert parse_variant("flashmap,tree=4", 16).spec.tree == 4
+    for bad in ("ngram", "flashmap,steps=", "flashmap,color=red", "flashmap,noise=loud", "flashmap,adaptive=1"):
         with pytest.raises(SystemExit):
             parse_variant(bad, 16)
 
@@ -55,6 +64,9 @@ def test_domains_follow_meta_prompt_files(tmp_path):
     meta = {"prompts": [str(tmp_path / "train_math.jsonl"), str(tmp_path / "train_chat.jsonl")], "start": 1, "limit": 3}
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     assert domain_of_sequences(tmp_path) == ["math"] * 3 + ["chat"]
+    (tmp_path / "domains.json").write_text(json.dumps(["code", "chat"]))  # written by generate: no prompt files needed
+    (tmp_path / "train_math.jsonl").unlink()
+    assert domain_of_sequences(tmp_path) == ["code", "chat"]
 
 
 def test_offline_drafts_and_acceptance_equal_the_engine_rounds(tiny_target, tmp_path):
@@ -71,11 +83,11 @@ def test_offline_drafts_and_acceptance_equal_the_engine_rounds(tiny_target, tmp_
         torch.nn.init.normal_(p, std=0.3)
     torch.nn.init.zeros_(net.other_head)  # else "other" wins every argmax and every draft is empty
     save_checkpoint(tmp_path, net, vocab_ids, tiny_target.identity, {})
-    variant = Variant("dflash", "dflash", block_size=4, weights=str(tmp_path))
+    variant = Variant("dflash", DrafterSpec("dflash", block_size=4, weights=str(tmp_path)))
     rounds = draft_rounds(variant, *load_variant(variant, tiny_target), tiny_target, seqs)
     offline = {(int(i), int(a)): (r.tolist(), int(n))
                for i, a, r, n in zip(rounds.seq_index, rounds.anchor, rounds.draft, rounds.n_accepted)}
-    drafter = load_engine_drafter("dflash", tiny_target, weights=str(tmp_path))
+    drafter = load_engine_drafter(DrafterSpec("dflash", weights=str(tmp_path)), tiny_target)
     compared = 0
     for i, (prompt, seq) in enumerate(zip(prompts, seqs)):
         out, events = generate_all(tiny_target, prompt, gen, drafter)

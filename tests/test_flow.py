@@ -2,8 +2,17 @@ import math
 
 import torch
 
-from drafter.flow import (decoding_error, flow_map_step, interpolant, posterior, semigroup_weight, slot_weights,
-                          t_of_tau, tau_of_t, time_grid)
+from drafter.flow import (
+    decoding_error,
+    flow_map_step,
+    interpolant,
+    posterior,
+    semigroup_weight,
+    slot_weights,
+    t_of_tau,
+    tau_of_t,
+    time_grid,
+)
 
 
 def test_interpolant_endpoints():

@@ -33,9 +33,8 @@ def test_teacher_trains_a_share_of_blocks_at_t_zero(monkeypatch):
         seen.append(t.clone())
         raise StopIteration
 
-    from tests.test_drafter import tiny_cfg  # a tiny flashmap config
-
     from drafter.network import DraftNet
+    from tests.test_drafter import tiny_cfg  # a tiny flashmap config
 
     cfg = tiny_cfg()
     net = DraftNet(cfg, torch.randn(cfg.draft_vocab, 32), torch.randn(cfg.draft_vocab, 32))

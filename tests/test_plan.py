@@ -1,6 +1,6 @@
 import pytest
 
-from app.plan import GIB, facts_config, kv_cache_bytes, plan_memory
+from core.plan import GIB, facts_config, kv_cache_bytes, plan_memory
 
 QWEN3_8B = facts_config("Qwen/Qwen3-8B")
 
@@ -29,8 +29,8 @@ def test_plan_picks_the_fastest_option_that_fits(gib, capability, context, expec
 def test_auto_quant_follows_the_plan_on_a_gpu_and_is_none_on_the_cpu(monkeypatch, capsys):
     import torch
 
-    from app import target as target_mod
-    from app.target import TargetConfig, TargetLoadError, resolve_quant
+    from core import target as target_mod
+    from core.target import TargetConfig, TargetLoadError, resolve_quant
 
     cfg = TargetConfig("Qwen/Qwen3-8B")
     assert resolve_quant(cfg, QWEN3_8B, torch.device("cpu")) == "none"

@@ -25,9 +25,10 @@ def test_plan_refuses_a_small_gpu_and_picks_8bit_before_ada():
 
 
 def test_parameter_count_matches_a_built_network(tiny_target):
+    import torch
+
     from drafter.runtime import build_net
     from tests.test_drafter import tiny_cfg
-    import torch
 
     cfg = tiny_cfg()
     net = build_net(cfg, tiny_target, torch.arange(-1, 15))

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from app.sampling import SamplingConfig, residual, target_probs, verify_greedy, verify_sampled
+from core.sampling import SamplingConfig, residual, target_probs, verify_greedy, verify_sampled
 
 INF = float("inf")
 

@@ -1,14 +1,44 @@
-from app.engine import RoundEvent
-from app.stats import AcceptanceStats
+from core.stats import AcceptanceStats
+from core.testing import event
 
 
 def test_acceptance_stats_condition_on_earlier_slots():
     def ev(drafted, n):
-        return RoundEvent("round", tuple(drafted), n, 0, (), "", 0.0, 0.0)
+        return event(drafted=tuple(drafted), n_accepted=n)
 
-    events = [ev([1, 2, 3], 3), ev([1, 2, 3], 1), ev([1, 2, 3], 0), RoundEvent("prefill", (), 0, 0, (), "", 0, 0),
-              RoundEvent("round", (), 0, 0, (), "", 0, 0, "cancelled")]
+    events = [ev([1, 2, 3], 3), ev([1, 2, 3], 1), ev([1, 2, 3], 0), event(kind="prefill"),
+              event(finish_reason="cancelled")]
     stats = AcceptanceStats().add_all(events)
     assert (stats.rounds, stats.committed) == (3, 4 + 2 + 1)
     assert stats.reached[:3] == [3, 2, 1] and stats.accepted[:3] == [2, 1, 1]
     assert stats.per_slot(4) == [2 / 3, 1 / 2, 1.0, None] and stats.per_slot() == [2 / 3, 1 / 2, 1.0]
+
+
+def replay(intervals_and_drafts):
+    """A ReplySpeed fed rounds of (seconds, drafted tokens, accepted) after a prefill at t = 0."""
+    from core.stats import ReplySpeed
+
+    speed, now = ReplySpeed(), 0.0
+    speed.add(event(kind="prefill", committed=(1,)), now)
+    for seconds, drafted, accepted in intervals_and_drafts:
+        now += seconds
+        speed.add(event(drafted=tuple(range(drafted)), n_accepted=accepted, committed=(1,) * (accepted + 1)), now)
+    return speed
+
+
+def test_a_plain_reply_is_one_times_plain_decoding():
+    speed = replay([(0.04 + 0.001 * (i % 3), 0, 0) for i in range(40)])
+    assert abs(speed.ratio - 1.0) < 0.02 and len(speed.plain_steps) == 40
+
+
+def test_the_ratio_follows_drafting_and_ignores_a_load_change():
+    """Rounds committing 3 tokens at 1.5x a plain step's time are 2x plain decoding, before and after the machine
+    gets 10x slower; a drafter that never helps stays below 1x whichever way the load changes."""
+    fast, slow = 0.01, 0.1
+    helpful = [(1.5 * fast, 4, 2)] * 15 + [(fast, 0, 0)] + [(1.5 * slow, 4, 2)] * 15 + [(slow, 0, 0)]
+    speed = replay([(fast, 0, 0)] + helpful * 3)
+    assert abs(speed.ratio - 2.0) < 0.05
+    for load in ([fast] * 50 + [slow] * 50, [slow] * 50 + [fast] * 50):
+        useless = [(1.2 * t, 4, 0) if i % 16 else (t, 0, 0) for i, t in enumerate(load)]
+        assert replay(useless).ratio < 1.0
+    assert replay([(fast, 4, 0)] * 10).ratio is None  # no plain step: no ratio, rather than a guess

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from app import target as target_mod
-from app.engine import GenerationConfig, generate_all
-from app.target import TargetConfig, TargetLoadError, load_target
-from tests.tiny import QWEN3_TEMPLATE, tiny_qwen3, tiny_tokenizer
+from core import target as target_mod
+from core.engine import GenerationConfig, generate_all
+from core.target import TargetConfig, TargetLoadError, load_target
+from core.testing import QWEN3_TEMPLATE, tiny_qwen3, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ def tiny_run(tiny_target, tmp_path, monkeypatch):
         if init:
             argv += ["--init", str(init)]
         args = train_mod.parse_args(argv)
-        return train_mod.train(train_mod.config_from_args(args), args)
+        return train_mod.train(train_mod.config_from_args(args), train_mod.shape_from_args(args),
+                               train_mod.target_config_from_args(args))
 
     return run, tmp_path
 
@@ -90,7 +91,8 @@ def test_a_deadline_saves_and_stops_short_of_the_planned_steps(tiny_run, tiny_ta
     cfg = train_mod.config_from_args(args)
     saves, steps = [], []
     seqs = lambda layers: train_mod.training_sequences(cfg.data, layers)  # noqa: E731
-    train_mod.train_on(cfg, tiny_target, seqs, train_mod.network_config(cfg, args, tiny_target), saves.append,
+    net_cfg = train_mod.network_config(cfg, train_mod.shape_from_args(args), tiny_target)
+    train_mod.train_on(cfg, tiny_target, seqs, net_cfg, saves.append,
                        stop_at=0.0, on_step=steps.append)
     record = json.loads((tmp / "d/config.json").read_text())["training"]
     assert steps == [0] and record["step"] == 1 and saves == [tmp / "d"]

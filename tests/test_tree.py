@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 import torch
 
-from app.drafting import Draft
-from app.engine import GenerationConfig, generate_all
-from app.sampling import SamplingConfig
-from app.tree import ancestor_mask, build_trie, depth_in, greedy_path, is_chain, tree_inputs
-from tests.tiny import make_target, tiny_llama, tiny_qwen3
+from core.drafting import MAX_BLOCK_SIZE, Draft
+from core.engine import GenerationConfig, generate_all
+from core.sampling import SamplingConfig
+from core.testing import make_target, tiny_llama, tiny_qwen3
+from core.tree import ancestor_mask, build_trie, depth_in, greedy_path, is_chain, tree_inputs
 
 
 def test_trie_merges_common_prefixes_breadth_first_within_the_budget():
@@ -61,6 +61,7 @@ class BranchingOracle:
 
     name = "branching-oracle"
     feature_layers = (1, 2)
+    max_block_size = MAX_BLOCK_SIZE
 
     def __init__(self, reference, prompt_len, branches, corrupt, vocab, seed=0):
         self.reference, self.prompt_len, self.branches = reference, prompt_len, branches
@@ -107,7 +108,8 @@ def test_tree_rounds_equal_plain_decoding_and_feed_the_right_features(make):
                 assert list(accepted) == out[offset: offset + ev.n_accepted]  # the shown branch holds the path
                 offset += len(ev.committed)
             for ev, drafts in zip(tree_rounds, oracle.proposed):
-                via_alternative += ev.n_accepted > 0 and tuple(drafts[0][: ev.n_accepted]) != ev.drafted[: ev.n_accepted]
+                n = ev.n_accepted
+                via_alternative += n > 0 and tuple(drafts[0][:n]) != ev.drafted[:n]
             # every feature row the drafter saw is the target's hidden state at that position in a plain forward
             seen = torch.cat(oracle.features)  # (N, F)
             with torch.no_grad():

@@ -1,17 +1,28 @@
+import threading
+import time
+
 import gradio as gr
 import pytest
 
-from app import ui
+from app import render, ui
 from app.service import ChatService, ChatSettings
-from app.stats import AcceptanceStats
-from tests.tiny import make_target, tiny_llama
+from core.stats import AcceptanceStats
+from core.testing import event, make_target, tiny_llama
 
-SETTINGS = ["ngram", 4, 1, 0.0, 1.0, 24, False, ""]  # drafter, K, steps, T, top-p, max new, thinking, system
+SETTINGS = dict(drafter="ngram", block_size=4, steps=1, temperature=0.0, top_p=1.0, max_new_tokens=24)
 
 
 @pytest.fixture(scope="module")
-def service():
-    return ChatService(make_target(tiny_llama(vocab_size=64), name="tiny-ui"))
+def service(tmp_path_factory):
+    return ChatService(make_target(tiny_llama(vocab_size=64), name="tiny-ui"),
+                       data_dir=tmp_path_factory.mktemp("fm-data"))
+
+
+@pytest.fixture
+def toasts(monkeypatch):
+    seen = []
+    monkeypatch.setattr(gr, "Warning", lambda message, *a, **k: seen.append(message))
+    return seen
 
 
 def test_only_working_drafters_are_offered(service):
@@ -19,90 +30,166 @@ def test_only_working_drafters_are_offered(service):
     assert "no drafter checkpoint" in service.unavailable["flashmap"]
 
 
-def test_chat_streams_reply_panel_and_stats(service, monkeypatch):
+def test_chat_streams_reply_panel_and_stats_and_saves_it(service, monkeypatch):
     monkeypatch.setattr(ui, "UPDATE_EVERY_S", 0.0)  # a screen update per round (the tiny model is too fast to throttle)
-    outputs = list(ui.chat(service, "w10 w11 w12 w10 w11", [], None, *SETTINGS))
+    monkeypatch.setattr(ui, "CHART_EVERY_S", 0.0)
+    outputs = list(ui.chat(service, "w10 w11 w12 w10 w11", [], None, None, **SETTINGS))
     assert len(outputs) > 2
-    history, panel, stats_md, chart, stats = outputs[-1]
+    history, panel, stats_md, chart, stats, _ = outputs[-2]  # the last streamed frame; the final one saves
     assert [m["role"] for m in history] == ["user", "assistant"] and history[-1]["content"]
     assert "fm-bonus" in panel and "✓ accepted" in panel  # the legend names each mark
-    assert "tokens/s" in stats_md and stats.rounds > 0
-    bars = chart.axes[0].patches  # the final event always redraws the chart: one bar per slot reached
+    assert "tokens/s" in stats_md and "Context:" in stats_md and stats.rounds > 0
+    bars = chart.axes[0].patches  # one bar per slot reached
     assert [round(b.get_height(), 6) for b in bars] == [round(r or 0.0, 6) for r in stats.per_slot()]
-    redrawn = [not isinstance(out[3], dict) for out in outputs]  # gr.skip() is an empty update dict
-    assert redrawn[-1] and sum(redrawn) < len(outputs)  # not a figure per round: drawing costs more than one
-    monkeypatch.setattr(ui, "UPDATE_EVERY_S", 60.0)  # throttled: the first event, then only the final state
-    assert len(list(ui.chat(service, "w10 w11 w12 w10 w11", [], None, *SETTINGS))) == 2
-    # the conversation goes on: history is passed back in, stats accumulate
-    more = list(ui.chat(service, "w20", history, stats, *SETTINGS))[-1]
-    assert len(more[0]) == 4 and more[4].rounds > stats.rounds - 1
+    conv_id = outputs[-1][5]
+    assert service.conversations.load(conv_id)["messages"] == history
+    monkeypatch.setattr(ui, "UPDATE_EVERY_S", 60.0)  # throttled: the first event, the final state, the save
+    assert len(list(ui.chat(service, "w10 w11 w12 w10 w11", [], None, None, **SETTINGS))) == 3
+    # the conversation goes on under the same id: history is passed back in, stats accumulate
+    more = list(ui.chat(service, "w20", history, stats, conv_id, **SETTINGS))[-1]
+    assert len(more[0]) == 4 and more[5] == conv_id and len(service.conversations.load(conv_id)["messages"]) == 4
 
 
 def test_panel_marks_accepted_rejected_unreached_and_target():
-    from app.engine import RoundEvent
-
-    class Svc:
-        class target:
-            tokenizer = make_target(tiny_llama(vocab_size=64)).tokenizer
-
-    ev = RoundEvent("round", (10, 11, 12, 13), 1, 20, (10, 20), "", 0.0, 0.0)
-    row = ui.render_round(Svc, 1, ev)
+    tokenizer = make_target(tiny_llama(vocab_size=64)).tokenizer
+    ev = event(drafted=(10, 11, 12, 13), n_accepted=1, target_token=20, committed=(10, 20))
+    row = render.render_round(tokenizer, 1, ev)
     assert row.count("fm-acc") == 1 and row.count("fm-rej") == 1 and row.count("fm-unr") == 2
     assert "✓w10" in row and "✗w11" in row and "·w12" in row and "★w20" in row
+    tree = render.render_round(tokenizer, 3, event(drafted=(10, 11), n_accepted=2, target_token=20, branches=4))
+    assert "⑂4" in tree and tree.count("fm-acc") == 2
 
 
-def test_unavailable_drafter_falls_back_with_a_warning(service):
-    settings = ChatSettings(drafter="flashmap")
-    drafter, warning = ui.resolve_drafter(service, settings)
-    assert drafter is None and "using plain decoding" in warning
+def test_byte_pieces_are_shown_as_hex_not_replacement_characters():
+    class ByteLevel:  # a GPT-2-style byte-level BPE piece: " \xf0\x9f\x98", the start of an emoji
+        def decode(self, ids):
+            return " \ufffd"
+
+        def convert_ids_to_tokens(self, token):
+            return "ĠðŁĺ"
+
+    assert render.token_text(ByteLevel(), 0) == "␣&lt;0xF0&gt;&lt;0x9F&gt;&lt;0x98&gt;"
 
 
-def test_bad_input_is_a_clear_error_not_a_trace(service):
-    with pytest.raises(gr.Error, match="empty"):
-        list(ui.chat(service, "   ", [], None, *SETTINGS))
-    with pytest.raises(gr.Error, match="context"):
-        list(ui.chat(service, " ".join(["w9"] * 600), [], None, *SETTINGS))
-    with pytest.raises(gr.Error, match="block size"):
-        list(ui.chat(service, "w9", [], None, "ngram", 40, 1, 0.0, 1.0, 24, False, ""))
+def test_unavailable_drafter_falls_back_with_a_warning(service, toasts):
+    settings, drafter = ui.prepare(service, "hi", {"drafter": "flashmap"})
+    assert drafter is None and "using plain decoding" in toasts[0]
 
 
-def test_compare_runs_both_and_checks_identity(service):
-    plain, spec, summary, figure = ui.compare(service, "w10 w11 w12 w10 w11", "ngram", 4, 1, 0.0, 24)
+def test_bad_input_is_a_toast_and_the_conversation_stays(service, toasts):
+    history = [{"role": "user", "content": "w9"}, {"role": "assistant", "content": "w10"}]
+    for message, settings in (("   ", SETTINGS), (" ".join(["w9"] * 600), SETTINGS),
+                              ("w9", {**SETTINGS, "block_size": 40}),
+                              ("w9", {**SETTINGS, "drafter": "flashmap", "temperature": 0.7, "tree": 4}),
+                              ("w9", {**SETTINGS, "drafter": "dflash", "tree": 4})):
+        outputs = list(ui.chat(service, message, history, None, "some-id", **settings))
+        assert len(outputs) == 1 and outputs[0][0] == history and outputs[0][5] == "some-id"
+    assert [t.split(":")[0].split(" ")[0] for t in toasts][:2] == ["Type", "The"]
+    assert any("block size" in t for t in toasts) and any("temperature 0 only" in t for t in toasts)
+    assert any("flow drafters" in t for t in toasts)  # the rule lives in the drafter spec
+
+
+def test_stop_ends_the_reply_and_keeps_it(service):
+    replies = ui.chat(service, "w10 w11 w12", [], None, None, **{**SETTINGS, "max_new_tokens": 400,
+                                                                  "drafter": "none"})
+    first = next(replies)
+    service.cancel()  # what the Stop button does (outside the queue)
+    rest = list(replies)
+    history = rest[-1][0]
+    assert history[-1]["role"] == "assistant" and len(history[-1]["content"]) >= len(first[0][-1]["content"])
+    assert service.last_events[-1].finish_reason == "cancelled"
+
+
+def test_regenerate_and_edit_last(service, toasts):
+    outputs = list(ui.chat(service, "w10 w11 w12", [], None, None, **SETTINGS))
+    history, conv_id = outputs[-1][0], outputs[-1][5]
+    again = list(ui.regenerate(service, history, None, conv_id, **SETTINGS))[-1][0]
+    assert again == history  # T = 0: the same reply again, in place of the old one
+    shorter, text = ui.edit_last(history)
+    assert shorter == [] and text == "w10 w11 w12"
+    assert list(ui.regenerate(service, [], None, None, **SETTINGS))[0][0] == [] and "Nothing" in toasts[-1]
+
+
+def test_conversations_reopen_rename_and_delete(service):
+    conv_id = list(ui.chat(service, "w30 w31", [], None, None, **SETTINGS))[-1][5]
+    history, _panel, _stats, opened, title = ui.open_conversation(service, conv_id)
+    assert opened == conv_id and history[0]["content"] == "w30 w31" and title == "w30 w31"
+    ui.rename_conversation(service, conv_id, "numbers")
+    assert ("numbers", conv_id) in [(label.split(" · ")[0], cid) for label, cid in ui.conversation_choices(service)]
+    ui.delete_conversation(service, conv_id)
+    assert conv_id not in [cid for _, cid in ui.conversation_choices(service)]
+    reopened = ChatService(service.target, data_dir=service.data_dir)  # a restart finds the rest again
+    assert ui.conversation_choices(reopened) == ui.conversation_choices(service)
+
+
+def test_compare_streams_both_sides_then_checks_identity(service, monkeypatch):
+    monkeypatch.setattr(ui, "UPDATE_EVERY_S", 0.0)
+    outputs = list(ui.compare(service, "w10 w11 w12 w10 w11", drafter="ngram", block_size=4, max_new_tokens=24))
+    plain_only = [o for o in outputs if o[0] and not o[1]]
+    assert plain_only and "Plain decoding" in plain_only[0][2]  # text on screen before the run ends
+    plain, spec, summary, figure = outputs[-1]
     assert plain == spec and "identical" in summary and "Speedup" in summary
     assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["plain", "n-gram"]
 
 
-def test_ui_builds_with_api_endpoints(service):
+def test_ui_builds_with_named_api_endpoints(service):
     demo = ui.build_ui(service, "flashmap")
     names = {dep.api_name for dep in demo.fns.values() if getattr(dep, "api_name", None)}
-    assert {"chat", "draft_panel", "compare"} <= names
+    assert {"chat", "draft_panel", "compare", "speed"} <= names
+    info = demo.get_api_info()["named_endpoints"]
+    assert [p["parameter_name"] for p in info["/chat"]["parameters"]][:4] == ["message", "drafter", "block_size",
+                                                                            "steps"]
 
 
-def test_adaptive_setting_uses_the_measured_verify_cost(service):
-    curve = service.calibrate_verify_cost()
-    assert len(curve) == 17 and curve[0] == 1.0 and all(c > 0 for c in curve)
+def test_drafter_change_sets_k_range_and_disables_what_does_not_apply(service):
+    block, steps, tree, adaptive = ui.drafter_options(service, "ngram", 16)
+    assert block["maximum"] == 16 and steps["interactive"] is False and steps["value"] == 1
+    assert tree["interactive"] is False and adaptive["interactive"] is True
+    block, *_ = ui.drafter_options(service, "none", 8)
+    assert block["interactive"] is False
+
+
+def test_verify_cost_curve_is_measured_cached_and_reused(service):
+    curve = service.measure_verify_cost(repeats=2)
+    assert len(curve) == 17 and curve[0] == 1.0 and all(b >= a for a, b in zip(curve, curve[1:]))
+    assert all(c <= 1 + 0.25 * n for n, c in enumerate(curve))  # sane: no load spike survives
+    assert "measured" in service.curve_status
+    again = ChatService(service.target, data_dir=service.data_dir)  # a second start: no measurement needed
+    assert again.verify_cost == curve and "cached" in again.curve_status
     assert ChatSettings().generation(curve).verify_cost == curve
     assert ChatSettings(adaptive=False).generation(curve).verify_cost == ()
-    assert ui.settings_from("ngram", 8, 1, 0, 1, 32, False, "", False).adaptive is False
 
 
-def test_tree_setting_is_checked_and_shown():
-    from app.engine import RoundEvent
-
-    with pytest.raises(gr.Error, match="temperature 0 only"):
-        list(ui.chat(None, "w9", [], None, "flashmap", 8, 1, 0.7, 1.0, 24, False, "", True, 4))
-    assert ui.settings_from("flashmap", 8, 1, 0, 1, 32, False, "", True, 4).tree == 4
-
-    class Svc:
-        class target:
-            tokenizer = make_target(tiny_llama(vocab_size=64)).tokenizer
-
-    row = ui.render_round(Svc, 3, RoundEvent("round", (10, 11), 2, 20, (10, 11, 20), "", 0.0, 0.0, branches=4))
-    assert "⑂4" in row and row.count("fm-acc") == 2
+def test_background_measurement_lets_replies_through(service):
+    thread = service.measure_in_background()
+    outputs = list(ui.chat(service, "w10 w11", [], None, None, **SETTINGS))
+    thread.join(timeout=120)
+    assert outputs[-1][0][-1]["content"] and not thread.is_alive()
 
 
-def test_plain_speed_says_where_it_was_measured(service):
-    service.calibrate_plain()
-    assert "at start-up" in ui.render_stats(service, AcceptanceStats(), 10.0, "ngram")
-    list(ui.chat(service, "w10 w11 w12", [], None, "none", 4, 1, 0.0, 1.0, 24, False, ""))
-    assert "your last plain reply" in ui.render_stats(service, AcceptanceStats(), 10.0, "ngram")
+def test_requests_are_served_in_arrival_order():
+    from app.service import FairLock
+
+    lock, order = FairLock(), []
+    with lock:
+        threads = [threading.Thread(target=lambda i=i: (lock.__enter__(), order.append(i), lock.__exit__()))
+                   for i in range(5)]
+        for t in threads:
+            t.start()
+            time.sleep(0.02)  # each waits before the next arrives
+    for t in threads:
+        t.join()
+    assert order == [0, 1, 2, 3, 4]
+
+
+def test_stats_show_the_ratio_measured_inside_the_reply(service):
+    """A plain reply reads x 1.00; a drafting reply's ratio comes from its own plain steps."""
+    list(ui.chat(service, "w10 w11 w12", [], None, None, **{**SETTINGS, "drafter": "none", "max_new_tokens": 60}))
+    text = render.render_stats(AcceptanceStats(), service.last_speed, "none", (10, 100), "cached", 2)
+    assert "itself plain decoding" in text and "10 / 100 tokens" in text and "CPU threads:** 2" in text
+    assert abs(service.last_speed.ratio - 1.0) < 0.15
+    list(ui.chat(service, "w10 w11 w12 w10 w11", [], None, None, **{**SETTINGS, "max_new_tokens": 200}))
+    speed = service.last_speed
+    assert len(speed.plain_steps) >= 3  # the engine made plain steps inside the drafting reply
+    line = render.speed_lines(speed, drafting=True)[1]
+    assert "measured inside this reply" in line or "not enough" in line

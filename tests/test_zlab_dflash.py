@@ -6,10 +6,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from app.engine import GenerationConfig, generate_all
-from app.registry import DrafterUnavailable, build_drafter
+from core.engine import GenerationConfig, generate_all
+from core.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
+from drafter.registry import DrafterUnavailable, build_drafter
+from drafter.spec import DrafterSpec
 from drafter.zlab_dflash import ZLabDFlashDrafter, rope
-from tests.tiny import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
 
 BLOCK = 4
 
@@ -62,7 +63,7 @@ def zlab_folder(tiny_qwen3_target, tmp_path_factory):
 
 
 def test_round_trip_loads_natively_and_is_lossless(zlab_folder, tiny_qwen3_target):
-    drafter = build_drafter("dflash", tiny_qwen3_target, weights=str(zlab_folder))
+    drafter = build_drafter(DrafterSpec("dflash", weights=str(zlab_folder)), tiny_qwen3_target)
     assert isinstance(drafter, ZLabDFlashDrafter) and drafter.feature_layers == (1, 3)  # hidden_states offset 1
     assert drafter.net.layers[1].self_attn.k_norm.weight.dtype == torch.float32  # the target's dtype
     gen = GenerationConfig(max_new_tokens=24, block_size=8)  # asks for more than the block's 3 slots
@@ -76,13 +77,14 @@ def test_round_trip_loads_natively_and_is_lossless(zlab_folder, tiny_qwen3_targe
 def test_sampled_output_keeps_the_target_distribution(tmp_path):
     target = make_target(tiny_qwen3(vocab_size=5, seed=3), template=QWEN3_TEMPLATE)  # V=5: exact joint is cheap
     cfg = dict(zlab_config(target), dflash_config={"mask_token_id": 4, "target_layer_ids": [0, 2]})
-    drafter = build_drafter("dflash", target, weights=str(write_zlab(tmp_path / "v5", cfg, zlab_tensors(cfg))))
+    folder = write_zlab(tmp_path / "v5", cfg, zlab_tensors(cfg))
+    drafter = build_drafter(DrafterSpec("dflash", weights=str(folder)), target)
     assert_sampled_distribution_exact(target, drafter, n=1200)
 
 
 def test_context_kv_cache_equals_one_pass(zlab_folder, tiny_qwen3_target):
     """Keys/values extended position by position equal those of the whole context at once."""
-    drafter = build_drafter("dflash", tiny_qwen3_target, weights=str(zlab_folder))
+    drafter = build_drafter(DrafterSpec("dflash", weights=str(zlab_folder)), tiny_qwen3_target)
     feats = torch.randn(7, 64)  # (N, F)
     drafter.reset()
     for start, stop in ((0, 3), (3, 4), (4, 7)):
@@ -104,18 +106,19 @@ def test_rope_matches_transformers_qwen3(tiny_qwen3_target):
 
 def test_refuses_other_targets_and_broken_folders(zlab_folder, tiny_target, tiny_qwen3_target, tmp_path):
     with pytest.raises(DrafterUnavailable, match="made for a target"):
-        build_drafter("dflash", tiny_target, weights=str(zlab_folder))  # 2 target layers, not 4
+        build_drafter(DrafterSpec("dflash", weights=str(zlab_folder)), tiny_target)  # 2 target layers, not 4
     cfg = zlab_config(tiny_qwen3_target)
     tensors = zlab_tensors(cfg)
     del tensors["layers.1.mlp.up_proj.weight"]
     with pytest.raises(DrafterUnavailable, match="missing"):
-        build_drafter("dflash", tiny_qwen3_target, weights=str(write_zlab(tmp_path / "missing", cfg, tensors)))
+        folder = write_zlab(tmp_path / "missing", cfg, tensors)
+        build_drafter(DrafterSpec("dflash", weights=str(folder)), tiny_qwen3_target)
     broken = write_zlab(tmp_path / "corrupt", cfg, zlab_tensors(cfg))
     (broken / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(DrafterUnavailable, match="cannot read"):
-        build_drafter("dflash", tiny_qwen3_target, weights=str(broken))
+        build_drafter(DrafterSpec("dflash", weights=str(broken)), tiny_qwen3_target)
     scaled = write_zlab(tmp_path / "yarn", dict(cfg, rope_scaling={"type": "yarn", "factor": 4}), zlab_tensors(cfg))
     with pytest.raises(DrafterUnavailable, match="rope_scaling"):
-        build_drafter("dflash", tiny_qwen3_target, weights=str(scaled))
+        build_drafter(DrafterSpec("dflash", weights=str(scaled)), tiny_qwen3_target)
     with pytest.raises(DrafterUnavailable, match="not in the local cache"):
-        build_drafter("dflash", tiny_qwen3_target, weights="z-lab/no-such-drafter-for-tests")
+        build_drafter(DrafterSpec("dflash", weights="z-lab/no-such-drafter-for-tests"), tiny_qwen3_target)

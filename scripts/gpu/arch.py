@@ -13,13 +13,14 @@ from pathlib import Path
 
 import torch
 
-from app.drafting import Draft, NgramDrafter
 from app import bench
-from app.engine import GenerationConfig, generate_all
-from app.plan import QWEN3_FACTS, facts_config, plan_memory
-from app.target import Target, TargetConfig, estimate_weight_bytes, load_target
-from app.stats import AcceptanceStats
-from app.verify_cost import synchronize as sync, verify_cost
+from core.drafting import MAX_BLOCK_SIZE, Draft, NgramDrafter
+from core.engine import GenerationConfig, generate_all
+from core.plan import QWEN3_FACTS, estimate_weight_bytes, facts_config, plan_memory
+from core.stats import AcceptanceStats
+from core.target import Target, TargetConfig, load_target
+from core.verify_cost import synchronize as sync
+from core.verify_cost import verify_cost
 from scripts.gpu.stages import Command
 
 GIB = 2**30
@@ -53,7 +54,7 @@ def env(cmd: Command) -> dict:
 # ---- a random Qwen3 at a real architecture -----------------------------------------------------------
 
 def word_tokenizer(vocab_size: int):
-    from tests.tiny import QWEN3_TEMPLATE, tiny_tokenizer
+    from core.testing import QWEN3_TEMPLATE, tiny_tokenizer
 
     return tiny_tokenizer(vocab_size, QWEN3_TEMPLATE)
 
@@ -121,6 +122,7 @@ class OracleDrafter:
     drafter of that quality (its own cost ~0)."""
 
     feature_layers: tuple[int, ...] = ()
+    max_block_size: int = MAX_BLOCK_SIZE
 
     def __init__(self, reference: list[int], rate: float, vocab_size: int, seed: int = 0):
         self.reference, self.rate, self.vocab_size = reference, rate, vocab_size  # prompt + greedy output
@@ -265,7 +267,7 @@ def zlab_cost(target: Target, sz: dict) -> dict:
 
 
 def _greedy():
-    from app.sampling import SamplingConfig
+    from core.sampling import SamplingConfig
 
     return SamplingConfig(0.0)
 
@@ -322,7 +324,7 @@ def scratch_dir() -> str | None:
 
 def exactness(cmd: Command) -> dict:
     """Every drafter through the engine on tiny fp32 targets on the device, against plain decoding."""
-    from tests.tiny import CHAT_TEMPLATE, QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
+    from core.testing import CHAT_TEMPLATE, QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
 
     device = "cpu" if cmd.cpu_sim else "cuda"
     rows = []

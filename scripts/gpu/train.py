@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from app.prompts import read_jsonl
-from app.target import EMBEDDED_GGUF, EMBEDDED_PACKAGE, TargetConfig, load_target
+from core.prompts import read_jsonl
+from core.target import EMBEDDED_GGUF, EMBEDDED_PACKAGE, TargetConfig, load_target
 from drafter.config import DrafterConfig
 from drafter.data import generate_rows, load_sequences, with_features_in_memory
 from drafter.train import TrainConfig, train_on
@@ -94,7 +94,7 @@ def load_staged_target(device: str):
 
 def sim_target(cmd: Command) -> dict:
     """The CPU simulation: split and reassemble a small file through the same code, then a tiny random target."""
-    from tests.tiny import make_target, tiny_llama
+    from core.testing import make_target, tiny_llama
 
     base = work(cmd)
     blob = base / "blob.bin"
@@ -117,7 +117,7 @@ def prompt_rows(cmd: Command, name: str) -> list[dict]:
 
 def greedy_check(cmd: Command) -> list[dict]:
     """The target's greedy continuation of a few eval prompts on this device, for the CPU to compare."""
-    from app.engine import GenerationConfig, generate_all
+    from core.engine import GenerationConfig, generate_all
 
     tgt = cmd.state["target"]
     half = CHECK_PROMPTS // 2

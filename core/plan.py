@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from app.target import estimate_weight_bytes
+import torch
 
 GIB = 2**30
 # Built-in facts (config.json of each model), so a plan needs no download.
@@ -23,6 +23,23 @@ QWEN3_FACTS = {
 }
 SPEED_ORDER = ("none", "fp8", "8bit")  # fastest first; "none" = bf16 weights
 WORKING_BYTES = int(1.5 * GIB)  # CUDA context, activations, logits over the vocabulary, allocator slack
+
+
+def estimate_weight_bytes(config, dtype: torch.dtype, quant: str) -> int:
+    """Parameter count from the architecture, times bytes per weight (embeddings stay in dtype)."""
+    d, n_layers = config.hidden_size, config.num_hidden_layers
+    vocab = config.vocab_size
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", heads) or heads
+    head_dim = getattr(config, "head_dim", None) or d // heads
+    ffn = config.intermediate_size
+    attn = d * head_dim * (heads * 2 + kv_heads * 2)
+    mlp = 3 * d * ffn
+    layer_params = n_layers * (attn + mlp)
+    emb_params = vocab * d * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+    dense_bytes = torch.finfo(dtype).bits // 8
+    layer_bytes = 1 if quant in ("8bit", "fp8") else dense_bytes
+    return int(layer_params * layer_bytes + emb_params * dense_bytes)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from app.sampling import SamplingConfig
+from core.sampling import SamplingConfig
+
+MAX_BLOCK_SIZE = 16  # the largest block K the engine verifies in one round (and the UI offers)
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Draft:
 class Drafter(Protocol):
     name: str
     feature_layers: tuple[int, ...]  # indices into the target's hidden_states tuple (0 = embeddings)
+    max_block_size: int  # the largest block it can propose (K it was trained for); the engine never asks for more
 
     def reset(self) -> None:
         """Forget the previous generation."""
@@ -53,6 +56,7 @@ class NgramDrafter:
 
     name = "ngram"
     feature_layers: tuple[int, ...] = ()
+    max_block_size = MAX_BLOCK_SIZE  # copies any length; the engine's own limit
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:

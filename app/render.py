@@ -1,0 +1,139 @@
+"""What the UI draws: the draft panel (per-slot accept / reject colouring), the stats text and the charts.
+Pure functions of events and statistics, so tests check them without a browser."""
+from __future__ import annotations
+
+import html
+import re
+
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from core.engine import RoundEvent
+from core.stats import AcceptanceStats, ReplySpeed
+from drafter.spec import LABELS as DRAFTER_LABELS
+
+PANEL_ROUNDS = 12
+SLOT_MARKS = {"acc": "✓", "rej": "✗", "unr": "·"}
+CSS = """
+.fm-panel {font-family: ui-monospace, monospace; font-size: 12px; line-height: 1.9}
+.fm-row {display: flex; flex-wrap: wrap; gap: 3px; align-items: center; margin-bottom: 4px}
+.fm-round {color: #666; width: 3.2em}
+.fm-slot {padding: 1px 5px; border-radius: 4px; border: 1px solid transparent; white-space: pre}
+.fm-acc {background: #c9f2d0; border-color: #2e9e48; color: #0b4d1c}
+.fm-rej {background: #ffd0d0; border-color: #c62828; color: #6b0d0d; text-decoration: line-through}
+.fm-unr {background: #eeeeee; border-color: #bbbbbb; color: #888888}
+.fm-bonus {background: #cfe3ff; border-color: #1f5fbf; color: #0b2e66; font-weight: bold}
+.fm-settings .wrap {min-width: 0}
+.fm-settings input[type=number] {min-width: 4.5em}
+"""
+LEGEND = (
+    "<div class='fm-row'><span class='fm-slot fm-acc'>✓ accepted</span><span class='fm-slot fm-rej'>✗ rejected</span>"
+    "<span class='fm-slot fm-unr'>· not reached</span><span class='fm-slot fm-bonus'>★ target token</span></div>"
+)
+_BYTE_OF_CHAR = {char: byte for byte, char in bytes_to_unicode().items()}  # byte-level BPE alphabet -> byte
+
+
+def byte_label(tokenizer, token: int) -> str:
+    """A token holding part of a multi-byte character, readably: its text where it is valid UTF-8 and <0xF0>-style
+    hex for the bytes that are not (a byte-level BPE piece, or a SentencePiece byte-fallback token)."""
+    piece = tokenizer.convert_ids_to_tokens(token)
+    if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece):
+        return piece
+    if not all(char in _BYTE_OF_CHAR for char in piece):
+        return piece
+    raw = bytes(_BYTE_OF_CHAR[char] for char in piece).decode("utf-8", errors="backslashreplace")
+    return re.sub(r"\\x([0-9a-f]{2})", lambda m: f"<0x{m.group(1).upper()}>", raw)
+
+
+def token_text(tokenizer, token: int) -> str:
+    """One token as the panel shows it: spaces ␣, newlines ⏎, byte pieces as hex, HTML-escaped."""
+    text = tokenizer.decode([token])
+    if "\ufffd" in text:
+        text = byte_label(tokenizer, token)
+    return html.escape(text.replace("\n", "⏎").replace(" ", "␣") or "∅")
+
+
+def slot_kinds(ev: RoundEvent) -> list[str]:
+    """Per drafted slot: accepted, the first rejected, or not reached (after the rejection)."""
+    return ["acc" if slot < ev.n_accepted else "rej" if slot == ev.n_accepted else "unr"
+            for slot in range(len(ev.drafted))]
+
+
+def render_round(tokenizer, index: int, ev: RoundEvent) -> str:
+    """One row: each drafted slot marked accepted / rejected / not reached, then the target's token."""
+    cells = [f"<span class='fm-round'>#{index}</span>"]
+    if ev.branches > 1:  # the row shows the draft the target followed furthest
+        cells.append(f"<span class='fm-slot fm-unr' title='best of {ev.branches} drafts, verified as a tree'>"
+                     f"⑂{ev.branches}</span>")
+    for slot, (token, kind) in enumerate(zip(ev.drafted, slot_kinds(ev))):
+        text = token_text(tokenizer, token)
+        cells.append(f"<span class='fm-slot fm-{kind}' title='slot {slot + 1}'>{SLOT_MARKS[kind]}{text}</span>")
+    cells.append(f"<span class='fm-slot fm-bonus' title='target'>★{token_text(tokenizer, ev.target_token)}</span>")
+    return "<div class='fm-row'>" + "".join(cells) + "</div>"
+
+
+def render_panel(tokenizer, events: list[RoundEvent]) -> str:
+    rounds = [ev for ev in events if ev.kind == "round" and ev.finish_reason != "cancelled"]
+    start = max(0, len(rounds) - PANEL_ROUNDS)
+    rows = [render_round(tokenizer, start + i + 1, ev) for i, ev in enumerate(rounds[start:])]
+    body = "".join(reversed(rows)) or "<div class='fm-row'>No rounds yet.</div>"
+    return f"<div class='fm-panel'>{LEGEND}{body}</div>"
+
+
+def speed_lines(speed: ReplySpeed | None, drafting: bool) -> list[str]:
+    """This reply's speed and its ratio to plain decoding measured inside the same reply (core.stats.ReplySpeed),
+    or what is missing for one: never a figure measured at another time, under another load. A plain reply is
+    measured the same way (its ratio comes out near 1: the check that the measurement is fair)."""
+    if speed is None or not speed.tokens_per_s:
+        return ["**This reply:** –"]
+    lines = [f"**This reply:** {speed.tokens_per_s:.1f} tokens/s (decoding, after reading the prompt)"]
+    if speed.ratio:
+        what = "this reply is itself plain decoding" if not drafting else "measured inside this reply"
+        lines.append(f"**× {speed.ratio:.2f} plain decoding** ({what}: {speed.plain_tokens_per_s:.1f} tokens/s "
+                     f"over its {len(speed.plain_steps)} plain steps)")
+    else:
+        lines.append("**× – plain decoding**: not enough plain steps in this reply yet to compare")
+    return lines
+
+
+def render_stats(stats: AcceptanceStats, speed: ReplySpeed | None, drafter: str, context: tuple[int, int],
+                 curve_status: str, threads: int) -> str:
+    lines = [f"**Drafter:** {DRAFTER_LABELS.get(drafter, drafter)}"]
+    lines += speed_lines(speed, drafter != "none")
+    if stats.acceptance_length:
+        lines.append(f"**Mean acceptance length (conversation):** {stats.acceptance_length:.2f} tokens / "
+                     "target forward")
+    used, limit = context
+    lines.append(f"**Context:** {used:,} / {limit:,} tokens ({100 * used / max(limit, 1):.1f}%)")
+    lines.append(f"**Verify-cost curve (adaptive K):** {curve_status} · **CPU threads:** {threads}")
+    return "  \n".join(lines)
+
+
+def slot_chart(stats: AcceptanceStats):
+    """A matplotlib bar chart of conditional acceptance per slot (slots no round reached are left empty)."""
+    from matplotlib.figure import Figure
+
+    rates = stats.per_slot()
+    fig = Figure(figsize=(5, 2.6), layout="constrained")
+    ax = fig.add_subplot()
+    slots = list(range(1, len(rates) + 1))
+    ax.bar(slots, [r or 0.0 for r in rates], color="#2e9e48")
+    ax.set_xticks(slots or [1])
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("slot")
+    ax.set_ylabel("acceptance")
+    ax.set_title("Acceptance per slot (given earlier slots accepted)", fontsize=10)
+    return fig
+
+
+def speed_chart(labels: list[str], tokens_per_s: list[float]):
+    """A matplotlib bar chart of tokens/s, one bar per decoding mode."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 2.6), layout="constrained")
+    ax = fig.add_subplot()
+    bars = ax.barh(labels, tokens_per_s, color=["#9e9e9e", "#2e9e48"][: len(labels)])
+    ax.bar_label(bars, fmt="%.1f tok/s", padding=3)
+    ax.set_xlabel("tokens / s")
+    ax.set_xlim(0, max(tokens_per_s + [1e-9]) * 1.3)
+    ax.invert_yaxis()
+    return fig

@@ -1,0 +1,143 @@
+"""The verify cost curve: time of one target forward over T = 1, 2, 4, 8, 16, 17 new positions
+after a context of C cached positions. It bounds every speedup: a round that commits gamma tokens
+costs draft + verify(K+1), against gamma plain forwards of verify(1).
+
+python -m core.verify_cost [--cached 256] [--repeats 20] [--target ID] [--out FILE.json]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from transformers import DynamicCache
+
+from core.drafting import MAX_BLOCK_SIZE
+from core.engine import keep_positions, target_forward
+from core.target import add_target_args, load_target, target_config_from_args
+
+POSITIONS = (1, 2, 4, 8, 16, 17)
+# the most one more position may add to a forward's cost, relative to one position: a CPU measures ~0.06, a GPU
+# less; a curve steeper than this is a load spike during the measurement, and would cut every draft to nothing
+MAX_MARGINAL = 0.25
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_passes(target, context: int, repeats: int, positions=POSITIONS) -> Iterator[dict[int, list[float]]]:
+    """Seconds of one forward over T new positions after `context` cached ones, T values interleaved, one pass over
+    all of them at a time: yields the times so far after each pass (the first, a warm-up, is not timed), so a
+    caller can hand the model to others between passes."""
+    gen = torch.Generator().manual_seed(0)
+
+    def draw(n: int) -> list[int]:
+        return torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (n,), generator=gen).tolist()
+
+    cache = DynamicCache(config=target.model.config)
+    times: dict[int, list[float]] = {t: [] for t in positions}
+    with torch.inference_mode():
+        target_forward(target, draw(context), cache, ())
+        for repeat in range(repeats + 1):
+            for t in positions:
+                block = draw(t)
+                synchronize(target.device)
+                start = time.perf_counter()
+                target_forward(target, block, cache, ())
+                synchronize(target.device)  # CUDA runs asynchronously: time the work, not its launch
+                if repeat:
+                    times[t].append(time.perf_counter() - start)
+                keep_positions(cache, t, [])  # drop them all
+            if repeat:
+                yield times
+
+
+def verify_cost(target, context: int, repeats: int, positions=POSITIONS) -> dict[int, float]:
+    """Median seconds of one forward over T new positions; T values interleaved across repeats."""
+    for times in timed_passes(target, context, repeats, positions):
+        pass
+    return {t: statistics.median(v) for t, v in times.items()}
+
+
+def relative_from(times: dict[int, list[float]]) -> tuple[float, ...]:
+    """The relative curve from per-T timings (medians), made sane."""
+    median = {t: statistics.median(v) for t, v in times.items()}
+    return sane_curve(tuple(median[t] / median[1] for t in sorted(median)))
+
+
+def relative_curve(target, max_positions: int = MAX_BLOCK_SIZE + 1, context: int = 256,
+                   repeats: int = 5) -> tuple[float, ...]:
+    """Cost of 1..max_positions new positions relative to one, measured now on this machine (a few seconds), made
+    sane (sane_curve); what the adaptive draft length (engine.best_draft_length) reads."""
+    for times in timed_passes(target, context, repeats, range(1, max_positions + 1)):
+        pass
+    return relative_from(times)
+
+
+def sane_curve(curve) -> tuple[float, ...]:
+    """A measured relative curve made physically plausible: starts at 1, never falls as positions are added, and
+    never rises faster than MAX_MARGINAL per position or above n (n positions cost at most n forwards of one)."""
+    out, prev = [], 1.0
+    for n, cost in enumerate(curve, start=1):
+        prev = 1.0 if n == 1 else min(max(float(cost), prev), float(n), 1 + (n - 1) * MAX_MARGINAL)
+        out.append(prev)
+    return tuple(out)
+
+
+def machine_key(target) -> str:
+    """What a cost curve depends on: this machine, its thread count, the target and how it is loaded."""
+    return "|".join([platform.node(), platform.machine(), platform.processor(), str(torch.get_num_threads()),
+                     target.identity["name"], str(target.model.dtype), str(target.device)])
+
+
+def cache_file(root: Path, target) -> Path:
+    return Path(root) / f"verify-cost-{hashlib.sha1(machine_key(target).encode()).hexdigest()[:12]}.json"
+
+
+def load_cached(root: Path, target) -> tuple[tuple[float, ...], float] | None:
+    """(curve, measured at: time.time()) from an earlier run on this machine with this target, or None."""
+    path = cache_file(root, target)
+    try:
+        data = json.loads(path.read_text())
+        if data["key"] != machine_key(target):
+            return None
+        return sane_curve(data["curve"]), float(data["measured_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent or unreadable: measure again
+
+
+def save_cached(root: Path, target, curve: tuple[float, ...]) -> None:
+    path = cache_file(root, target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": machine_key(target), "curve": list(curve), "measured_at": time.time()}))
+    tmp.replace(path)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cached", type=int, default=256, help="positions already in the KV cache")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--positions", type=int, nargs="+", default=list(POSITIONS), help="T values to time")
+    parser.add_argument("--out", default=None)
+    add_target_args(parser)
+    args = parser.parse_args(argv)
+    target = load_target(target_config_from_args(args))
+    cost = verify_cost(target, args.cached, args.repeats, sorted(set(args.positions) | {1}))
+    result = {"target": target.name, "context": args.cached, "seconds": cost,
+              "relative_to_one": {t: s / cost[1] for t, s in cost.items()}}
+    print(json.dumps(result))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

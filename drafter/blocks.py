@@ -1,0 +1,52 @@
+"""A training or evaluation batch: target context and the K clean tokens after each anchor.
+
+Shape letters: B = blocks, K = slots, W = context window, P = pooled positions, F = feature width,
+D = drafter width, D_t = target width. `drafter.data` produces them; the losses and the evaluator read them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from drafter.network import DraftNet
+
+
+@dataclass
+class Blocks:
+    """Training blocks: target context and the K clean tokens after each anchor.
+
+    The context is stored once per position (`pool`, P rows) and each block reads its window of it
+    through `window`: blocks drawn from the same sequence share positions, so each network projects a
+    position once per step instead of once per block that sees it.
+    """
+
+    pool: torch.Tensor  # (P, F) target features of every position some block reads
+    window: torch.Tensor  # (B, W) pool row of each context position, right-aligned before the anchor
+    feature_mask: torch.Tensor  # (B, W) True where a context position exists (window is 0 elsewhere)
+    anchors: torch.Tensor  # (B,) anchor token ids (target vocabulary)
+    anchor_embed: torch.Tensor  # (B, D_t) the target's embedding of each anchor
+    tokens: torch.Tensor  # (B, K) draft-vocabulary ids of the clean block (0 = other)
+    valid: torch.Tensor  # (B, K) False past the end of the response
+
+    @classmethod
+    def from_windows(cls, features: torch.Tensor, feature_mask, anchors, anchor_embed, tokens, valid) -> "Blocks":
+        """Blocks from per-block windows (B, W, F) that share nothing."""
+        b, w, f = features.shape
+        return cls(features.reshape(b * w, f), torch.arange(b * w).view(b, w), feature_mask, anchors,
+                   anchor_embed, tokens, valid)
+
+    @property
+    def features(self) -> torch.Tensor:
+        return self.pool[self.window]  # (B, W, F)
+
+    def to(self, device) -> "Blocks":
+        return Blocks(*(getattr(self, f.name).to(device) for f in fields(self)))
+
+    def context(self, net: DraftNet, rows: torch.Tensor | None = None):
+        """The network's context (B, W+1, D) and mask for all blocks, or for the blocks in `rows`."""
+        window, mask, anchor_embed = self.window, self.feature_mask, self.anchor_embed
+        if rows is not None:
+            window, mask, anchor_embed = window[rows], mask[rows], anchor_embed[rows]
+        projected = net.ctx_in(self.pool)  # (P, D): each position once
+        return net.context_projected(projected[window], mask, anchor_embed)  # (B, W, D) gathered

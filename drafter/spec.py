@@ -1,0 +1,146 @@
+"""One drafter spec: which drafter, with which options, written one way and checked in one place.
+
+Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value]...`, e.g.
+`flashmap,steps=2,tree=4,k=8`. Options:
+
+  steps=N      flow drafters: FlashMap jumps (1 or 2), or the teacher's Euler steps (e.g. 16)
+  noise=shared|shuffled   shuffled: independent noise per slot (the shuffle test, paper §6.2)
+  best_of=M    flow drafters: draft M blocks from independent noise, keep the most confident
+  tree=M       flow drafters, T = 0 only: M drafts verified together as a trie (paper App. D)
+  scale=S      teacher only: the initial noise scale (a diagnostic)
+  k=K          block size; unset = the drafter's own (the block it was trained for), and never above it
+  adaptive=1   cut each draft to its best expected length under the measured verify cost
+  skip=N       with adaptive: skip the drafter for up to N rounds after empty drafts (0: never; default 8)
+  weights=DIR  a checkpoint other than weights/<target>/<name>
+
+`DrafterSpec.__post_init__` holds every rule about which option suits which drafter; `validate(sampling)`
+the rules that depend on the temperature. Building the drafter is `drafter.registry.build_drafter`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from core.drafting import MAX_BLOCK_SIZE
+from core.sampling import SamplingConfig
+
+FLOW_DRAFTERS = ("flashmap", "flashmap-teacher")  # draw noise: steps, noise, best-of and trees apply
+NET_DRAFTERS = FLOW_DRAFTERS + ("dflash",)  # trained networks with a checkpoint
+ENGINE_DRAFTERS = ("none", "ngram") + NET_DRAFTERS
+HF_BASELINES = ("hf-generate", "hf-prompt-lookup")  # transformers' own generate, for comparison only
+LABELS = {"flashmap": "FlashMap", "flashmap-teacher": "FlashMap teacher", "dflash": "DFlash-style",
+          "ngram": "n-gram", "none": "none (plain)", "hf-generate": "transformers generate",
+          "hf-prompt-lookup": "transformers prompt lookup"}
+# text key -> field; the order is the canonical text's
+KEYS = {"steps": "steps", "noise": "noise", "best_of": "best_of", "tree": "tree", "scale": "noise_scale",
+        "k": "block_size", "adaptive": "adaptive", "skip": "max_skip", "weights": "weights"}
+
+
+class SpecError(ValueError):
+    """Options that do not fit together or do not suit the drafter; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    name: str = "flashmap"
+    steps: int = 1
+    noise: str = "shared"
+    best_of: int = 1
+    tree: int = 1
+    noise_scale: float = 1.0
+    block_size: int | None = None  # K; None: the drafter's own
+    adaptive: bool = False
+    max_skip: int = 8
+    weights: str | None = None
+
+    def __post_init__(self):
+        why = self.refusal()
+        if why:
+            raise SpecError(f"{self.text()}: {why}")
+
+    def refusal(self) -> str | None:
+        """Why these options cannot run together (None: they can). Temperature rules: validate()."""
+        flow, name = self.name in FLOW_DRAFTERS, self.name
+        if name not in ENGINE_DRAFTERS + HF_BASELINES:
+            return f"unknown drafter {name!r}; choose from {', '.join(ENGINE_DRAFTERS + HF_BASELINES)}"
+        if min(self.steps, self.best_of, self.tree) < 1 or self.max_skip < 0:
+            return "steps, best_of and tree must be >= 1, skip >= 0"
+        if self.block_size is not None and not 1 <= self.block_size <= MAX_BLOCK_SIZE:
+            return f"block size k must be in 1..{MAX_BLOCK_SIZE}, got {self.block_size}"
+        if self.noise not in ("shared", "shuffled"):
+            return f"noise must be shared or shuffled, got {self.noise!r}"
+        if not flow and (self.steps != 1 or self.noise != "shared" or self.best_of > 1 or self.tree > 1):
+            return f"steps, noise, best_of and tree apply to the flow drafters ({', '.join(FLOW_DRAFTERS)}) only"
+        if self.noise_scale <= 0 or (self.noise_scale != 1.0 and name != "flashmap-teacher"):
+            return "scale (> 0) applies to the teacher's Euler integration only"
+        if self.tree > 1 and self.best_of > 1:
+            return "choose best-of-M or a tree of M drafts, not both"
+        if name in HF_BASELINES and (self.adaptive or self.weights):
+            return "transformers' generate takes no adaptive cut and no drafter weights"
+        if name == "none" and self.weights:
+            return "plain decoding has no drafter to give weights to"
+        return None
+
+    def validate(self, sampling: SamplingConfig) -> None:
+        """Raise SpecError if the drafter cannot run exactly at these sampling settings."""
+        if self.tree > 1 and not sampling.greedy:
+            raise SpecError(f"{self.text()}: several drafts verified together (tree={self.tree}) are exact at "
+                            "temperature 0 only; use tree=1 at T > 0")
+
+    @property
+    def is_hf_baseline(self) -> bool:
+        return self.name in HF_BASELINES
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.name]
+
+    def describe(self) -> str:
+        """A label for people: 'FlashMap 1-step, tree of 4 drafts, K=4' (reports, the UI)."""
+        teacher = "flow teacher, 1 step (its t = 0 pass)" if self.steps == 1 else f"flow teacher, {self.steps} steps"
+        base = {"flashmap": f"FlashMap {self.steps}-step", "flashmap-teacher": teacher}
+        words = [base.get(self.name, LABELS[self.name])]
+        words += ["per-slot independent noise"] if self.noise == "shuffled" else []
+        words += [f"best of {self.best_of} noise draws"] if self.best_of > 1 else []
+        words += [f"tree of {self.tree} drafts"] if self.tree > 1 else []
+        words += [f"noise × {self.noise_scale:g}"] if self.noise_scale != 1.0 else []
+        words += [f"K={self.block_size}"] if self.block_size else []
+        every_round = ", drafter called every round" if self.max_skip == 0 else " (drafter skipped after empty drafts)"
+        words += [f"adaptive K{every_round}"] if self.adaptive else []
+        words += [f"{Path(self.weights).parent.name} checkpoint"] if self.weights else []
+        return ", ".join(words)
+
+    def text(self) -> str:
+        """The canonical text form: the name, then every option that differs from its default."""
+        defaults = {f.name: f.default for f in fields(DrafterSpec)}
+        options = []
+        for key, field in KEYS.items():
+            value = getattr(self, field)
+            if value != defaults[field]:
+                options.append(f"{key}={int(value) if isinstance(value, bool) else value}")
+        return ",".join([self.name, *options])
+
+    @classmethod
+    def parse(cls, text: str, **defaults) -> "DrafterSpec":
+        """'flashmap,steps=2,tree=4' -> DrafterSpec; `defaults` fill fields the text leaves out."""
+        name, *options = text.strip().split(",")
+        values = dict(defaults)
+        for option in options:
+            key, _, raw = option.partition("=")
+            if key not in KEYS or not raw:
+                raise SpecError(f"{text!r}: options are {', '.join(k + '=' for k in KEYS)} (see drafter/spec.py)")
+            values[KEYS[key]] = _cast(KEYS[key], raw, text)
+        return cls(name=name, **values)
+
+
+def _cast(field: str, raw: str, text: str):
+    try:
+        if field in ("noise", "weights"):
+            return raw
+        if field == "noise_scale":
+            return float(raw)
+        if field == "adaptive":
+            return bool(int(raw))
+        return int(raw)
+    except ValueError as err:
+        raise SpecError(f"{text!r}: {raw!r} is not a valid value for {field}") from err

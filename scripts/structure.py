@@ -1,0 +1,77 @@
+"""Draw the project's structure from its imports: the README's layout drawing (a mermaid flowchart).
+
+python -m scripts.structure            prints it
+python -m scripts.structure --check    exits 1 if README.md does not hold the current drawing
+
+Three layers, top to bottom: app (product), drafter (the drafters), core (target, engine, verification);
+an arrow says how many module imports go from one layer to another; every arrow points down.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("app", "drafter", "core")  # top to bottom
+BEGIN, END = "<!-- structure:begin -->", "<!-- structure:end -->"
+
+
+def project_imports(path: Path) -> set[str]:
+    """'package.module' names a file imports from the three packages (lazy imports included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parts = node.module.split(".")
+            if parts[0] in PACKAGES:
+                found |= {f"{parts[0]}.{parts[1]}"} if len(parts) > 1 else {f"{parts[0]}.{a.name}" for a in node.names}
+    return found
+
+
+def modules() -> dict[str, set[str]]:
+    graph = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).glob("*.py")):
+            if path.stem != "__init__":
+                graph[f"{package}.{path.stem}"] = project_imports(path)
+    graph["app.py"] = project_imports(ROOT / "app.py")
+    return graph
+
+
+def drawing() -> str:
+    """A box per package listing its modules; one arrow per pair of layers, labelled with how many module
+    imports cross it (imports within a package are left out: they are many and say nothing about layering)."""
+    graph = modules()
+    crossings: dict[tuple[str, str], int] = {}
+    for src, deps in graph.items():
+        src_pkg = "app.py" if src == "app.py" else src.split(".")[0]
+        for dep in deps:
+            if dep.split(".")[0] != src_pkg:
+                key = (src_pkg, dep.split(".")[0])
+                crossings[key] = crossings.get(key, 0) + 1
+    lines = ["```mermaid", "flowchart TB", "  app.py([app.py])"]
+    for package in PACKAGES:
+        names = [m.split(".")[1] for m in graph if m.startswith(f"{package}.") and m != "app.py"]
+        lines.append(f"  {package}[\"<b>{package}/</b><br>{' · '.join(names)}\"]")
+    for (src, dst), n in sorted(crossings.items(), key=lambda kv: (kv[0][0] != "app.py", kv[0])):
+        lines.append(f"  {src} -->|{n}| {dst}")
+    lines.append("```")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="compare with the drawing in README.md")
+    args = parser.parse_args(argv)
+    if not args.check:
+        print(drawing())
+        return
+    readme = (ROOT / "README.md").read_text()
+    current = readme.split(BEGIN)[1].split(END)[0].strip() if BEGIN in readme else ""
+    if current != drawing():
+        sys.exit("README.md's structure drawing is stale: python -m scripts.structure, paste between the markers")
+
+
+if __name__ == "__main__":
+    main()

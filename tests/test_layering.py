@@ -1,0 +1,70 @@
+"""The packages depend one way: core <- drafter <- app / scripts. Read from the source, so a new import that
+runs back up (or a lazy one inside a function) fails here."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = {"core": set(), "drafter": {"core"}, "app": {"core", "drafter"}}  # package -> what it may import
+
+
+def imported_packages(path: Path) -> set[str]:
+    """Top-level project packages a module imports, at any depth of its code (lazy imports included)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names & {"core", "drafter", "app", "scripts", "tests"}
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_imports_run_one_way(package):
+    for path in sorted((ROOT / package).glob("*.py")):
+        wrong = imported_packages(path) - LAYERS[package] - {package}
+        where = path.relative_to(ROOT)
+        assert not wrong, f"{where} imports {sorted(wrong)}: {package} may import only {LAYERS[package]}"
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (its own level-0 imports)."""
+    graph = {}
+    for path in (ROOT / package).glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(f"{package}."):
+                deps.add(node.module.split(".")[1])
+            elif isinstance(node, ast.ImportFrom) and node.module == package:
+                deps |= {alias.name for alias in node.names}
+        graph[path.stem] = deps
+    return graph
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_no_import_loop_inside_a_package(package):
+    graph = module_graph(package)
+
+    def visit(node, trail):
+        assert node not in trail, f"import loop in {package}: {' -> '.join(trail + [node])}"
+        for dep in graph.get(node, ()):
+            visit(dep, trail + [node])
+
+    for module in graph:
+        visit(module, [])
+
+
+def test_the_checker_sees_a_violation(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from app.service import ChatService\n")
+    assert imported_packages(bad) == {"app"}
+
+
+def test_the_readme_drawing_is_current():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "structure.py"), "--check"], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,69 @@
+"""The OpenAI-compatible API, driven by the real `openai` client (in-process here; against a running app in
+test_app_e2e.py)."""
+import openai
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from app.openai_api import add_openai_routes
+from app.service import ChatService, ChatSettings
+from core.testing import make_target, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    return ChatService(make_target(tiny_llama(vocab_size=64), name="tiny-api"),
+                       data_dir=tmp_path_factory.mktemp("fm-api"))
+
+
+@pytest.fixture(scope="module")
+def client(service):
+    app = FastAPI()
+    add_openai_routes(app, service, "ngram")
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="local", http_client=TestClient(app), max_retries=0)
+
+
+def plain_reply(service, message: str, max_new_tokens: int) -> str:
+    settings = ChatSettings(drafter="none", max_new_tokens=max_new_tokens)
+    return service.run_once(service.prompt_ids([], message, settings), settings, None)[0]
+
+
+def test_models_lists_the_target(client):
+    assert [m.id for m in client.models.list().data] == ["tiny-api"]
+
+
+def test_completion_equals_plain_decoding_and_reports_speculative_stats(client, service):
+    reply = client.chat.completions.create(model="tiny-api", temperature=0, max_tokens=24,
+                                           messages=[{"role": "user", "content": "w10 w11 w12 w10 w11"}])
+    assert reply.choices[0].message.content == plain_reply(service, "w10 w11 w12 w10 w11", 24)
+    assert reply.choices[0].finish_reason in ("stop", "length") and reply.usage.completion_tokens > 0
+    spec = reply.model_extra["speculative"]
+    assert spec["drafter"] == "ngram" and spec["acceptance_length"] >= 1.0 and spec["tokens_per_s"] > 0
+
+
+def test_streaming_sends_deltas_that_add_up_to_the_reply(client, service):
+    stream = client.chat.completions.create(model="tiny-api", temperature=0, max_tokens=24, stream=True,
+                                            messages=[{"role": "user", "content": "w10 w11 w12"}],
+                                            extra_body={"drafter": "none"})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == plain_reply(service, "w10 w11 w12", 24) and len(chunks) > 3
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert chunks[-1].model_extra["speculative"]["speedup_vs_plain"] == 1.0
+
+
+def test_bad_requests_get_4xx_with_a_message(client):
+    cases = [(dict(model="gpt-4", messages=[{"role": "user", "content": "hi"}]), openai.NotFoundError, "not served"),
+             (dict(model="tiny-api", messages=[]), openai.BadRequestError, "messages"),
+             (dict(model="tiny-api", messages=[{"role": "assistant", "content": "hi"}]), openai.BadRequestError,
+              "last message"),
+             (dict(model="tiny-api", messages=[{"role": "user", "content": "hi"}], temperature=5),
+              openai.BadRequestError, "temperature"),
+             (dict(model="tiny-api", messages=[{"role": "user", "content": "hi"}], extra_body={"block_size": 99}),
+              openai.BadRequestError, "block size"),
+             (dict(model="tiny-api", messages=[{"role": "user", "content": "w9 " * 600}]), openai.BadRequestError,
+              "context")]
+    for kwargs, error, words in cases:
+        with pytest.raises(error, match=words) as caught:
+            client.chat.completions.create(**kwargs)
+        assert 400 <= caught.value.status_code < 500
