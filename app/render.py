@@ -71,11 +71,29 @@ def render_round(tokenizer, index: int, ev: RoundEvent) -> str:
     return "<div class='fm-row'>" + "".join(cells) + "</div>"
 
 
+def render_plain_run(tokenizer, first: int, events: list[RoundEvent]) -> str:
+    """Consecutive rounds without a draft (plain steps: the adaptive cut kept nothing, the drafter was skipped, or
+    a plain-step probe) in one row of target tokens, so the rounds that drafted stay in view."""
+    label = f"#{first}" if len(events) == 1 else f"#{first}–{first + len(events) - 1}"
+    cells = [f"<span class='fm-round' title='plain steps: no draft'>{label}</span>"]
+    cells += [f"<span class='fm-slot fm-bonus' title='target'>★{token_text(tokenizer, ev.target_token)}</span>"
+              for ev in events]
+    return "<div class='fm-row fm-plain'>" + "".join(cells) + "</div>"
+
+
 def render_panel(tokenizer, events: list[RoundEvent]) -> str:
+    """The latest PANEL_ROUNDS rows, newest first: one per drafted round, one per run of plain steps."""
     rounds = [ev for ev in events if ev.kind == "round" and ev.finish_reason != "cancelled"]
-    start = max(0, len(rounds) - PANEL_ROUNDS)
-    rows = [render_round(tokenizer, start + i + 1, ev) for i, ev in enumerate(rounds[start:])]
-    body = "".join(reversed(rows)) or "<div class='fm-row'>No rounds yet.</div>"
+    rows, run_start = [], None
+    for i, ev in enumerate(rounds, start=1):
+        if not ev.drafted:
+            run_start = run_start or i
+            if i == len(rounds) or rounds[i].drafted:
+                rows.append(render_plain_run(tokenizer, run_start, rounds[run_start - 1:i]))
+                run_start = None
+        else:
+            rows.append(render_round(tokenizer, i, ev))
+    body = "".join(reversed(rows[-PANEL_ROUNDS:])) or "<div class='fm-row'>No rounds yet.</div>"
     return f"<div class='fm-panel'>{LEGEND}{body}</div>"
 
 

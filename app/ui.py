@@ -91,6 +91,20 @@ def context_usage(service: ChatService, history: list[dict], settings: ChatSetti
     return used, service.target.max_positions
 
 
+def message_text(content) -> str:
+    """A chat message's text: Gradio's Chatbot sends content back as a list of typed parts ({"type": "text",
+    "text": ...}) or a string."""
+    if isinstance(content, str):
+        return content
+    parts = content if isinstance(content, list) else [content]
+    return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in parts)
+
+
+def plain_history(history) -> list[dict]:
+    """The conversation as [{"role", "content": str}], whatever shape the browser sent it back in."""
+    return [{"role": m["role"], "content": message_text(m.get("content", ""))} for m in history or []]
+
+
 def stats_text(service, stats, speed, drafter_name, history, settings) -> str:
     return render_stats(stats, speed, drafter_name, context_usage(service, history, settings), service.curve_status,
                         service.threads())
@@ -100,7 +114,7 @@ def chat(service: ChatService, message: str, history: list[dict], stats: Accepta
          conv_id: str | None = None, **settings_values):
     """Streams (history, panel html, stats markdown, slot chart, stats, conversation id) while the reply is written;
     the conversation is saved when the reply ends (stopped replies included)."""
-    stats, history = stats or AcceptanceStats(), list(history or [])
+    stats, history = stats or AcceptanceStats(), plain_history(history)
     unchanged = (list(history), gr.skip(), gr.skip(), gr.skip(), stats, conv_id)
     try:
         settings, drafter = prepare(service, message, settings_values)
@@ -131,7 +145,7 @@ def chat(service: ChatService, message: str, history: list[dict], stats: Accepta
 
 def regenerate(service: ChatService, history: list[dict], stats, conv_id, **settings_values):
     """The last reply written again (with the current settings): the last turn is taken off and re-sent."""
-    history = list(history or [])
+    history = plain_history(history)
     if len(history) < 2 or history[-1]["role"] != "assistant":
         gr.Warning("Nothing to regenerate yet.")
         yield history, gr.skip(), gr.skip(), gr.skip(), stats, conv_id
@@ -141,7 +155,7 @@ def regenerate(service: ChatService, history: list[dict], stats, conv_id, **sett
 
 def edit_last(history: list[dict]) -> tuple[list[dict], str]:
     """The last user message back in the message box and the last turn taken off, to be edited and re-sent."""
-    history = list(history or [])
+    history = plain_history(history)
     if len(history) < 2 or history[-1]["role"] != "assistant":
         gr.Warning("Nothing to edit yet.")
         return history, gr.skip()

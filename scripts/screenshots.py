@@ -27,9 +27,11 @@ def open_page(pw, url: str):
 
 def send(page, message: str, timeout_ms: int = 300_000) -> None:
     """Send one chat message and wait until the reply is complete."""
+    before = page.locator("[data-testid='bot']").count()
     page.locator("#message textarea").fill(message)
     page.locator("#send").click()
-    page.locator("#draft-panel .fm-bonus").first.wait_for(timeout=timeout_ms)
+    page.wait_for_function(f"() => document.querySelectorAll('[data-testid=bot]').length > {before}",
+                           timeout=timeout_ms)
     page.wait_for_function("() => !document.querySelector('.generating, .pending')", timeout=timeout_ms)
 
 

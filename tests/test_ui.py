@@ -193,3 +193,20 @@ def test_stats_show_the_ratio_measured_inside_the_reply(service):
     assert len(speed.plain_steps) >= 3  # the engine made plain steps inside the drafting reply
     line = render.speed_lines(speed, drafting=True)[1]
     assert "measured inside this reply" in line or "not enough" in line
+
+
+def test_plain_steps_fold_into_one_row_so_drafted_rounds_stay_in_view():
+    tokenizer = make_target(tiny_llama(vocab_size=64)).tokenizer
+    events = [event(drafted=(10, 11), n_accepted=1, target_token=20)] + [event(target_token=21)] * 30
+    panel = render.render_panel(tokenizer, events)
+    assert panel.count("fm-row fm-plain") == 1 and "#2–31" in panel and panel.count("fm-acc") == 2  # + legend
+
+
+def test_history_sent_back_by_the_browser_keeps_every_turn(service):
+    """Gradio's Chatbot returns content as typed parts: earlier turns must still reach the prompt."""
+    browser = [{"role": "user", "content": [{"type": "text", "text": "w10 w11"}]},
+               {"role": "assistant", "content": [{"type": "text", "text": "w12"}]}]
+    history = list(ui.chat(service, "w13", browser, None, None, **SETTINGS))[-1][0]
+    assert [m["content"] for m in history[:3]] == ["w10 w11", "w12", "w13"]
+    settings = ChatSettings(**{k: v for k, v in SETTINGS.items()})
+    assert len(service.prompt_ids(history[:2], "w13", settings)) > len(service.prompt_ids([], "w13", settings))
