@@ -228,7 +228,7 @@ def parse_args(argv=None) -> tuple[BenchConfig, str]:
                              "e.g. flashmap,steps=2")
     add_spec_args(parser)
     add_sampling_args(parser)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply (default 128)")
     parser.add_argument("--seed", type=int, default=0, help="prompt i runs with seed S + i")
     parser.add_argument("--out", required=True, help="where the JSON summary is written")
     add_target_args(parser)

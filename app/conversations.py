@@ -53,10 +53,13 @@ class ConversationStore:
         return json.loads(path.read_text(encoding="utf-8"))
 
     def save(self, messages: list[dict], conv_id: str | None = None) -> str:
-        """Write the messages (new conversation when conv_id is None); returns the id."""
+        """Write the messages (a new conversation when conv_id is None or was deleted meanwhile); returns the id."""
         now = time.time()
-        data = self.load(conv_id) if conv_id else {"id": uuid.uuid4().hex, "title": title_from(messages),
-                                                   "created": now}
+        try:
+            data = self.load(conv_id) if conv_id else None
+        except ConversationError:
+            data = None
+        data = data or {"id": uuid.uuid4().hex, "title": title_from(messages), "created": now}
         data.update(messages=[{"role": m["role"], "content": m["content"]} for m in messages], updated=now)
         self._write(data)
         return data["id"]

@@ -85,7 +85,7 @@ def parse_args(argv=None) -> tuple[SuiteConfig, str]:
     parser.add_argument("--block-size", type=int, default=None,
                         help="K for variants without k= (default and upper limit: each drafter's own block)")
     bench.add_sampling_args(parser)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply (default 128)")
     parser.add_argument("--seed", type=int, default=0, help="prompt i runs with seed S + i")
     parser.add_argument("--out", required=True, help="where the JSON results are written")
     add_target_args(parser)

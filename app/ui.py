@@ -320,7 +320,7 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
     with gr.Blocks(title="FlashMap Chat") as demo:
         gr.Markdown(f"# FlashMap Chat\nTarget: `{service.target.name}` on `{service.target.device}` — "
                     "speculative decoding that never changes the target's output.")
-        status = gr.Markdown(status_text(service), elem_id="status")
+        status = gr.Markdown(status_text(service), elem_id="fm-status")
         gr.Timer(2.0).tick(lambda: status_text(service), None, status, queue=False, show_progress="hidden",
                            api_visibility="private")
         if service.unavailable:
@@ -415,12 +415,13 @@ def chat_tab(service: ChatService, choices, default: str, k_max: int) -> None:
 def compare_tab(service: ChatService, choices, default: str, k_max: int) -> None:
     c_prompt = gr.Textbox(label="Prompt", lines=3, elem_id="compare-prompt")
     gr.Examples(example_prompts(), inputs=c_prompt, label="Examples (math, code, chat)")
-    with gr.Row(elem_classes="fm-settings"):
+    with gr.Row(elem_classes="fm-settings"):  # two rows: seven controls in one cut the sliders' labels short
         c_drafter = gr.Dropdown([c for c in choices if c[1] != "none"] or choices, value=default, label="Drafter")
-        c_block = gr.Slider(1, k_max, value=k_max, step=1, label="Block size K")
+        c_block = gr.Slider(1, k_max, value=k_max, step=1, label="Block size K", min_width=220)
         c_steps = gr.Radio([1, 2], value=1, label="Steps", interactive=default in FLOW_DRAFTERS)
-        c_temp = gr.Slider(0, 2, value=0, step=0.05, label="Temperature")
-        c_max = gr.Slider(16, 1024, value=128, step=16, label="Max new tokens")
+        c_temp = gr.Slider(0, 2, value=0, step=0.05, label="Temperature", min_width=220)
+    with gr.Row(elem_classes="fm-settings"):
+        c_max = gr.Slider(16, 1024, value=128, step=16, label="Max new tokens", min_width=260)
         c_adaptive = gr.Checkbox(True, label=ADAPTIVE_LABEL)
         c_tree = gr.Radio(TREE_CHOICES, value=1, label=TREE_LABEL, interactive=default in FLOW_DRAFTERS)
     c_run = gr.Button("Run both", variant="primary", elem_id="compare-run")

@@ -249,10 +249,11 @@ def load_target(cfg: TargetConfig) -> Target:
 def add_target_args(parser) -> None:
     """argparse flags that map onto TargetConfig; shared by the app, the bench and the data CLI."""
     parser.add_argument("--target", default=EMBEDDED_ID, help="embedded default, HF id (cached) or local folder")
-    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                        help="weights' dtype (auto: fp32 on the CPU, bf16 on a GPU)")
     parser.add_argument("--quant", default="auto", choices=QUANTS, help="auto: the memory plan picks on a GPU")
     parser.add_argument("--context", type=int, default=8192, help="KV-cache tokens the memory plan reserves")
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (auto: a GPU when there is one)")
     parser.add_argument("--allow-download", action="store_true", help="let transformers download a missing model")
 
 

@@ -39,7 +39,11 @@ def read_prompt_rows(paths: list[str], limit: int | None, start: int = 0) -> lis
         name = Path(path).name
         if name.startswith("eval_"):
             raise ValueError(f"{path}: eval prompts are never used for training")
-        rows += read_jsonl(path)[start:start + limit if limit else None]
+        try:
+            rows += read_jsonl(path)[start:start + limit if limit else None]
+        except FileNotFoundError as err:
+            raise SystemExit(f"no prompt file {path}: the train_* sets live in ../shared/data/prompts "
+                             "(the project ships only the evaluation sets)") from err
     return rows
 
 
@@ -294,18 +298,18 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     gen = sub.add_parser("generate", help="the target writes responses to training prompts")
-    gen.add_argument("--prompts", nargs="+", required=True)
-    gen.add_argument("--out", required=True)
+    gen.add_argument("--prompts", nargs="+", required=True, help="train_*.jsonl prompt files (never eval_*)")
+    gen.add_argument("--out", required=True, help="data folder (an existing one resumes, same settings only)")
     gen.add_argument("--start", type=int, default=0, help="skip the first N prompts of each file")
     gen.add_argument("--limit", type=int, default=None, help="N prompts of each file (from --start)")
-    gen.add_argument("--max-new-tokens", type=int, default=256)
-    gen.add_argument("--batch-size", type=int, default=16)
-    gen.add_argument("--shard-size", type=int, default=128)
+    gen.add_argument("--max-new-tokens", type=int, default=256, help="longest response (default 256)")
+    gen.add_argument("--batch-size", type=int, default=16, help="prompts answered together (default 16)")
+    gen.add_argument("--shard-size", type=int, default=128, help="responses per shard file (default 128)")
     add_target_args(gen)
     feat = sub.add_parser("features", help="cache the target's hidden states at the drafter's layers")
-    feat.add_argument("--data", required=True)
+    feat.add_argument("--data", required=True, help="a data folder written by generate")
     feat.add_argument("--layers", type=int, nargs="+", required=True, help="e.g. 1 10 20 29 for SmolLM2-135M")
-    feat.add_argument("--batch-size", type=int, default=8)
+    feat.add_argument("--batch-size", type=int, default=8, help="sequences per target forward (default 8)")
     feat.add_argument("--autocast", default="none", choices=["none", "bf16"],
                       help="bf16: the target's matmuls in bf16 (2x faster on AVX512-BF16 CPUs, features within ~0.8%%)")
     add_target_args(feat)

@@ -167,11 +167,11 @@ def parse_args(argv=None) -> tuple[RecipeConfig, bool]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = RecipeConfig()
     for name, value in asdict(defaults).items():
-        flag = "--" + name.replace("_", "-")
+        flag, about = "--" + name.replace("_", "-"), f"RecipeConfig.{name} (default {value})"
         if isinstance(value, tuple):
-            parser.add_argument(flag, type=int, nargs=2, default=list(value))
+            parser.add_argument(flag, type=int, nargs=2, default=list(value), help=about)
         else:
-            parser.add_argument(flag, type=type(value), default=value)
+            parser.add_argument(flag, type=type(value), default=value, help=about)
     parser.add_argument("--dry-run", action="store_true", help="print the plan and commands; run nothing")
     args = vars(parser.parse_args(argv))
     dry = args.pop("dry_run")

@@ -100,8 +100,8 @@ def run(steps: int = 600, samples: int = 2000, seed: int = 0) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON line")
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=600, help="training steps of the DFlash-style net")
+    parser.add_argument("--seed", type=int, default=0, help="data, weights and noise seed")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     result = run(args.steps, seed=args.seed)

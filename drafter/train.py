@@ -265,7 +265,7 @@ def train_on(cfg: TrainConfig, target, sequences, net_cfg: DrafterConfig, on_sav
 
 def add_train_args(parser: argparse.ArgumentParser, with_steps: bool = True) -> None:
     """The TrainConfig and NetShape flags (drafter.loop reuses them without --steps: its runs are open-ended)."""
-    parser.add_argument("--stage", required=True, choices=STAGES)
+    parser.add_argument("--stage", required=True, choices=STAGES, help="what to train")
     parser.add_argument("--data", nargs="+", required=True,
                         help="folders written by python -m drafter.data generate (pooled)")
     parser.add_argument("--out", required=True, help="checkpoint folder (an existing one resumes)")
@@ -282,7 +282,7 @@ def add_train_args(parser: argparse.ArgumentParser, with_steps: bool = True) -> 
     for field in fields(NetShape):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=int, default=field.default,
                             help="new networks only: " + field.name.replace("_", " "))
-    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"], help="matmuls under bf16 autocast")
     parser.add_argument("--grad-checkpoint", action="store_true", help="recompute drafter blocks in backward")
     parser.add_argument("--student-init", default=None,
                         help="distill: start the student from this flow map (else a copy of the teacher)")

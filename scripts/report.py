@@ -371,7 +371,35 @@ def build(results: Path, out: Path) -> str:
             doc += [f"With the target in bf16 (`--dtype bf16`, AVX512-BF16 matmuls) one position takes {one:.1f} ms "
                     f"and 17 positions {rel[17]:.2f}× that, against {1000 * cost['seconds']['1']:.1f} ms and "
                     f"{cost['relative_to_one']['17']:.2f}× in fp32.", ""]
+    doc += curves_section(results / "curves", out / "learning-curves.png")
     return "\n".join(doc)
+
+
+def curves_section(folder: Path, png: Path) -> list[str]:
+    """Held-out acceptance against CPU-hours of each drafter's open-ended training run (python -m drafter.loop)."""
+    curves = {path.stem: [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+              for path in sorted(folder.glob("*.jsonl"))} if folder.exists() else {}
+    curves = {name: rows for name, rows in curves.items() if rows}
+    if not curves:
+        return []
+    fig, ax = plt.subplots(figsize=(7, 3.4), layout="constrained")
+    doc = ["## Learning curves (issue #15)", "",
+           "Held-out acceptance length (K = 16, T = 0, every 16th anchor of `data/smollm2-val`, offline) of each "
+           "drafter's open-ended training run, `python -m drafter.loop`, against the CPU-hours the run has spent "
+           "(training and its own measurements; `docs/results/curves/`).", "",
+           "| run | measurements | CPU-hours | first | last | best |", "|---|---|---|---|---|---|"]
+    for name, rows in curves.items():
+        hours = [r["cpu_hours"] for r in rows]
+        values = [r["acceptance"]["all"] for r in rows]
+        ax.plot(hours, values, marker="o", label=name)
+        doc.append(f"| {name} | {len(rows)} | {hours[-1]:.2f} | {values[0]:.3f} | {values[-1]:.3f} | "
+                   f"{max(values):.3f} |")
+    ax.set_xlabel("CPU-hours of the run")
+    ax.set_ylabel("acceptance length (held-out)")
+    ax.legend(fontsize=8)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return doc + ["", f"![learning curves]({png.name})", ""]
 
 
 def main(argv=None) -> None:

@@ -67,7 +67,11 @@ def main() -> None:
     proc, url = start_app(args.port, args.drafter)
     try:
         with sync_playwright() as pw:
-            browser, page = chat_in_browser(pw, url, "Write a Python function that returns the n-th Fibonacci number.")
+            browser, page = open_page(pw, url)
+            # the default settings as a user meets them once the verify-cost curve exists (adaptive K on)
+            status = "(document.querySelector('#fm-status') || {}).innerText || ''"
+            page.wait_for_function(f"() => /measured|cached/.test({status})", timeout=300_000)
+            send(page, "Write a Python function that returns the n-th Fibonacci number.")
             time.sleep(1)
             page.screenshot(path=f"{args.out}/screenshot-chat.png", full_page=True)
             page.get_by_role("tab", name="Compare").click()
