@@ -114,6 +114,18 @@ def training_sequences(folders: tuple[str, ...], layers: tuple[int, ...] | None 
     return [s for folder in folders for s in load_sequences(folder, layers) if len(s.tokens) - s.prompt_len >= 2]
 
 
+def init_record(cfg: TrainConfig, out: Path) -> dict | None:
+    """The training record of the --init checkpoint (kept when resuming), so a warm-started checkpoint carries
+    the whole history of the weights it started from."""
+    if (out / "config.json").exists():
+        kept = json.loads((out / "config.json").read_text()).get("training", {}).get("init_training")
+        if kept is not None:
+            return kept
+    if not cfg.init or not (Path(cfg.init) / "config.json").exists():
+        return None
+    return {"path": cfg.init, **json.loads((Path(cfg.init) / "config.json").read_text()).get("training", {})}
+
+
 def earlier_runs(previous: dict, cfg: TrainConfig) -> list[dict]:
     """The training record keeps every earlier phase: a resume with other settings (more steps, more data)
     starts a new phase and files the last record of the previous one under earlier_runs."""
@@ -228,7 +240,7 @@ def train_on(cfg: TrainConfig, target, sequences, net_cfg: DrafterConfig, on_sav
     data_gen = torch.Generator().manual_seed(cfg.seed + start)  # batches and anchors; a resumed run draws fresh ones
     noise_gen = torch.Generator(device=device).manual_seed(cfg.seed + start + 1)  # times and noise, on the device
     training = {"train_config": asdict(cfg), "data": list(cfg.data), "sequences": len(seqs), "resumed_from": start,
-                "device": str(device), "earlier_runs": earlier}
+                "device": str(device), "earlier_runs": earlier, "init_training": init_record(cfg, out)}
     progress = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {cfg.stage}",
                     mininterval=5.0)
     began, running = time.time(), None

@@ -385,7 +385,7 @@ def curves_section(folder: Path, png: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(7, 3.4), layout="constrained")
     doc = ["## Learning curves (issue #15)", "",
            "Held-out acceptance length (K = 16, T = 0, every 16th anchor of `data/smollm2-val`, offline) of each "
-           "drafter's open-ended training run, `python -m drafter.loop`, against the CPU-hours the run has spent "
+           "drafter's training run under `python -m drafter.loop`, against the CPU-hours the run has spent "
            "(training and its own measurements; `docs/results/curves/`).", "",
            "| run | measurements | CPU-hours | first | last | best |", "|---|---|---|---|---|---|"]
     for name, rows in curves.items():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from core.prompts import read_prompt_file
 from scripts.screenshots import CHROMIUM, open_page, send, start_app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,7 +106,7 @@ def test_browser_honest_ratio_stop_default_drafts_and_compare(app):
     with sync_playwright() as pw:
         browser, page = open_page(pw, url)
         # the default settings draft, and the target accepts some of it, on an evaluation prompt
-        send(page, "Write a Python function that checks whether a string is a palindrome.")
+        send(page, read_prompt_file("eval_math")[2]["prompt"])  # 23 draft tokens accepted here at T = 0
         assert page.locator("#draft-panel .fm-acc").count() > 1  # the legend holds one
         page.screenshot(path=str(shots / "chat.png"), full_page=True)
         # a plain reply's ratio, measured inside it, is 1 within 0.15
