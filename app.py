@@ -73,9 +73,9 @@ def main(argv=None) -> None:
                           data_dir=Path(args.data_dir))
     for name, why in service.unavailable.items():
         print(f"note: {name} drafter unavailable ({why})", flush=True)
+    print(f"Verify-cost curve: {service.curve_status}", flush=True)  # before the re-measurement changes it
     if not args.no_measure:
         service.measure_in_background()
-    print(f"Verify-cost curve: {service.curve_status}", flush=True)
     api = FastAPI(title="FlashMap Chat")
     add_openai_routes(api, service, args.drafter)
     app = gr.mount_gradio_app(api, build_ui(service, args.drafter), path="/", css=CSS)

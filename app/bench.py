@@ -30,15 +30,21 @@ from drafter.registry import DrafterUnavailable, build_drafter
 from drafter.spec import ENGINE_DRAFTERS, HF_BASELINES, DrafterSpec, SpecError
 
 
-@dataclass(frozen=True)
-class BenchConfig:
-    prompts: tuple[str, ...]  # JSONL files with a `prompt` field
-    spec: DrafterSpec
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """What a bench run and a suite run share: the prompts, the sampling settings and the target."""
+
+    prompts: tuple[str, ...]  # JSONL files with a `prompt` field (or shipped names)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     limit: int | None = None  # first N prompts of each file
     max_new_tokens: int = 128
     seed: int = 0
     target: TargetConfig = field(default_factory=TargetConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig(RunConfig):
+    spec: DrafterSpec
 
     def __post_init__(self):
         self.spec.validate(self.sampling)
@@ -218,25 +224,35 @@ def sampling_from_args(args) -> SamplingConfig:
         raise SystemExit(str(err)) from err
 
 
-def parse_args(argv=None) -> tuple[BenchConfig, str]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_run_args(parser: argparse.ArgumentParser) -> None:
+    """The RunConfig flags (and --out), shared by the bench and the suite."""
     parser.add_argument("--prompts", nargs="+", required=True,
                         help="JSONL files with a `prompt` field, or shipped names: eval_math eval_code eval_chat")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts of each file")
+    add_sampling_args(parser)
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply (default 128)")
+    parser.add_argument("--seed", type=int, default=0, help="prompt i runs with seed S + i")
+    parser.add_argument("--out", required=True, help="where the JSON results are written")
+    add_target_args(parser)
+
+
+def run_fields(args) -> dict:
+    """RunConfig's fields from the flags of add_run_args (the prompt files checked first)."""
+    check_prompt_files(args.prompts)
+    return dict(prompts=tuple(args.prompts), sampling=sampling_from_args(args), limit=args.limit,
+                max_new_tokens=args.max_new_tokens, seed=args.seed, target=target_config_from_args(args))
+
+
+def parse_args(argv=None) -> tuple[BenchConfig, str]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", required=True,
                         help=f"one of {', '.join(ENGINE_DRAFTERS + HF_BASELINES)}, optionally with options, "
                              "e.g. flashmap,steps=2")
     add_spec_args(parser)
-    add_sampling_args(parser)
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply (default 128)")
-    parser.add_argument("--seed", type=int, default=0, help="prompt i runs with seed S + i")
-    parser.add_argument("--out", required=True, help="where the JSON summary is written")
-    add_target_args(parser)
+    add_run_args(parser)
     args = parser.parse_args(argv)
-    check_prompt_files(args.prompts)
     try:
-        cfg = BenchConfig(tuple(args.prompts), spec_from_args(args.drafter, args), sampling_from_args(args),
-                          args.limit, args.max_new_tokens, args.seed, target_config_from_args(args))
+        cfg = BenchConfig(spec=spec_from_args(args.drafter, args), **run_fields(args))
     except SpecError as err:
         raise SystemExit(str(err)) from err
     return cfg, args.out

@@ -132,10 +132,11 @@ class ChatService:
             drafter = None
         return drafter.max_block_size if drafter is not None else MAX_BLOCK_SIZE
 
-    def messages(self, history: list[dict], message: str, settings: ChatSettings) -> list[dict]:
+    def messages(self, history: list[dict], message: str | None, settings: ChatSettings) -> list[dict]:
+        """System prompt, the conversation so far and the new user message (none: the conversation alone)."""
         messages = ([{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else [])
         messages += [{"role": m["role"], "content": m["content"]} for m in history if isinstance(m.get("content"), str)]
-        return messages + [{"role": "user", "content": message}]
+        return messages + ([{"role": "user", "content": message}] if message is not None else [])
 
     def prompt_ids(self, history: list[dict], message: str, settings: ChatSettings) -> list[int]:
         return self.target.chat_ids(self.messages(history, message, settings), enable_thinking=settings.enable_thinking)

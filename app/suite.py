@@ -18,29 +18,22 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
 from app import bench
 from core.engine import GenerationConfig
-from core.sampling import SamplingConfig
-from core.target import TargetConfig, add_target_args, load_target, target_config_from_args
+from core.target import load_target
 from core.verify_cost import relative_curve
 from drafter.spec import DrafterSpec, SpecError
 
 
-@dataclass(frozen=True)
-class SuiteConfig:
-    prompts: tuple[str, ...]  # JSONL files with a `prompt` field (or shipped names)
+@dataclass(frozen=True, kw_only=True)
+class SuiteConfig(bench.RunConfig):
     variants: tuple[str, ...]  # drafter specs as typed: the labels of the results
     specs: tuple[DrafterSpec, ...]
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    limit: int | None = None  # first N prompts of each file
-    max_new_tokens: int = 128
-    seed: int = 0
-    target: TargetConfig = field(default_factory=TargetConfig)
 
     def __post_init__(self):
         for spec in self.specs:
@@ -78,23 +71,15 @@ def suite(cfg: SuiteConfig) -> dict:
 
 def parse_args(argv=None) -> tuple[SuiteConfig, str]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", nargs="+", required=True,
-                        help="JSONL files with a `prompt` field, or shipped names: eval_math eval_code eval_chat")
-    parser.add_argument("--limit", type=int, default=None, help="first N prompts of each file")
     parser.add_argument("--variants", nargs="+", required=True, help="drafter specs, e.g. dflash flashmap,steps=2")
     parser.add_argument("--block-size", type=int, default=None,
                         help="K for variants without k= (default and upper limit: each drafter's own block)")
-    bench.add_sampling_args(parser)
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply (default 128)")
-    parser.add_argument("--seed", type=int, default=0, help="prompt i runs with seed S + i")
-    parser.add_argument("--out", required=True, help="where the JSON results are written")
-    add_target_args(parser)
+    bench.add_run_args(parser)
     args = parser.parse_args(argv)
-    bench.check_prompt_files(args.prompts)
+    fields = bench.run_fields(args)
     specs = tuple(parse_variant(text, args.block_size) for text in args.variants)
     try:
-        cfg = SuiteConfig(tuple(args.prompts), tuple(args.variants), specs, bench.sampling_from_args(args), args.limit,
-                          args.max_new_tokens, args.seed, target_config_from_args(args))
+        cfg = SuiteConfig(variants=tuple(args.variants), specs=specs, **fields)
     except SpecError as err:
         raise SystemExit(str(err)) from err
     return cfg, args.out

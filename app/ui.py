@@ -14,7 +14,7 @@ import time
 import gradio as gr
 import torch
 
-from app.render import CSS, render_panel, render_stats, slot_chart, slot_kinds, speed_chart, speed_lines
+from app.render import CSS, SLOT_MARKS, render_panel, render_stats, slot_chart, slot_kinds, speed_chart, speed_lines
 from app.service import ChatService, ChatSettings
 from core.engine import PromptError
 from core.prompts import read_prompt_file
@@ -85,8 +85,7 @@ def toast(err: Exception) -> None:
 
 def context_usage(service: ChatService, history: list[dict], settings: ChatSettings) -> tuple[int, int]:
     """(tokens the conversation takes with the next turn's prompt, the model's context)."""
-    system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt.strip() else []
-    messages = system + [{"role": m["role"], "content": m["content"]} for m in history]
+    messages = service.messages(history, None, settings)
     used = len(service.target.chat_ids(messages, settings.enable_thinking)) if messages else 0
     return used, service.target.max_positions
 
@@ -122,7 +121,6 @@ def chat(service: ChatService, message: str, history: list[dict], stats: Accepta
         shown = settings.drafter if drafter is not None else "none"
         history += [{"role": "user", "content": message}, {"role": "assistant", "content": ""}]
         last_update = last_chart = float("-inf")
-        speed = None
         for ev, speed in service.stream(prompt_ids, settings, drafter):
             stats.add(ev)
             history[-1]["content"] = ev.text
@@ -295,8 +293,8 @@ def api_functions(service: ChatService, default: str):
     def api_draft_panel() -> str:
         """The draft panel of the most recent reply, as plain text rows (for scripts and tests)."""
         decode = service.target.tokenizer.decode
-        return "\n".join(" ".join([f"{'✓✗·'['acc rej unr'.split().index(kind)]}{decode([t])}"
-                                   for t, kind in zip(ev.drafted, slot_kinds(ev))] + ["★" + decode([ev.target_token])])
+        return "\n".join(" ".join([SLOT_MARKS[kind] + decode([t]) for t, kind in zip(ev.drafted, slot_kinds(ev))]
+                                  + ["★" + decode([ev.target_token])])
                          for ev in service.last_events if ev.kind == "round")
 
     def api_speed() -> dict:

@@ -39,19 +39,11 @@ SPEC_OF_STAGE = {"dflash": "dflash", "teacher": "flashmap-teacher", "distill": "
 OPEN_ENDED_STEPS = 1_000_000  # the run stops at its deadline, never here
 
 
-def cpu_hours_before(curve: Path) -> float:
-    """CPU-hours already spent by earlier sessions of this curve (its last line), 0 for a new curve."""
+def read_curve(curve: Path) -> list[dict]:
+    """The measurements earlier sessions of this run wrote (none for a new curve)."""
     if not curve.exists():
-        return 0.0
-    lines = [line for line in curve.read_text().splitlines() if line.strip()]
-    return float(json.loads(lines[-1])["cpu_hours"]) if lines else 0.0
-
-
-def best_so_far(curve: Path) -> float:
-    if not curve.exists():
-        return float("-inf")
-    rows = [json.loads(line) for line in curve.read_text().splitlines() if line.strip()]
-    return max((row["acceptance"]["all"] for row in rows), default=float("-inf"))
+        return []
+    return [json.loads(line) for line in curve.read_text().splitlines() if line.strip()]
 
 
 class Evaluator:
@@ -60,8 +52,10 @@ class Evaluator:
     def __init__(self, cfg: TrainConfig, target, val: Path, stride: int, curve: Path):
         self.cfg, self.target, self.stride, self.curve = cfg, target, stride, curve
         self.val, self.seqs, self.domains = val, None, None
-        self.cpu_start, self.cpu_offset = time.process_time(), cpu_hours_before(curve)
-        self.best = best_so_far(curve)
+        earlier = read_curve(curve)
+        self.cpu_start = time.process_time()
+        self.cpu_offset = earlier[-1]["cpu_hours"] if earlier else 0.0  # carried on from earlier sessions
+        self.best = max((row["acceptance"]["all"] for row in earlier), default=float("-inf"))
 
     def __call__(self, step: int) -> dict:
         variant = Variant(f"{SPEC_OF_STAGE[self.cfg.stage]}@{step}",

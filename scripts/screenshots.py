@@ -43,14 +43,16 @@ def chat_in_browser(pw, url: str, message: str, timeout_ms: int = 300_000):
 
 
 def start_app(port: int, drafter: str = "flashmap", *extra: str) -> tuple[subprocess.Popen, str]:
-    """`python app.py` on this port; returns the process and its URL once it serves."""
+    """`python app.py` on this port; returns the process and its URL once it serves. proc.log collects every line
+    it prints (read on after start-up, so a full pipe never blocks the app)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--drafter", drafter, *extra], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc.log = []
     for line in proc.stdout:
         print(line, end="")
+        proc.log.append(line)
         if "Running on local URL:" in line:
-            proc.log = []  # the rest of its output, read on so that a full pipe never blocks the app
             threading.Thread(target=lambda: proc.log.extend(proc.stdout), daemon=True).start()
             return proc, line.split("URL:")[1].strip()
     raise SystemExit("the app did not start")

@@ -8,12 +8,9 @@ finds it cached. Prints both times; stops the app once the curve is there (or 12
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from scripts.screenshots import start_app
 
 
 def main(argv=None) -> None:
@@ -22,21 +19,18 @@ def main(argv=None) -> None:
     parser.add_argument("--port", type=int, default=7901)
     args = parser.parse_args(argv)
     began = time.time()
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(args.port), "--data-dir", args.data_dir],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    serving = None
+    proc, _url = start_app(args.port, "flashmap", "--data-dir", args.data_dir)
+    serving = time.time() - began
+    print(f"serving after {serving:.1f} s", flush=True)
+    if any("Verify-cost curve: cached" in line for line in proc.log):
+        print("the verify-cost curve was found cached", flush=True)
     try:
-        for line in proc.stdout:
-            if "Running on local URL" in line and serving is None:
-                serving = time.time() - began
-                print(f"serving after {serving:.1f} s", flush=True)
-            if "Verify-cost curve: cached" in line:
-                print("the verify-cost curve was found cached", flush=True)
-            if "verify cost of 2 / 9 / 17" in line:
-                print(f"curve measured after {time.time() - began:.1f} s: {line.split('INFO ')[-1].strip()}")
+        while time.time() - began < serving + 120:
+            measured = [line for line in list(proc.log) if "verify cost of 2 / 9 / 17" in line]
+            if measured:
+                print(f"curve measured after {time.time() - began:.1f} s: {measured[0].split('INFO ')[-1].strip()}")
                 break
-            if serving and time.time() - began > serving + 120:
-                break
+            time.sleep(0.1)
     finally:
         proc.terminate()
         proc.wait()
