@@ -74,8 +74,11 @@ class ChatSettings:
         return SamplingConfig(self.temperature, self.top_p)
 
     def spec(self) -> DrafterSpec:
+        """At T = 0 FlashMap's one jump starts from x0 = 0, the zero-noise draft (issue #15: it accepts more than a
+        draft from random noise, docs/benchmarks.md); a tree needs its drafts' noise, T > 0 keeps it."""
+        zero = self.drafter == "flashmap" and self.steps == 1 and self.tree == 1 and self.temperature == 0
         return DrafterSpec(self.drafter, steps=self.steps, tree=self.tree, block_size=self.block_size,
-                           adaptive=self.adaptive)
+                           adaptive=self.adaptive, noise_scale=0.0 if zero else 1.0)
 
     def generation(self, verify_cost: tuple[float, ...] = (), drafting: bool = False) -> GenerationConfig:
         """The engine's settings; a drafting reply makes a plain step at least every PLAIN_PROBE_EVERY rounds, so
@@ -119,7 +122,8 @@ class ChatService:
         None for plain; DrafterUnavailable says why not."""
         if spec.name in self.unavailable:
             raise DrafterUnavailable(self.unavailable[spec.name])
-        key = DrafterSpec(spec.name, steps=spec.steps, tree=spec.tree, weights=self.weights.get(spec.name))
+        key = DrafterSpec(spec.name, steps=spec.steps, tree=spec.tree, noise_scale=spec.noise_scale,
+                          weights=self.weights.get(spec.name))
         if key not in self._drafters:
             self._drafters[key] = build_drafter(key, self.target, self.allow_download)
         return self._drafters[key]

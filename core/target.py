@@ -116,7 +116,9 @@ def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
         return DTYPES[requested]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32  # CPU matmuls in bf16 are slow and change argmaxes; fp32 is the CPU default
+    # fp32 on the CPU: in bf16 a batched verify forward rounds differently from one-position decoding and flips
+    # near-tied argmaxes, so drafted output stopped matching plain decoding (docs/benchmarks.md, bf16 probe)
+    return torch.float32
 
 
 def free_memory_bytes(device: torch.device) -> int:

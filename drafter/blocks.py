@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from drafter.network import DraftNet
+from drafter.network import FlowNet
 
 
 @dataclass
@@ -43,10 +43,13 @@ class Blocks:
     def to(self, device) -> "Blocks":
         return Blocks(*(getattr(self, f.name).to(device) for f in fields(self)))
 
-    def context(self, net: DraftNet, rows: torch.Tensor | None = None):
-        """The network's context (B, W+1, D) and mask for all blocks, or for the blocks in `rows`."""
+    def context(self, net: FlowNet, rows: torch.Tensor | None = None, pooled: bool = False):
+        """The network's context (B, W+1, D) and mask for all blocks, or for the blocks in `rows`. pooled: kept
+        factored (network.PooledContext) where the network can read it so, as training does."""
         window, mask, anchor_embed = self.window, self.feature_mask, self.anchor_embed
         if rows is not None:
             window, mask, anchor_embed = window[rows], mask[rows], anchor_embed[rows]
         projected = net.ctx_in(self.pool)  # (P, D): each position once
+        if pooled and hasattr(net, "context_pooled"):
+            return net.context_pooled(projected, window, mask, anchor_embed)
         return net.context_projected(projected[window], mask, anchor_embed)  # (B, W, D) gathered

@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from drafter.config import DrafterConfig
+from drafter.config import config_from_dict
 
 FORMAT = "flashmap-chat-drafter/1"
 
@@ -41,7 +41,7 @@ def read_checkpoint(folder, target_identity: dict | None = None):
         raise CheckpointError(f"no drafter checkpoint at {folder} (need config.json and model.safetensors)")
     try:
         meta = json.loads(cfg_path.read_text())
-        cfg = DrafterConfig.from_dict(meta["drafter"])
+        cfg = config_from_dict(meta["drafter"])
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{cfg_path} is not a valid drafter config: {err}") from err
     if meta.get("format") != FORMAT:

@@ -50,6 +50,70 @@ class DrafterConfig:
         return cls(**data)
 
 
+@dataclass(frozen=True)
+class ZLabFlowConfig:
+    """A FlashMap drafter whose backbone is a published z-lab DFlash network (drafter/zlab_flow.py).
+
+    `zlab` holds the published config.json as read (the backbone's shape, its target layers and mask token); the
+    flow fields follow. The draft vocabulary is the target's whole vocabulary, as DFlash's LM head is."""
+
+    zlab: dict
+    kind: str = "flashmap"
+    context_window: int = 256
+    kappa: float = 7.0
+    d_cond: int = 256  # width of the time conditioning feeding each layer's zero-initialised modulation
+
+    backbone = "zlab"  # class attribute: the checkpoint's dispatch key, not a field
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if min(self.context_window, self.d_cond) < 1:
+            raise ValueError("sizes must be positive")
+
+    @property
+    def block_size(self) -> int:  # K drafted slots: the published block's first position holds the anchor
+        return int(self.zlab["block_size"]) - 1
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:  # hidden_states indices: z-lab counts decoder layers from 0
+        extra = self.zlab.get("dflash_config") or self.zlab
+        return tuple(int(i) + 1 for i in extra["target_layer_ids"])
+
+    @property
+    def target_hidden(self) -> int:
+        return int(self.zlab["hidden_size"])
+
+    @property
+    def d_model(self) -> int:
+        return int(self.zlab["hidden_size"])
+
+    @property
+    def draft_vocab(self) -> int:
+        return int(self.zlab["vocab_size"])
+
+    def to_dict(self) -> dict:
+        return {"backbone": self.backbone, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ZLabFlowConfig":
+        data = {k: v for k, v in data.items() if k != "backbone"}
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown drafter config fields: {sorted(unknown)}")
+        return cls(**data)
+
+
+def config_from_dict(data: dict) -> DrafterConfig | ZLabFlowConfig:
+    """The config a checkpoint's "drafter" entry describes: the project's own network, or a z-lab backbone."""
+    backbone = data.get("backbone", "dit")
+    if backbone == "zlab":
+        return ZLabFlowConfig.from_dict(data)
+    if backbone != "dit":
+        raise ValueError(f"unknown backbone {backbone!r}")
+    return DrafterConfig.from_dict({k: v for k, v in data.items() if k != "backbone"})
+
+
 def spread_layers(num_hidden_layers: int, count: int = 4) -> tuple[int, ...]:
     """Feature layers spread over depth, as DFlash does (the paper uses 1, 9, 17, 25, 33 of 36)."""
     if count == 1:

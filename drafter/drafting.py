@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 import torch
 
 from drafter.flow import flow_map_step, time_grid
-from drafter.network import DraftNet
+from drafter.network import FlowNet
 
 
-def noise_embedding_factor(net: DraftNet) -> torch.Tensor:
+def noise_embedding_factor(net: FlowNet) -> torch.Tensor:
     """L with L L^T = E^T E: x0 E ~ N(0, E^T E), so g L^T (g ~ N(0, I_{D_t})) draws x0 E without a
     vocabulary-sized noise tensor (the first jump from s = 0 only reads x0 through x0 E)."""
     embed = net.embed_matrix().detach().double()  # (V, D_t)
@@ -22,14 +22,17 @@ def noise_embedding_factor(net: DraftNet) -> torch.Tensor:
     return torch.linalg.cholesky(gram + 1e-6 * gram.diagonal().mean() * eye).float()
 
 
-def one_jump(net: DraftNet, ctx, mask, block: int, generator, factor: torch.Tensor) -> torch.Tensor:
+def one_jump(net: FlowNet, ctx, mask, block: int, generator, factor: torch.Tensor,
+             noise_scale: float = 1.0) -> torch.Tensor:
+    """The full jump (0, 1) from x0 ~ N(0, noise_scale^2 I), read through x0 E. noise_scale 0: the jump from
+    x0 = 0, the centre of the noise, whose draft is deterministic (issue #15: the T = 0 path)."""
     b, dt = ctx.shape[0], net.cfg.target_hidden
-    x0_embed = torch.randn(b, block, dt, generator=generator).to(ctx.device) @ factor.T  # (B, K, D_t)
+    x0_embed = noise_scale * torch.randn(b, block, dt, generator=generator).to(ctx.device) @ factor.T  # (B, K, D_t)
     zeros, ones = torch.zeros(b, device=ctx.device), torch.ones(b, device=ctx.device)
     return net.probs(net.noise_input(x0_embed, ones), zeros, ones, ctx, mask)
 
 
-def jumps(net: DraftNet, ctx, mask, block: int, steps: int, generator, diagonal: bool = False,
+def jumps(net: FlowNet, ctx, mask, block: int, steps: int, generator, diagonal: bool = False,
           noise_scale: float = 1.0) -> torch.Tensor:
     """Compose `steps` jumps on the grid t_n = tau^{-1}(n/N). With diagonal=True the network is used
     as the teacher denoiser D_s (s = t), and each jump is an Euler step (eq. 3 rewritten as eq. 5).
@@ -59,7 +62,7 @@ class NoiseBank:
     x0: torch.Tensor | None = None  # (M, V), kept only to test the corrections against the exact jump
 
 
-def build_noise_bank(net: DraftNet, size: int, generator, keep_noise: bool = False, chunk: int = 256) -> NoiseBank:
+def build_noise_bank(net: FlowNet, size: int, generator, keep_noise: bool = False, chunk: int = 256) -> NoiseBank:
     v = net.cfg.draft_vocab
     u = float(time_grid(2, v)[1])
     alpha = u / (1 - u)
@@ -72,7 +75,7 @@ def build_noise_bank(net: DraftNet, size: int, generator, keep_noise: bool = Fal
     return NoiseBank(u, x0_embed, weighted, log_s, x0 if keep_noise else None)
 
 
-def two_jumps_banked(net: DraftNet, ctx, mask, block: int, bank: NoiseBank, generator, top: int = 16,
+def two_jumps_banked(net: FlowNet, ctx, mask, block: int, bank: NoiseBank, generator, top: int = 16,
                      redraw: bool = True) -> torch.Tensor:
     """Two jumps (0 -> u -> 1) reading only `top` rows of E per slot in the second jump (App. B).
 
@@ -95,7 +98,7 @@ def two_jumps_banked(net: DraftNet, ctx, mask, block: int, bank: NoiseBank, gene
     return net.probs(h, us, ones, ctx, mask)
 
 
-def masked(net: DraftNet, ctx, mask, block: int) -> torch.Tensor:
+def masked(net: FlowNet, ctx, mask, block: int) -> torch.Tensor:
     b = ctx.shape[0]
     zeros = torch.zeros(b, device=ctx.device)
     return net.probs(net.masked_input(b)[:, :block], zeros, zeros, ctx, mask)
@@ -120,12 +123,12 @@ class BlockSampler:
     tokens are still drawn from the q handed to verification: lossless at any temperature.
     """
 
-    net: DraftNet
+    net: FlowNet
     mode: str
     steps: int = 1
     shared_noise: bool = True
     best_of: int = 1
-    noise_scale: float = 1.0  # teacher only: see jumps()
+    noise_scale: float = 1.0  # teacher (see jumps) and FlashMap's one jump (see one_jump)
     bank_size: int = 2048  # 2-step noise bank (the paper uses 8,192 on a GPU)
     _factor: torch.Tensor | None = field(default=None, repr=False)
     _bank: NoiseBank | None = field(default=None, repr=False)
@@ -135,8 +138,8 @@ class BlockSampler:
             raise ValueError(f"unknown drafting mode {self.mode!r}")
         if self.steps < 1 or self.best_of < 1:
             raise ValueError("steps and best_of must be >= 1")
-        if self.noise_scale != 1.0 and self.mode != "teacher":
-            raise ValueError("noise_scale applies to the teacher's Euler integration only")
+        if self.noise_scale != 1.0 and not (self.mode == "teacher" or (self.mode == "flowmap" and self.steps == 1)):
+            raise ValueError("noise_scale applies to the teacher's Euler integration and FlashMap's one jump only")
 
     def probs(self, ctx: torch.Tensor, mask: torch.Tensor, block: int, generator) -> torch.Tensor:
         """ctx (B, C, D), mask (B, C) -> per-slot distributions (B, K, V)."""
@@ -166,7 +169,7 @@ class BlockSampler:
         if self.mode == "flowmap" and self.steps == 1:
             if self._factor is None:
                 self._factor = noise_embedding_factor(self.net)
-            return one_jump(self.net, ctx, mask, block, generator, self._factor)
+            return one_jump(self.net, ctx, mask, block, generator, self._factor, self.noise_scale)
         if self.mode == "flowmap" and self.steps == 2:
             if self._bank is None:
                 self._bank = build_noise_bank(self.net, self.bank_size, torch.Generator().manual_seed(0))

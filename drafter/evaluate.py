@@ -119,6 +119,7 @@ class Rounds:
     draft: torch.Tensor  # (R, K) the T=0 draft in target ids (-1 past the first "other")
     n_accepted: torch.Tensor  # (R,) slots accepted
     draft_len: torch.Tensor  # (R,) slots proposed
+    slot_nll: torch.Tensor  # (R, K) -log q(the response's token) per slot, nats (NaN for trees: M distributions)
 
 
 def load_variant(variant: Variant, target) -> tuple:
@@ -138,7 +139,7 @@ def draft_rounds(variant: Variant, net, vocab_ids: torch.Tensor, target, seqs, s
     real = vocab_ids >= 0  # (V,)
     jobs = [(i, a) for i, seq_anchors in enumerate(anchors_of(seqs, k, stride)) for a in seq_anchors]
     generator = torch.Generator().manual_seed(seed)
-    drafts, n_accepted, draft_len = [], [], []
+    drafts, n_accepted, draft_len, slot_nll = [], [], [], []
     for start in tqdm(range(0, len(jobs), batch), desc=variant.label, unit="batch", leave=False):
         chunk = jobs[start:start + batch]  # sorted by sequence, then anchor: blocks_at keeps this order
         grouped = [(i, [a for _, a in group]) for i, group in groupby(chunk, key=lambda job: job[0])]
@@ -149,17 +150,22 @@ def draft_rounds(variant: Variant, net, vocab_ids: torch.Tensor, target, seqs, s
             probs = sampler.draws(ctx, mask, k, generator, spec.tree).flatten(0, 1)
         else:
             probs = sampler.probs(ctx, mask, k, generator)  # (B, K, V)
-        draft, length = greedy_block(fold_unused(probs, real))  # (B or B*M, K), (B or B*M,): the T=0 proposal
+        probs = fold_unused(probs, real)
+        draft, length = greedy_block(probs)  # (B or B*M, K), (B or B*M,): the T=0 proposal
         if spec.tree > 1:
             draft, length, accepted = tree_rounds(draft, length, blocks.tokens, spec.tree)
+            slot_nll.append(torch.full(blocks.tokens.shape, float("nan")))
         else:
             accepted = accepted_prefix(draft, blocks.tokens)  # (B,)
+            truth = probs.gather(-1, blocks.tokens[..., None])[..., 0]  # (B, K) q of the response's token
+            slot_nll.append(-truth.clamp_min(1e-12).log())
         draft_len.append(length)
         n_accepted.append(accepted)
         past_cut = torch.arange(k) >= length[:, None]  # (B, K)
         drafts.append(torch.where(past_cut, -1, vocab_ids[draft]))  # (B, K)
     index = torch.tensor(jobs, dtype=torch.long).view(-1, 2)  # (R, 2)
-    return Rounds(index[:, 0], index[:, 1], torch.cat(drafts), torch.cat(n_accepted), torch.cat(draft_len))
+    return Rounds(index[:, 0], index[:, 1], torch.cat(drafts), torch.cat(n_accepted), torch.cat(draft_len),
+                  torch.cat(slot_nll))
 
 
 def tree_rounds(draft: torch.Tensor, length: torch.Tensor, truth: torch.Tensor, m: int):
@@ -194,6 +200,8 @@ def evaluate_variant(variant: Variant, loaded: tuple, target, seqs, domains: lis
         by_domain[name] = tally(rounds.n_accepted[keep], rounds.draft_len[keep], k)
     return {"variant": variant.label, "weights": variant.spec.weights, "block_size": k, "seconds": round(seconds, 1),
             "all": tally(rounds.n_accepted, rounds.draft_len, k), **by_domain,
+            # the teacher gate (issue #15): how well each slot's distribution predicts the response, in nats
+            "per_slot_cross_entropy": [round(x, 4) for x in rounds.slot_nll.mean(0).tolist()],
             # per round, for paired comparisons between variants of one K (same data -> same anchors)
             "rounds": {"sequence": rounds.seq_index.tolist(), "n_accepted": rounds.n_accepted.tolist()}}
 

@@ -9,8 +9,9 @@ import torch
 from torch.nn import functional as F
 
 from drafter.blocks import Blocks
+from drafter.drafting import jumps
 from drafter.flow import flow_map_step, interpolant, semigroup_weight, slot_weights, t_of_tau
-from drafter.network import DraftNet
+from drafter.network import FlowNet
 
 FULL_JUMP_FRACTION = 1 / 16  # §4 Distillation: 1/16 of the jumps are full (0, 1) jumps
 FROM_ZERO_FRACTION = 1 / 4  # of the other jumps and of the zero-length ones: start at s = 0, as every draft does
@@ -34,7 +35,7 @@ def weighted_ce(logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor,
     return (nll * weights).sum() / weights.sum().clamp_min(1e-8)
 
 
-def teacher_loss(net: DraftNet, batch: Blocks, generator: torch.Generator | None = None,
+def teacher_loss(net: FlowNet, batch: Blocks, generator: torch.Generator | None = None,
                  t0_share: float = 0.0) -> torch.Tensor:
     """Flow teacher D_t: each block gets its own t (tau ~ U[0,1] mapped back) and noise (eqs. 2, 4).
     A share `t0_share` of the blocks is trained at exactly t = 0: every draft starts there, yet tau ~ U[0,1]
@@ -47,15 +48,15 @@ def teacher_loss(net: DraftNet, batch: Blocks, generator: torch.Generator | None
     t = t_of_tau(tau, v).to(device)  # (B,) the tau table lives on the CPU
     x0 = draw((b, k, v), generator, device, normal=True)  # (B, K, V)
     x_t = interpolant(x0, batch.tokens, t)  # (B, K, V)
-    logits = net(net.state_input(x_t, t, t), t, t, *batch.context(net))
+    logits = net(net.state_input(x_t, t, t), t, t, *batch.context(net, pooled=True))
     return weighted_ce(logits, batch.tokens, batch.valid, net.cfg.kappa)
 
 
-def dflash_loss(net: DraftNet, batch: Blocks) -> torch.Tensor:
+def dflash_loss(net: FlowNet, batch: Blocks) -> torch.Tensor:
     """DFlash-style baseline: a fully masked block denoised in one pass, per-slot weighted CE."""
     b = batch.tokens.shape[0]
     zeros = torch.zeros(b, device=batch.tokens.device)
-    logits = net(net.masked_input(b), zeros, zeros, *batch.context(net))
+    logits = net(net.masked_input(b), zeros, zeros, *batch.context(net, pooled=True))
     return weighted_ce(logits, batch.tokens, batch.valid, net.cfg.kappa)
 
 
@@ -81,7 +82,7 @@ def jump_times(b: int, vocab: int, generator=None) -> tuple[torch.Tensor, torch.
     return s, torch.where(zero_len, s, u), t
 
 
-def semigroup_target(student: DraftNet, x_s, s, u, t, ctx, mask) -> torch.Tensor:
+def semigroup_target(student: FlowNet, x_s, s, u, t, ctx, mask) -> torch.Tensor:
     """sg(lambda delta_{s,u}(I_s) + (1 - lambda) delta_{u,t}(X_{s,u}(I_s))) of eq. 7. -> (B, K, V)"""
     d_su = student.probs(student.state_input(x_s, s, u), s, u, ctx, mask)
     x_u = flow_map_step(x_s, d_su, s, u)  # (B, K, V) the student's first jump
@@ -90,26 +91,49 @@ def semigroup_target(student: DraftNet, x_s, s, u, t, ctx, mask) -> torch.Tensor
     return lam * d_su + (1 - lam) * d_ut
 
 
-def distill_loss(student: DraftNet, teacher: DraftNet, batch: Blocks, generator=None) -> torch.Tensor:
+def distill_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, generator=None, zero_noise_blocks: int = 0,
+                 zero_noise_steps: int = 16) -> torch.Tensor:
     """Semigroup flow-map distillation (eq. 7). Zero-length jumps match the frozen teacher D_s(I_s);
     longer jumps match the student's own split jump. Each block's target is computed only by the
-    path it uses (teacher for s = t, two student jumps otherwise)."""
+    path it uses (teacher for s = t, two student jumps otherwise). With zero_noise_blocks, the first that many
+    blocks also train the full jump from x0 = 0 onto the teacher's flow from 0 (zero_noise_loss)."""
     b, k = batch.tokens.shape
     v = student.cfg.draft_vocab
     device = batch.tokens.device
     s, u, t = (time.to(device) for time in jump_times(b, v, generator))
     x0 = draw((b, k, v), generator, device, normal=True)  # (B, K, V)
     x_s = interpolant(x0, batch.tokens, s)  # (B, K, V)
-    ctx, mask = batch.context(student)
+    ctx, mask = batch.context(student, pooled=True)
     diag = s == t  # (B,) zero-length jumps
     jump = ~diag
     with torch.no_grad():
         target = torch.empty(b, k, v, device=device)
         if diag.any():
-            t_ctx, t_mask = batch.context(teacher, rows=diag)
+            t_ctx, t_mask = batch.context(teacher, rows=diag, pooled=True)
             sd = s[diag]
             target[diag] = teacher.probs(teacher.state_input(x_s[diag], sd, sd), sd, sd, t_ctx, t_mask)
         if jump.any():
             target[jump] = semigroup_target(student, x_s[jump], s[jump], u[jump], t[jump], ctx[jump], mask[jump])
     logits = student(student.state_input(x_s, s, t), s, t, ctx, mask)
-    return weighted_ce(logits, target, batch.valid, student.cfg.kappa)
+    loss = weighted_ce(logits, target, batch.valid, student.cfg.kappa)
+    if zero_noise_blocks:
+        loss = loss + zero_noise_loss(student, teacher, batch, zero_noise_blocks, zero_noise_steps)
+    return loss
+
+
+def zero_noise_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, n_blocks: int, steps: int) -> torch.Tensor:
+    """The flow map's defining property at the one start every T = 0 draft can share, x0 = 0: its full jump
+    delta_{0,1}(0) is the end of the teacher's own flow from 0 (eq. 5; the teacher's `steps` Euler steps, the
+    last denoiser as a soft target). From x0 = 0 the teacher's flow beats its one-pass t = 0 guess, where from
+    random noise it loses to it (issue #15, the teacher gate): this trains the student on the path it drafts."""
+    rows = torch.arange(min(n_blocks, batch.tokens.shape[0]), device=batch.tokens.device)  # (Z,) the first blocks
+    with torch.no_grad():
+        t_ctx, t_mask = batch.context(teacher, rows=rows, pooled=True)
+        target = jumps(teacher, t_ctx, t_mask, batch.tokens.shape[1], steps, None, diagonal=True, noise_scale=0.0)
+    ctx, mask = batch.context(student, rows=rows, pooled=True)
+    z = len(rows)
+    zeros, ones = torch.zeros(z, device=rows.device), torch.ones(z, device=rows.device)
+    start = student.noise_input(torch.zeros(z, batch.tokens.shape[1], student.cfg.target_hidden, device=rows.device),
+                                ones)  # (Z, K, D_t): x0 E = 0
+    logits = student(start, zeros, ones, ctx, mask)  # (Z, K, V)
+    return weighted_ce(logits, target, batch.valid[rows], student.cfg.kappa)

@@ -11,6 +11,7 @@ target's frozen embedding rows E (V, D_t) and leaves through its frozen LM head 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -33,6 +34,43 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
     return x * (1 + scale[:, None]) + shift[:, None]
 
 
+@dataclass(frozen=True)
+class PooledContext:
+    """Training's context of B blocks, kept factored: blocks drawn from one sequence read mostly the same
+    positions, so the cross-attention's key and value maps project each pool position once per step instead of
+    once per block that reads it (they were ~40% of a training step, scripts/profile_train.py). The gathered
+    tensor it stands for is (pool[window] | anchor) + pos, (B, W+1, D)."""
+
+    pool: torch.Tensor  # (P, D) ctx_in of every position some block reads
+    window: torch.Tensor  # (B, W) pool row of each context position, right-aligned before the anchor
+    anchor: torch.Tensor  # (B, D) anchor_in of each block's anchor token
+    pos: torch.Tensor  # (W+1, D) position embedding by distance to the anchor
+
+    def __getitem__(self, rows) -> "PooledContext":
+        return PooledContext(self.pool, self.window[rows], self.anchor[rows], self.pos)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.window.shape[0], self.window.shape[1] + 1, self.pool.shape[1]  # (B, W+1, D)
+
+    @property
+    def device(self) -> torch.device:
+        return self.pool.device
+
+    def gathered(self) -> torch.Tensor:
+        return torch.cat([self.pool[self.window], self.anchor[:, None]], dim=1) + self.pos  # (B, W+1, D)
+
+    def linear(self, layer: nn.Linear) -> torch.Tensor:
+        """layer(gathered()) with the pool projected once: W (c + p) + b = (W c)[window] | W a, plus W p + b."""
+        body = F.linear(self.pool, layer.weight)[self.window]  # (P, D') gathered -> (B, W, D')
+        anchor = F.linear(self.anchor, layer.weight)[:, None]  # (B, 1, D')
+        return torch.cat([body, anchor], dim=1) + layer(self.pos)  # (B, W+1, D')
+
+
+def project(layer: nn.Linear, src) -> torch.Tensor:
+    return src.linear(layer) if isinstance(src, PooledContext) else layer(src)
+
+
 class Attention(nn.Module):
     """Multi-head attention with QK-norm; self-attention when context is None."""
 
@@ -42,14 +80,15 @@ class Attention(nn.Module):
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
         self.q_norm, self.k_norm = nn.RMSNorm(dim // heads), nn.RMSNorm(dim // heads)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, context=None, mask: torch.Tensor | None = None):
+        """x (B, K, D); context None (self-attention), a (B, C, D) tensor or a PooledContext; mask (B, C)."""
         src = x if context is None else context
         b, n, d = x.shape
 
         def split(y):
             return y.view(b, y.shape[1], self.heads, d // self.heads).transpose(1, 2)  # (B, N, D) -> (B, H, N, D/H)
 
-        q, k, v = self.q_norm(split(self.q(x))), self.k_norm(split(self.k(src))), split(self.v(src))
+        q, k, v = self.q_norm(split(self.q(x))), self.k_norm(split(project(self.k, src))), split(project(self.v, src))
         attn_mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, C) True = attend
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, H, K, D/H)
         return self.o(out.transpose(1, 2).reshape(b, n, d))  # (B, K, D)
@@ -75,7 +114,51 @@ class DiTBlock(nn.Module):
         return x + mods[8][:, None] * self.mlp(h)
 
 
-class DraftNet(nn.Module):
+class FlowNet(nn.Module):
+    """What every drafter network shares: the flow state enters through the target's embedding rows E (V, D_t)
+    (App. A, eq. 9) and logits leave through its LM head rows. Subclasses give embed_matrix, head_matrix,
+    matrix_sources (the tensors those are built from) and forward(slot_input, s, t, context, context_mask)."""
+
+    state_norm: nn.RMSNorm
+    raw_norm: nn.RMSNorm
+
+    def state_input(self, x: torch.Tensor, s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """h = RMSNorm(pi_s(x) E) + (t - s) RMSNorm(x E) (App. A, eq. 9). x (B, K, V) -> (B, K, D_t).
+
+        The (t - s) factor multiplies the normalised raw path, so the student equals the teacher's
+        posterior-only input on the diagonal s = t (the paper normalises each term; we scale after).
+        """
+        embed = self.embed_matrix()  # (V, D_t)
+        h = self.state_norm(posterior(x, s) @ embed)  # (B, K, D_t)
+        return h + (t - s).view(-1, 1, 1) * self.raw_norm(x @ embed)
+
+    def noise_input(self, x0_embed: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """state_input for a jump from s = 0 to t given only x0 E (B, K, D_t): pi_0 is uniform, so
+        pi_0 E = mean(E), and the raw path is t * RMSNorm(x0 E)."""
+        return self.start_state().expand_as(x0_embed) + t.view(-1, 1, 1) * self.raw_norm(x0_embed)
+
+    def start_state(self) -> torch.Tensor:
+        """RMSNorm(mean(E)) (D_t,): the state input of every slot at s = t = 0, whatever the noise."""
+        return self.state_norm(self._cached("embed_mean", lambda: self.embed_matrix().mean(0)))
+
+    def probs(self, slot_input, s, t, context, context_mask) -> torch.Tensor:
+        """The per-slot distribution on the simplex (softmax of forward, in fp32). -> (B, K, V)"""
+        return torch.softmax(self(slot_input, s, t, context, context_mask).float(), dim=-1)
+
+    def _cached(self, name: str, build) -> torch.Tensor:
+        """build() once per parameter state when no gradient is wanted: drafting rebuilt the (V, D_t)
+        matrices on every proposal (a tenth of its time). Any in-place update (optimizer step, load) bumps
+        a tensor's version and a move changes its storage, so the copy is rebuilt then."""
+        if torch.is_grad_enabled():
+            return build()
+        key = tuple((p._version, p.data_ptr()) for p in self.matrix_sources())
+        hit = self._frozen.get(name)
+        if hit is None or hit[0] != key:
+            hit = self._frozen[name] = (key, build())
+        return hit[1]
+
+
+class DraftNet(FlowNet):
     """Maps slot inputs (B, K, D_t), times (s, t) and target context to per-slot logits (B, K, V)."""
 
     def __init__(self, cfg: DrafterConfig, embed_rows: torch.Tensor, head_rows: torch.Tensor):
@@ -105,22 +188,6 @@ class DraftNet(nn.Module):
         nn.init.zeros_(self.out_ada.bias)
         self.out = nn.Linear(d, dt)
 
-    def state_input(self, x: torch.Tensor, s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """h = RMSNorm(pi_s(x) E) + (t - s) RMSNorm(x E) (App. A, eq. 9). x (B, K, V) -> (B, K, D_t).
-
-        The (t - s) factor multiplies the normalised raw path, so the student equals the teacher's
-        posterior-only input on the diagonal s = t (the paper normalises each term; we scale after).
-        """
-        embed = self.embed_matrix()  # (V, D_t)
-        h = self.state_norm(posterior(x, s) @ embed)  # (B, K, D_t)
-        return h + (t - s).view(-1, 1, 1) * self.raw_norm(x @ embed)
-
-    def noise_input(self, x0_embed: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """state_input for a jump from s = 0 to t given only x0 E (B, K, D_t): pi_0 is uniform, so
-        pi_0 E = mean(E), and the raw path is t * RMSNorm(x0 E)."""
-        uniform = self._cached("embed_mean", lambda: self.embed_matrix().mean(0)).expand_as(x0_embed)  # (B, K, D_t)
-        return self.state_norm(uniform) + t.view(-1, 1, 1) * self.raw_norm(x0_embed)
-
     def masked_input(self, batch: int) -> torch.Tensor:
         return self.mask_embed.expand(batch, self.cfg.block_size, -1)  # (B, K, D_t)
 
@@ -136,8 +203,15 @@ class DraftNet(nn.Module):
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, W+1)
         return ctx, mask
 
+    def context_pooled(self, pool: torch.Tensor, window: torch.Tensor, mask: torch.Tensor, anchor_embed: torch.Tensor):
+        """context_projected kept factored for training (PooledContext). pool (P, D) after ctx_in, window (B, W),
+        mask (B, W), anchor_embed (B, D_t) -> PooledContext standing for (B, W+1, D), mask (B, W+1)."""
+        pos = self.ctx_pos[-window.shape[1] - 1 :]  # (W+1, D)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, W+1)
+        return PooledContext(pool, window, self.anchor_in(anchor_embed), pos), mask
+
     def forward(self, slot_input, s, t, context, context_mask) -> torch.Tensor:
-        """slot_input (B, K, D_t), s, t (B,), context (B, C, D), mask (B, C) -> logits (B, K, V)."""
+        """slot_input (B, K, D_t), s, t (B,), context (B, C, D) or PooledContext, mask (B, C) -> logits (B, K, V)."""
         d = self.cfg.d_model
         k = slot_input.shape[1]
         x = self.slot_in(slot_input) + self.slot_pos[:k]  # (B, K, D)
@@ -151,25 +225,11 @@ class DraftNet(nn.Module):
         x = self.out(modulate(self.out_norm(x), shift, scale))  # (B, K, D_t)
         return x @ self.head_matrix().T  # (B, K, V)
 
-    def probs(self, slot_input, s, t, context, context_mask) -> torch.Tensor:
-        """The per-slot distribution on the simplex (softmax of forward, in fp32). -> (B, K, V)"""
-        return torch.softmax(self(slot_input, s, t, context, context_mask).float(), dim=-1)
-
     def embed_matrix(self) -> torch.Tensor:
         return self._cached("embed", lambda: torch.cat([self.other_embed[None], self.embed_rows[1:]]))  # (V, D_t)
 
     def head_matrix(self) -> torch.Tensor:
         return self._cached("head", lambda: torch.cat([self.other_head[None], self.head_rows[1:]]))  # (V, D_t)
 
-    def _cached(self, name: str, build) -> torch.Tensor:
-        """build() once per parameter state when no gradient is wanted: drafting rebuilt the (V, D_t)
-        matrices on every proposal (a tenth of its time). Any in-place update (optimizer step, load) bumps
-        a tensor's version and a move changes its storage, so the copy is rebuilt then."""
-        if torch.is_grad_enabled():
-            return build()
-        key = tuple((p._version, p.data_ptr()) for p in (self.other_embed, self.other_head, self.embed_rows,
-                                                         self.head_rows))
-        hit = self._frozen.get(name)
-        if hit is None or hit[0] != key:
-            hit = self._frozen[name] = (key, build())
-        return hit[1]
+    def matrix_sources(self) -> tuple[torch.Tensor, ...]:
+        return self.other_embed, self.other_head, self.embed_rows, self.head_rows

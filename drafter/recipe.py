@@ -16,6 +16,7 @@ with the tokens/s the generate progress bar and the s/step the training bar show
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -23,9 +24,12 @@ from dataclasses import asdict, dataclass
 import torch
 
 from core.plan import GIB, QWEN3_FACTS, estimate_weight_bytes, facts_config
-from drafter.config import DrafterConfig, spread_layers
+from drafter.checkpoint import CheckpointError
+from drafter.config import DrafterConfig, ZLabFlowConfig, spread_layers
 from drafter.network import DraftNet
-from drafter.runtime import default_weights
+from drafter.runtime import default_weights, resolve_weights
+from drafter.zlab_dflash import assumed_layout
+from drafter.zlab_flow import ZLabFlowNet
 
 PROMPT_FILES = ("train_math.jsonl", "train_code.jsonl", "train_chat.jsonl")
 
@@ -54,10 +58,17 @@ class RecipeConfig:
     step_seconds: float = 0.6  # teacher step with on-the-fly features (assumed)
     out: str = ""  # default: weights/<target>/, where the app and the bench look
     data: str = "data/qwen3-8b-responses"
+    init: str = ""  # a published z-lab DFlash drafter (folder or hub id) whose network becomes the teacher's backbone
+    trainable: str = "all"  # with --init: all | flow (the backbone frozen; only the time modulation and state input)
+    t0_share: float = 0.3  # with --init: share of teacher blocks at t = 0, where the backbone already is
 
     def __post_init__(self):
         if self.features not in ("fly", "cache"):
             raise ValueError("--features must be fly or cache")
+        if self.trainable not in ("all", "flow"):
+            raise ValueError("--trainable must be all or flow")
+        if self.trainable == "flow" and not self.init:
+            raise ValueError("--trainable flow needs --init <published DFlash drafter>")
         if self.target not in QWEN3_FACTS:
             raise ValueError(f"no built-in facts for {self.target}; known: {sorted(QWEN3_FACTS)}")
 
@@ -66,34 +77,48 @@ class RecipeConfig:
             return self.quant
         return "fp8" if self.capability >= (8, 9) else "8bit"
 
-    def drafter_config(self) -> DrafterConfig:
+    def drafter_config(self) -> DrafterConfig | ZLabFlowConfig:
+        if self.init:
+            return ZLabFlowConfig(zlab=published_config(self)[0], context_window=256)
         facts = QWEN3_FACTS[self.target]
         return DrafterConfig(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
                              feature_layers=spread_layers(facts["num_hidden_layers"], 5),
                              target_hidden=facts["hidden_size"], draft_vocab=self.draft_vocab, context_window=256)
 
 
-def drafter_params(cfg: DrafterConfig) -> int:
-    """Trainable parameters of the DraftNet for this config, counted on the meta device (no memory)."""
+def drafter_params(cfg: DrafterConfig | ZLabFlowConfig, trainable: str = "all") -> int:
+    """Parameters of the network for this config (trainable: all, or flow = those outside a z-lab backbone),
+    counted on the meta device (no memory)."""
     with torch.device("meta"):
         rows = torch.empty(cfg.draft_vocab, cfg.target_hidden)
-        return sum(p.numel() for p in DraftNet(cfg, rows, rows).parameters())
+        net = (ZLabFlowNet if isinstance(cfg, ZLabFlowConfig) else DraftNet)(cfg, rows, rows)
+        return sum(p.numel() for name, p in net.named_parameters()
+                   if trainable == "all" or not name.startswith("backbone."))
+
+
+def published_config(rc: RecipeConfig) -> tuple[dict, str]:
+    """The --init drafter's config.json and where it came from: the folder or local hub cache, else the published
+    layout assumed at the target's width (the plan is arithmetic; the run itself reads the real file)."""
+    try:
+        folder = resolve_weights(rc.init)
+        return json.loads((folder / "config.json").read_text()), f"read from {folder}"
+    except (CheckpointError, OSError, ValueError):
+        facts = facts_config(rc.target)
+        return assumed_layout(facts, facts.vocab_size), "not at hand: published layout assumed (5 layers)"
 
 
 def plan(rc: RecipeConfig) -> dict:
     facts = facts_config(rc.target)
     dcfg = rc.drafter_config()
     quant = rc.pick_quant()
-    import torch
-
     tokens = rc.prompts * (rc.prompt_tokens + rc.response_tokens)
     seq_len = rc.prompt_tokens + rc.max_new_tokens  # longest sequences in a batch
     feature_width = len(dcfg.feature_layers) * dcfg.target_hidden
     blocks = rc.batch_seqs * rc.anchors_per_seq
-    params = drafter_params(dcfg)
+    params, trainable = drafter_params(dcfg), drafter_params(dcfg, rc.trainable)
     memory = {
         "target_weights": estimate_weight_bytes(facts, torch.bfloat16, quant),
-        "drafter_weights_grads_adam": params * 16,  # fp32 weights, grads, two moments
+        "drafter_weights_grads_adam": params * 4 + trainable * 12,  # fp32 weights; grads and two moments if trained
         "flow_state": blocks * dcfg.block_size * dcfg.draft_vocab * 4 * 8,  # ~8 live (B, K, V) fp32 tensors
         # the target's forward for on-the-fly features returns every layer's hidden states (bf16)
         "target_hidden_states": rc.batch_seqs * seq_len * facts.hidden_size * (facts.num_hidden_layers + 1) * 2,
@@ -106,6 +131,8 @@ def plan(rc: RecipeConfig) -> dict:
         "recipe": asdict(rc),
         "drafter": dcfg.to_dict(),
         "drafter_parameters": params,
+        "trainable_parameters": trainable,
+        "warm_start": published_config(rc)[1] if rc.init else None,
         "quant": quant,
         "data_tokens": tokens,
         "disk_bytes": {"token_shards": tokens * 4,
@@ -138,10 +165,14 @@ def commands(rc: RecipeConfig) -> list[list[str]]:
               str(rc.max_new_tokens), "--batch-size", "32", "--shard-size", "256", *target]]
     if rc.features == "cache":
         steps.append([py, "-m", "drafter.data", "features", "--data", rc.data, "--layers", *layers, *target])
+    frozen = ["--freeze-backbone"] if rc.trainable == "flow" else []
+    if rc.init:  # the published network is the backbone: its shape is the checkpoint's, not flags
+        shape = ["--init", rc.init, "--t0-share", str(rc.t0_share), "--context-window", str(dcfg.context_window),
+                 *frozen]
     steps.append([py, "-m", "drafter.train", "--stage", "teacher", "--out", teacher_dir,
                   "--steps", str(rc.teacher_steps), *shape, *common])
     steps.append([py, "-m", "drafter.train", "--stage", "distill", "--init", teacher_dir,
-                  "--out", flowmap_dir, "--steps", str(rc.distill_steps), *common])
+                  "--out", flowmap_dir, "--steps", str(rc.distill_steps), *frozen, *common])
     return steps
 
 
@@ -152,8 +183,7 @@ def describe(p: dict, cmds: list[list[str]]) -> str:
              f"{rc['capability'][0]}.{rc['capability'][1]}), target weights in {p['quant']}",
              f"data: {rc['prompts']} prompts x ({rc['prompt_tokens']} prompt + ~{rc['response_tokens']} response "
              f"tokens) = {p['data_tokens'] / 1e6:.1f}M tokens",
-             f"drafter: {p['drafter_parameters'] / 1e6:.0f}M parameters, d_model {rc['d_model']}, {rc['n_layers']} "
-             f"layers, draft vocabulary {rc['draft_vocab']}, feature layers {p['drafter']['feature_layers']}",
+             describe_drafter(p),
              "disk: " + ", ".join(f"{k} {gb(v)}" for k, v in p["disk_bytes"].items()),
              "GPU memory: " + ", ".join(f"{k} {gb(v)}" for k, v in p["gpu_memory_bytes"].items())
              + f" -> {gb(p['gpu_memory_total'])} of {rc['gpu_gb']:g} GB: " + ("fits" if p["fits"] else "DOES NOT FIT"),
@@ -161,6 +191,20 @@ def describe(p: dict, cmds: list[list[str]]) -> str:
              + ", ".join(f"{k} {v:.1f}" for k, v in p["hours"].items()) + f", total {sum(p['hours'].values()):.1f}",
              "commands:"]
     return "\n".join(lines + ["  " + " ".join(c[1:] if c[0] == sys.executable else c) for c in cmds])
+
+
+def describe_drafter(p: dict) -> str:
+    rc, d = p["recipe"], p["drafter"]
+    if not rc["init"]:
+        return (f"drafter: {p['drafter_parameters'] / 1e6:.0f}M parameters, d_model {rc['d_model']}, {rc['n_layers']} "
+                f"layers, draft vocabulary {rc['draft_vocab']}, feature layers {list(d['feature_layers'])}")
+    z = d["zlab"]
+    return (f"drafter: warm-started from {rc['init']} (config {p['warm_start']}): its {z['num_hidden_layers']} "
+            f"layers of width {z['hidden_size']} become the flow teacher's backbone, plus zero-initialised time "
+            f"modulation and state input; {p['drafter_parameters'] / 1e6:.0f}M parameters, "
+            f"{p['trainable_parameters'] / 1e6:.0f}M trained (--trainable {rc['trainable']}), block "
+            f"{z['block_size'] - 1} + anchor, the target's whole vocabulary ({z['vocab_size']}), "
+            f"{rc['t0_share']:.0%} of teacher blocks at t = 0")
 
 
 def parse_args(argv=None) -> tuple[RecipeConfig, bool]:

@@ -14,9 +14,10 @@ from core.drafting import Draft
 from core.sampling import SamplingConfig
 from drafter import drafting, zlab_dflash
 from drafter.checkpoint import CheckpointError, read_checkpoint
-from drafter.config import DrafterConfig
-from drafter.network import DraftNet
+from drafter.config import DrafterConfig, ZLabFlowConfig
+from drafter.network import DraftNet, FlowNet
 from drafter.spec import DrafterSpec
+from drafter.zlab_flow import ZLabFlowNet
 
 WEIGHTS_ROOT = Path(__file__).resolve().parent.parent / "weights"
 DRAFTER_MODES = {"flashmap": "flowmap", "flashmap-teacher": "teacher", "dflash": "dflash"}  # name -> BlockSampler mode
@@ -35,12 +36,22 @@ def frozen_rows(target, vocab_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return embed, head
 
 
-def build_net(cfg: DrafterConfig, target, vocab_ids: torch.Tensor) -> DraftNet:
+def build_net(cfg: DrafterConfig | ZLabFlowConfig, target, vocab_ids: torch.Tensor) -> FlowNet:
+    """The network a config describes (the project's DiT, or a z-lab DFlash backbone), with the target's rows."""
     embed, head = frozen_rows(target, vocab_ids)
-    return DraftNet(cfg, embed, head)
+    return (ZLabFlowNet if isinstance(cfg, ZLabFlowConfig) else DraftNet)(cfg, embed, head)
 
 
-def load_net(folder, target) -> tuple[DraftNet, torch.Tensor, dict]:
+def zlab_warm_start(folder, target, context_window: int) -> tuple[ZLabFlowNet, torch.Tensor]:
+    """A flow network whose backbone is the published DFlash drafter in `folder` (issue #15), checked against
+    the target, and its vocabulary: the target's own, whole (V,)."""
+    zlab_dflash.check_target(zlab_dflash.read_zlab(folder)[0], target, folder)
+    vocab_ids = torch.arange(target.vocab_size)
+    net = ZLabFlowNet.from_zlab(folder, *frozen_rows(target, vocab_ids), context_window=context_window)
+    return net, vocab_ids
+
+
+def load_net(folder, target) -> tuple[FlowNet, torch.Tensor, dict]:
     """Load a checkpoint for this target, or raise CheckpointError saying why not."""
     cfg, state, vocab_ids, meta = read_checkpoint(folder, target.identity)
     net = build_net(cfg, target, vocab_ids)
@@ -50,7 +61,7 @@ def load_net(folder, target) -> tuple[DraftNet, torch.Tensor, dict]:
     return net.eval(), vocab_ids, meta
 
 
-def load_named_net(name: str, folder, target) -> tuple[DraftNet, torch.Tensor]:
+def load_named_net(name: str, folder, target) -> tuple[FlowNet, torch.Tensor]:
     """load_net, refusing a checkpoint of the other kind (a DFlash-style net drafted as a flow, or back)."""
     net, vocab_ids, _meta = load_net(folder, target)
     if (net.cfg.kind == "dflash") != (DRAFTER_MODES[name] == "dflash"):
@@ -65,7 +76,7 @@ class FlowDrafter:
     teacher, for analysis) or dflash (one pass over a fully masked block).
     """
 
-    def __init__(self, net: DraftNet, vocab_ids: torch.Tensor, target, mode: str, steps: int = 1,
+    def __init__(self, net: FlowNet, vocab_ids: torch.Tensor, target, mode: str, steps: int = 1,
                  best_of: int = 1, tree: int = 1, shared_noise: bool = True, noise_scale: float = 1.0):
         self.net = net
         self.sampler = drafting.BlockSampler(net, mode, steps, shared_noise, best_of, noise_scale)

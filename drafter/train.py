@@ -31,7 +31,8 @@ from drafter.checkpoint import save_checkpoint
 from drafter.config import DrafterConfig, spread_layers
 from drafter.data import blocks_from_sequences, draft_vocabulary, load_sequences, target_to_draft_map
 from drafter.losses import dflash_loss, distill_loss, teacher_loss
-from drafter.runtime import build_net, load_net
+from drafter.runtime import build_net, load_net, zlab_warm_start
+from drafter.zlab_dflash import is_zlab_folder
 
 STAGES = ("teacher", "distill", "dflash")
 
@@ -56,6 +57,9 @@ class TrainConfig:
     grad_checkpoint: bool = False  # recompute each drafter block in backward (large drafters on a 24 GB GPU)
     t0_share: float = 0.0  # teacher: share of blocks trained at exactly t = 0, where every draft starts (issue #15)
     student_init: str | None = None  # distill: start the student from this flow map instead of a copy of the teacher
+    zero_noise_blocks: int = 0  # distill: blocks per step whose jump from x0 = 0 learns the teacher's flow from 0
+    zero_noise_steps: int = 16  # distill: the teacher's Euler steps for that target
+    freeze_backbone: bool = False  # z-lab backbone: train only what the flow adds (fits a 24 GB GPU, issue #15)
     schedule: str = "auto"  # auto: cosine (teacher, dflash) / WSD (distill); constant: warmup then flat (drafter.loop)
 
     def __post_init__(self):
@@ -65,6 +69,10 @@ class TrainConfig:
             raise ValueError("--precision must be bf16 or fp32")
         if self.stage == "distill" and not self.init:
             raise ValueError("--stage distill needs --init <teacher checkpoint>")
+        if self.zero_noise_blocks and self.stage != "distill":
+            raise ValueError("--zero-noise-blocks applies to --stage distill only")
+        if self.zero_noise_blocks < 0 or self.zero_noise_steps < 1:
+            raise ValueError("--zero-noise-blocks must be >= 0 and --zero-noise-steps >= 1")
         if self.student_init and self.stage != "distill":
             raise ValueError("--student-init applies to --stage distill only")
         if self.schedule not in ("auto", "constant"):
@@ -163,7 +171,13 @@ def network_config(cfg: TrainConfig, shape: NetShape, target) -> DrafterConfig:
 def build_student(cfg: TrainConfig, net_cfg: DrafterConfig, target, seqs):
     """Returns (net, frozen teacher or None, vocab_ids). With --init, the network starts from that checkpoint:
     distillation from its teacher; a teacher warm-started from a DFlash-style net (same architecture, issue #15:
-    the one-pass regime it learned is the flow's t = 0); DFlash-style continued from an earlier one."""
+    the one-pass regime it learned is the flow's t = 0) or from a published z-lab DFlash drafter (its network
+    becomes the teacher's backbone, drafter/zlab_flow.py); DFlash-style continued from an earlier one."""
+    if cfg.init and is_zlab_folder(cfg.init):  # a published DFlash drafter: the flow teacher's backbone
+        if cfg.stage != "teacher":
+            raise ValueError(f"--init {cfg.init} is a published DFlash drafter: it warm-starts --stage teacher only")
+        net, vocab_ids = zlab_warm_start(cfg.init, target, net_cfg.context_window)
+        return net.train(), None, vocab_ids
     if cfg.init:
         net, vocab_ids, _ = load_net(cfg.init, target)
         kind = "dflash" if cfg.stage == "dflash" else "flashmap"
@@ -192,7 +206,7 @@ def loss_for(cfg: TrainConfig, net, teacher, blocks, gen):
         return teacher_loss(net, blocks, gen, cfg.t0_share)
     if cfg.stage == "dflash":
         return dflash_loss(net, blocks)
-    return distill_loss(net, teacher, blocks, gen)
+    return distill_loss(net, teacher, blocks, gen, cfg.zero_noise_blocks, cfg.zero_noise_steps)
 
 
 def train(cfg: TrainConfig, shape: NetShape, target_cfg: TargetConfig) -> Path:
@@ -225,6 +239,10 @@ def train_on(cfg: TrainConfig, target, sequences, net_cfg: DrafterConfig, on_sav
         earlier = earlier_runs(meta.get("training", {}), cfg)
     net = net.to(device).train()
     net.grad_checkpoint = cfg.grad_checkpoint
+    if cfg.freeze_backbone:
+        if not hasattr(net, "backbone"):
+            raise ValueError("--freeze-backbone applies to a z-lab DFlash backbone (--init <published folder>)")
+        net.backbone.requires_grad_(False)
     teacher = teacher.to(device) if teacher is not None else None
     to_draft = target_to_draft_map(vocab_ids, target.vocab_size)
     decay = 0.0 if cfg.stage == "distill" else cfg.weight_decay
@@ -282,7 +300,8 @@ def add_train_args(parser: argparse.ArgumentParser, with_steps: bool = True) -> 
                         help="folders written by python -m drafter.data generate (pooled)")
     parser.add_argument("--out", required=True, help="checkpoint folder (an existing one resumes)")
     parser.add_argument("--init", default=None, help="start from this checkpoint: the teacher (distill), a "
-                        "DFlash-style net (teacher warm start), an earlier run (dflash)")
+                        "DFlash-style net or a published z-lab DFlash folder (teacher warm start), an earlier run "
+                        "(dflash)")
     ints = [("steps", 2000)] if with_steps else []
     ints += [("batch-seqs", 8), ("anchors-per-seq", 16), ("save-every", 100), ("seed", 0), ("threads", 0)]
     for field, default in ints:
@@ -298,6 +317,12 @@ def add_train_args(parser: argparse.ArgumentParser, with_steps: bool = True) -> 
     parser.add_argument("--grad-checkpoint", action="store_true", help="recompute drafter blocks in backward")
     parser.add_argument("--student-init", default=None,
                         help="distill: start the student from this flow map (else a copy of the teacher)")
+    parser.add_argument("--zero-noise-blocks", type=int, default=0,
+                        help="distill: blocks per step whose full jump from x0 = 0 learns the teacher's flow from 0 "
+                             "(the zero-noise T = 0 draft, `flashmap,scale=0`)")
+    parser.add_argument("--zero-noise-steps", type=int, default=16, help="distill: the teacher's steps for it")
+    parser.add_argument("--freeze-backbone", action="store_true",
+                        help="z-lab backbone: train only the time modulation and state input the flow adds")
     parser.add_argument("--t0-share", type=float, default=0.0,
                         help="teacher: share of blocks trained at t = 0 (e.g. 0.3 with --init from a DFlash-style net)")
 
@@ -315,7 +340,9 @@ def config_from_args(args, **overrides) -> TrainConfig:
                   steps=getattr(args, "steps", None), batch_seqs=args.batch_seqs, anchors_per_seq=args.anchors_per_seq,
                   lr=lr, warmup_frac=args.warmup_frac, decay_frac=args.decay_frac, weight_decay=args.weight_decay,
                   save_every=args.save_every, seed=args.seed, threads=args.threads, precision=args.precision,
-                  grad_checkpoint=args.grad_checkpoint, t0_share=args.t0_share, student_init=args.student_init)
+                  grad_checkpoint=args.grad_checkpoint, t0_share=args.t0_share, student_init=args.student_init,
+                  freeze_backbone=args.freeze_backbone, zero_noise_blocks=args.zero_noise_blocks,
+                  zero_noise_steps=args.zero_noise_steps)
     return TrainConfig(**{**values, **overrides})
 
 

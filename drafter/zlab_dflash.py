@@ -72,6 +72,19 @@ class ZLabConfig:
         )
 
 
+def assumed_layout(facts, vocab_size: int, layers: int = 5, block_size: int = 16) -> dict:
+    """A published-format config at a target's width when the real file is not at hand (plans, random-weight
+    measurements): `layers` Qwen3-style layers reading five target layers spread as the paper's 1, 9, 17, 25, 33
+    of 36, block 16. facts: the target's config (hidden_size, num_hidden_layers, heads, head_dim, ...)."""
+    n = facts.num_hidden_layers
+    ids = [1 + round(i * (n - 4) / 4) for i in range(5)] if n > 8 else [0, n - 1]  # 36 -> 1, 9, 17, 25, 33
+    return {"architectures": [ARCHITECTURE], "hidden_size": facts.hidden_size, "num_hidden_layers": layers,
+            "num_attention_heads": facts.num_attention_heads, "num_key_value_heads": facts.num_key_value_heads,
+            "head_dim": facts.head_dim, "intermediate_size": facts.intermediate_size, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000, "block_size": block_size, "num_target_layers": n, "vocab_size": vocab_size,
+            "dflash_config": {"mask_token_id": 0, "target_layer_ids": ids}}  # the mask id matters to no plan
+
+
 def rope(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin (N, Hd) for absolute positions (N,), halves repeated (the Qwen3 / Llama layout)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)

@@ -371,8 +371,108 @@ def build(results: Path, out: Path) -> str:
             doc += [f"With the target in bf16 (`--dtype bf16`, AVX512-BF16 matmuls) one position takes {one:.1f} ms "
                     f"and 17 positions {rel[17]:.2f}× that, against {1000 * cost['seconds']['1']:.1f} ms and "
                     f"{cost['relative_to_one']['17']:.2f}× in fp32.", ""]
+        if probe := load(results, "bf16_probe_t0.json"):
+            differ = [r for r in probe["results"] if not r["identical_to_baseline"]]
+            doc += [f"bf16 would make the method pay on this CPU, but it breaks exactness: in a side-by-side bf16 run "
+                    f"(`python -m app.suite --dtype bf16 --prompts eval_math eval_code --limit {probe['limit']} "
+                    f"--max-new-tokens {probe['max_new_tokens']}`, `docs/results/bf16_probe_t0.json`) {len(differ)} "
+                    f"of {len(probe['results'])} drafter variants did not reproduce plain bf16 decoding token for "
+                    "token: one batched forward over K + 1 positions and one position at a time round differently "
+                    "in bf16, enough to flip near-tied argmaxes. The CPU default stays fp32, where every run here is "
+                    "identical.", ""]
     doc += curves_section(results / "curves", out / "learning-curves.png")
+    if gate := load(results, "offline_teacher_gate2.json"):
+        doc += teacher_gate_section(gate)
+    if final := load(results, "offline_issue15.json"):
+        doc += issue15_section(final)
+    if profile := load(results, "profile_train.json"):
+        doc += profile_section(profile)
     return "\n".join(doc)
+
+
+def acceptance_rows(run: dict, with_ce: bool = False) -> list[str]:
+    """A table of each variant's held-out acceptance length per domain (and its slots' cross-entropy)."""
+    domains = [d for d in DOMAINS if d in run["results"][0]] + ["all"]
+    ce_head = " | cross-entropy, slots 1–4 (nats)" if with_ce else ""
+    lines = ["| drafter | " + " | ".join(domains) + ce_head + " |", "|---|" + "---|" * (len(domains) + with_ce)]
+    for r in run["results"]:
+        ce = (" | " + " / ".join(f"{x:.2f}" for x in r["per_slot_cross_entropy"][:4])) if with_ce else ""
+        weights = f" (`{r['weights']}`)" if r.get("weights") else ""
+        lines.append(f"| {label(r['variant'])}{weights} | "
+                     + " | ".join(fmt(r[d]["acceptance_length"], 3) for d in domains) + ce + " |")
+    return lines + [""]
+
+
+def delta_table(run: dict, pairs: list[tuple[str, str, str]]) -> list[str]:
+    domains = [d for d in DOMAINS if d in run["results"][0]] + ["all"]
+    return (["| comparison (accepted tokens per round, paired) | " + " | ".join(domains) + " |",
+             "|---|" + "---|" * len(domains)] + delta_rows(run, pairs) + [""])
+
+
+def teacher_gate_section(gate: dict) -> list[str]:
+    """Issue #15's gate: distill only a teacher whose t = 0 pass is as good as DFlash-style's and whose flow beats
+    its own t = 0 pass."""
+    rounds = gate["results"][0]["all"]["rounds"]
+    teacher = next(r["variant"] for r in gate["results"] if r["variant"].startswith("flashmap-teacher,weights"))
+    weights = teacher.split("weights=")[1]
+    flows = [r["variant"] for r in gate["results"] if "steps=16" in r["variant"]]
+    noise = {v: f"teacher 16 steps from noise × {DrafterSpec.parse(v).noise_scale:g}" for v in flows}
+    pairs = [("teacher t = 0 pass − DFlash-style", teacher, "dflash")]
+    pairs += [(f"{noise[v]} − its t = 0 pass", v, teacher) for v in flows]
+    pairs += [(f"{noise[v]} − DFlash-style", v, "dflash") for v in flows]
+    pairs += [("FlashMap 1-step: zero noise − noise", "flashmap,scale=0", "flashmap")]
+    return (["## The teacher gate (issue #15)", "",
+             f"`python -m drafter.evaluate --data data/smollm2-val --stride {gate['stride']}` ({rounds:,} rounds, "
+             f"T = 0, K = 16) on the flow teacher warm-started from the DFlash-style net (`{weights}`, 30% of blocks "
+             "at t = 0, 800 steps). Gate: its t = 0 pass as good as DFlash-style's (cross-entropy per slot), and its "
+             "integrated flow better than that one pass. Integrated from random noise (× 1) the flow loses to its "
+             "own t = 0 pass — a sampled trajectory misses the greedy token where a slot is uncertain; from x0 = 0 "
+             "(or shrunken noise) it wins, and beats DFlash-style: the flow map's draft from x0 = 0 is the one to "
+             "train and use at T = 0 (`--zero-noise-blocks`, `flashmap,scale=0`).", ""]
+            + acceptance_rows(gate, with_ce=True) + delta_table(gate, pairs))
+
+
+def issue15_section(run: dict) -> list[str]:
+    """The issue's offline targets, paired on the same anchors."""
+    names = [r["variant"] for r in run["results"]]
+    pairs = [(f"{label(a)} − {label(b)}", a, b) for a, b in (
+        ("flashmap,scale=0", "dflash"), ("flashmap", "dflash"), ("flashmap,steps=2", "flashmap"),
+        ("flashmap,scale=0", "flashmap"), ("flashmap,steps=2", "flashmap,steps=2,noise=shuffled"))
+        if a in names and b in names]
+    return (["## Issue #15 targets, offline", "",
+             f"`python -m drafter.evaluate --data data/smollm2-val --stride {run['stride']}` (T = 0, K = 16, "
+             f"{run['results'][0]['all']['rounds']:,} rounds per drafter, the shipped checkpoints). The last row is "
+             "the 2-step shuffle test (paper Table 2): one shared noise draw against each slot from its own draw.", ""]
+            + acceptance_rows(run) + delta_table(run, pairs))
+
+
+def profile_section(rows: list[dict]) -> list[str]:
+    """Where a training step's time goes (python -m scripts.profile_train)."""
+    stages = [r for r in rows if "phases_s" in r]
+    doc = ["## Learning per CPU-second: a training step profiled (issue #15)", "",
+           "`python -m scripts.profile_train --threads 2 --jobs 2` on `data/smollm2-responses` (128 blocks per step, "
+           "bf16 autocast). Seconds per step without the profiler, the context kept factored (each pool position "
+           "projected once per step, `network.PooledContext`) against the gathered per-block context it replaced; "
+           "then the profiler's shares of the step (it roughly doubles a step's time, so read shares).", "",
+           "| stage | s/step factored | s/step gathered | speedup | batch | forward + loss | backward | optimizer "
+           "| top operators (share of self time) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in stages:
+        pooled, gathered = (sum(v) / len(v) for v in (r["seconds_per_step"]["pooled"],
+                                                       r["seconds_per_step"]["gathered"]))
+        total_phase = sum(r["phases_s"].values())
+        share = {k: v / total_phase for k, v in r["phases_s"].items()}
+        ops_total = sum(r["operators_s"].values())
+        ops = ", ".join(f"{k.replace('_', ' ')} {v / ops_total:.0%}" for k, v in list(r["operators_s"].items())[:4])
+        doc.append(f"| {r['stage']} | {pooled:.3f} | {gathered:.3f} | {gathered / pooled:.2f}× | "
+                   + " | ".join(f"{share.get(k, 0):.0%}" for k in ("batch", "forward_loss", "backward", "optimizer"))
+                   + f" | {ops} |")
+    for r in rows:
+        if "ratio" in r:
+            one, many = (v for k, v in r.items() if k.endswith("steps_per_s"))
+            doc += ["", f"One {r['stage']} job on 2 threads: {one:.2f} steps/s; two one-thread jobs at once: "
+                        f"{many:.2f} steps/s together ({r['ratio']:.2f}×). Two drafters train side by side on one "
+                        "thread each (this session's background runs)."]
+    return doc + [""]
 
 
 def curves_section(folder: Path, png: Path) -> list[str]:

@@ -72,6 +72,28 @@ def test_network_shapes_and_masked_context_is_ignored(setup, tiny_target):
     assert not torch.allclose(logits, other)
 
 
+def test_pooled_context_gives_the_gathered_contexts_logits_and_gradients(setup, tiny_target):
+    """Training's factored context (each pool position projected once) is the same function as the gathered one,
+    for a subset of blocks too (distillation indexes it)."""
+    _seqs, vocab_ids, blocks = setup
+    net = build_net(tiny_cfg(), tiny_target, vocab_ids)
+    for p in net.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    x = torch.randn(blocks.tokens.shape[0], 4, 16)
+    s, t = torch.full((len(x),), 0.3), torch.full((len(x),), 0.7)
+    rows = torch.arange(len(x)) % 3 != 0
+    results = []
+    for pooled in (False, True):
+        net.zero_grad()
+        ctx, mask = blocks.context(net, pooled=pooled)
+        logits = net(net.state_input(x[rows], s[rows], t[rows]), s[rows], t[rows], ctx[rows], mask[rows])
+        (logits.softmax(-1)[..., 3].sum()).backward()
+        results.append((logits.detach(), [p.grad.clone() for p in net.parameters() if p.grad is not None]))
+    (gathered, grads), (pooled_logits, pooled_grads) = results
+    assert torch.allclose(gathered, pooled_logits, atol=1e-5) and len(grads) == len(pooled_grads) > 10
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads, pooled_grads))
+
+
 @pytest.mark.parametrize("stage", ["teacher", "distill", "dflash"])
 def test_a_training_step_lowers_the_loss(stage, setup, tiny_target):
     _seqs, vocab_ids, blocks = setup
@@ -140,7 +162,24 @@ def flow_drafters(target, vocab_ids, cfg_vocab=16):
         torch.nn.init.zeros_(net.other_head)  # else "other" wins every argmax and every T=0 draft is empty
     return [FlowDrafter(flow, vocab_ids, target, "flowmap", 1), FlowDrafter(flow, vocab_ids, target, "flowmap", 2),
             FlowDrafter(flow, vocab_ids, target, "teacher", 4), FlowDrafter(dflash, vocab_ids, target, "dflash"),
-            FlowDrafter(flow, vocab_ids, target, "flowmap", 1, best_of=3)]
+            FlowDrafter(flow, vocab_ids, target, "flowmap", 1, best_of=3),
+            FlowDrafter(flow, vocab_ids, target, "flowmap", 1, noise_scale=0.0)]
+
+
+def test_the_zero_noise_jump_is_deterministic_and_only_for_one_jump(setup, tiny_target):
+    _seqs, vocab_ids, _blocks = setup
+    zero = flow_drafters(tiny_target, vocab_ids)[-1]
+    zero.extend(list(range(5)), torch.randn(5, 2 * tiny_target.model.config.hidden_size))
+    probs = [zero.sampler.probs(*zero.context(7), 4, torch.Generator().manual_seed(seed)) for seed in (0, 1)]
+    assert torch.equal(*probs)
+    noisy = flow_drafters(tiny_target, vocab_ids)[0]
+    noisy.extend(list(range(5)), torch.randn(5, 2 * tiny_target.model.config.hidden_size))
+    assert not torch.equal(*[noisy.sampler.probs(*noisy.context(7), 4, torch.Generator().manual_seed(seed))
+                             for seed in (0, 1)])
+    assert DrafterSpec("flashmap", noise_scale=0.0).describe().startswith("FlashMap 1-step, noise × 0")
+    for bad in (dict(steps=2, noise_scale=0.0), dict(noise_scale=-1.0)):
+        with pytest.raises(SpecError, match="scale"):
+            DrafterSpec("flashmap", **bad)
 
 
 def test_engine_is_lossless_with_flow_drafters_at_t0(setup, tiny_target):

@@ -5,7 +5,8 @@ import torch
 
 from core.engine import GenerationConfig, generate_all
 from drafter.checkpoint import save_checkpoint
-from drafter.data import Sequence, draft_vocabulary
+from drafter.data import Sequence, blocks_at, draft_vocabulary, target_to_draft_map
+from drafter.drafting import fold_unused, masked
 from drafter.evaluate import (
     Variant,
     accepted_prefix,
@@ -105,3 +106,11 @@ def test_offline_drafts_and_acceptance_equal_the_engine_rounds(tiny_target, tmp_
             position += len(ev.committed)
     assert compared >= 6
     assert (rounds.draft >= 0).any()  # non-empty drafts were compared
+    # the teacher gate's cross-entropy: -log of what the drafted distribution gave the response's token
+    loaded, _ = load_variant(variant, tiny_target)
+    to_draft = target_to_draft_map(vocab_ids, tiny_target.vocab_size)
+    i, a = int(rounds.seq_index[3]), int(rounds.anchor[3])
+    blocks = blocks_at(tiny_target, [seqs[i]], [[a]], 4, loaded.cfg.context_window, loaded.cfg.feature_layers, to_draft)
+    probs = fold_unused(masked(loaded, *blocks.context(loaded), 4), vocab_ids >= 0)[0]  # (K, V)
+    want = -probs[torch.arange(4), blocks.tokens[0]].log()  # (K,)
+    assert torch.allclose(rounds.slot_nll[3], want, atol=1e-5)

@@ -49,3 +49,38 @@ def test_teacher_trains_a_share_of_blocks_at_t_zero(monkeypatch):
             pass
     at_zero = [float((t == 0).float().mean()) for t in seen]
     assert at_zero[0] < 0.01 and 0.26 < at_zero[1] < 0.34
+
+
+def test_zero_noise_loss_trains_the_draft_the_zero_noise_jump_makes(tiny_target):
+    """Its student side is exactly the engine's `flashmap,scale=0` draft, its target the teacher's flow from
+    x0 = 0 (drafter.drafting.jumps): training on it moves the one and only draft toward the teacher's flow."""
+    from drafter.data import blocks_from_sequences, draft_vocabulary, target_to_draft_map
+    from drafter.drafting import BlockSampler, jumps
+    from drafter.runtime import build_net
+    from tests.test_drafter import tiny_cfg, tiny_seqs
+
+    seqs = tiny_seqs()
+    vocab_ids = draft_vocabulary(seqs, 16)
+    to_draft = target_to_draft_map(vocab_ids, tiny_target.vocab_size)
+    batch = blocks_from_sequences(tiny_target, seqs, 4, 4, 8, (1, 2), to_draft, torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    teacher, student = (build_net(tiny_cfg(), tiny_target, vocab_ids) for _ in range(2))
+    for p in [*teacher.parameters(), *student.parameters()]:
+        torch.nn.init.normal_(p, std=0.3)
+    rows = torch.arange(5)
+    with torch.no_grad():
+        ctx, mask = batch.context(student, rows=rows)
+        drafted = BlockSampler(student, "flowmap", noise_scale=0.0).probs(ctx, mask, 4, None)  # (5, K, V)
+        t_ctx, t_mask = batch.context(teacher, rows=rows)
+        target = jumps(teacher, t_ctx, t_mask, 4, 3, None, diagonal=True, noise_scale=0.0)
+        want = losses.weighted_ce(drafted.log(), target, batch.valid[rows], student.cfg.kappa)
+        assert torch.allclose(losses.zero_noise_loss(student, teacher, batch, 5, 3), want, atol=1e-5)
+    opt = torch.optim.Adam(student.parameters(), lr=3e-3)
+    for _ in range(30):
+        opt.zero_grad()
+        losses.zero_noise_loss(student, teacher, batch, 5, 3).backward()
+        opt.step()
+    with torch.no_grad():
+        after = BlockSampler(student, "flowmap", noise_scale=0.0).probs(ctx, mask, 4, None)
+        kl = lambda q: (target * (target.log() - q.log())).sum(-1).mean()  # noqa: E731
+        assert kl(after) < 0.5 * kl(drafted)

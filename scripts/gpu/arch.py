@@ -21,6 +21,7 @@ from core.stats import AcceptanceStats
 from core.target import Target, TargetConfig, load_target
 from core.verify_cost import synchronize as sync
 from core.verify_cost import verify_cost
+from drafter.zlab_dflash import assumed_layout
 from scripts.gpu.stages import Command
 
 GIB = 2**30
@@ -227,16 +228,9 @@ def oracle_curve(target: Target, sz: dict, cmd: Command) -> list[dict]:
 
 
 def zlab_config(target: Target, layers: int) -> dict:
-    """The published z-lab DFlash config fields at the target's width (Qwen3-8B: 5 layers reading 5 target
-    layers, as the paper's 1, 9, 17, 25, 33 of 36; block 16)."""
-    c = target.model.config
-    n = c.num_hidden_layers
-    ids = [1 + round(i * (n - 4) / 4) for i in range(5)] if n > 8 else [0, n - 1]  # 36 -> 1, 9, 17, 25, 33
-    return {"architectures": ["DFlashDraftModel"], "hidden_size": c.hidden_size, "num_hidden_layers": layers,
-            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim, "intermediate_size": c.intermediate_size, "rms_norm_eps": 1e-6,
-            "rope_theta": 1000000, "block_size": 16, "num_target_layers": n, "vocab_size": target.vocab_size,
-            "dflash_config": {"mask_token_id": 7, "target_layer_ids": ids}}
+    """The published z-lab DFlash config fields at the target's width (mask token 7: a real id of any target)."""
+    cfg = assumed_layout(target.model.config, target.vocab_size, layers)
+    return {**cfg, "dflash_config": {**cfg["dflash_config"], "mask_token_id": 7}}
 
 
 def zlab_cost(target: Target, sz: dict) -> dict:

@@ -177,7 +177,9 @@ def train_config(cmd: Command, name: str, stage: str, init: str | None, lr: floa
     return TrainConfig(stage=stage, data=(GPU_DATA, *CPU_DATA), out=str(out),
                        init=str(work(cmd) / "ckpt" / init) if init else None, steps=steps,
                        batch_seqs=sz["batch_seqs"], anchors_per_seq=sz["anchors"], lr=lr,
-                       save_every=save_every or max(1, steps // 3), seed=0, precision="bf16", t0_share=t0)
+                       save_every=save_every or max(1, steps // 3), seed=0, precision="bf16", t0_share=t0,
+                       # distillation also fits the jump from x0 = 0 to the teacher's flow from 0 (the T = 0 draft)
+                       zero_noise_blocks=sz["batch_seqs"] * sz["anchors"] // 8 if stage == "distill" else 0)
 
 
 def run_training(cmd: Command, cfg: TrainConfig, kind: str, on_save=None, **guards):

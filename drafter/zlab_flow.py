@@ -1,0 +1,135 @@
+"""A FlashMap drafter whose backbone is a published z-lab DFlash network (issue #15): warm-started from it, a
+Qwen3-8B flow teacher starts where DFlash already is instead of from nothing (the paper's teacher cost ~25 h x
+32 H200s).
+
+Shape letters: B = blocks, K = drafted slots (the published block minus its anchor), W = context window,
+F = feature width (len(target_layer_ids) * D), D = drafter width = target width, V = target vocabulary,
+H / H_kv = query / key-value heads, Hd = head dim, Dc = width of the time conditioning.
+
+What is added to the DFlash network, each starting as the identity so that at initialisation the flow
+network at t = 0 *is* the published drafter (tests/test_zlab_flow.py checks the logits):
+- the flow state h (eq. 9, built by FlowNet.state_input) enters where DFlash's mask embedding does, through a
+  zero-initialised linear map and offset by the t = 0 state: slot input = E[mask] + A (h - h_0). At s = t = 0
+  every slot's state is h_0 whatever the noise, so the input is exactly the mask embedding there, always.
+- each layer's two sub-layers are modulated by (s, t) as in adaLN, h = norm(x)(1 + scale) + shift and
+  x + (1 + gate) f(h), with shift, scale, gate from a zero-initialised linear map of the time conditioning.
+Times are fed as tau(s), tau(t) (eq. 6): equal steps of decoding progress, so t = 0 and the early times the
+samplers use are spread apart instead of crowded near 0 (issue #15).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+
+from drafter.config import ZLabFlowConfig
+from drafter.flow import tau_of_t
+from drafter.network import FlowNet, modulate, time_embedding
+from drafter.zlab_dflash import ZLabConfig, ZLabDFlashNet, apply_rope, read_zlab, rope
+
+
+class ZLabFlowNet(FlowNet):
+    """FlowNet over a z-lab DFlash backbone (parameters under backbone.* keep the published tensor names)."""
+
+    def __init__(self, cfg: ZLabFlowConfig, embed_rows: torch.Tensor, head_rows: torch.Tensor):
+        super().__init__()
+        self.cfg, self.zc = cfg, ZLabConfig.from_json(cfg.zlab)
+        self._frozen: dict[str, tuple[tuple, torch.Tensor]] = {}
+        self.grad_checkpoint = False
+        d, layers = self.zc.hidden_size, self.zc.num_hidden_layers
+        self.register_buffer("embed_rows", embed_rows.float(), persistent=False)  # (V, D) frozen, the target's E
+        self.register_buffer("head_rows", head_rows.float(), persistent=False)  # (V, D) its LM head
+        self.register_buffer("mask_embed", embed_rows[self.zc.mask_token_id].float().clone(), persistent=False)
+        self.backbone = ZLabDFlashNet(self.zc)
+        self.state_norm, self.raw_norm = nn.RMSNorm(d), nn.RMSNorm(d)
+        self.state_in = nn.Linear(d, d, bias=False)
+        self.time_mlp = nn.Sequential(nn.Linear(2 * cfg.d_cond, cfg.d_cond), nn.SiLU())
+        # per layer, for attention and MLP each: shift, scale, gate
+        self.ada = nn.ModuleList(nn.Linear(cfg.d_cond, 6 * d) for _ in range(layers))
+        for layer in (self.state_in, *self.ada):
+            nn.init.zeros_(layer.weight)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+
+    @classmethod
+    def from_zlab(cls, folder, embed_rows, head_rows, context_window: int = 256) -> "ZLabFlowNet":
+        """The flow network warm-started from a published folder (its tensors load into the backbone)."""
+        zlab, state = json.loads((Path(folder) / "config.json").read_text()), read_zlab(folder)[1]
+        net = cls(ZLabFlowConfig(zlab=zlab, context_window=context_window), embed_rows, head_rows)
+        net.backbone.load_state_dict({k: v.float() for k, v in state.items()})
+        return net
+
+    # ---- the FlowNet interface ----------------------------------------------------------------------------
+    def ctx_in(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features (..., F) -> the backbone's context states (..., D), once per position."""
+        return self.backbone.hidden_norm(self.backbone.fc(features))
+
+    def context_projected(self, ctx: torch.Tensor, mask: torch.Tensor, anchor_embed: torch.Tensor):
+        """ctx (B, W, D), mask (B, W), anchor_embed (B, D) -> (B, W+1, D), (B, W+1): the anchor rides as the last
+        row and becomes the block's first position in forward, as DFlash places it."""
+        ctx = torch.cat([ctx, anchor_embed[:, None].to(ctx.dtype)], dim=1)  # (B, W+1, D)
+        return ctx, torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+
+    def masked_input(self, batch: int) -> torch.Tensor:
+        """The state whose slot input is E[mask]: DFlash's own input, for one masked pass."""
+        return self.start_state().expand(batch, self.cfg.block_size, -1)  # (B, K, D)
+
+    def embed_matrix(self) -> torch.Tensor:
+        return self.embed_rows  # (V, D)
+
+    def head_matrix(self) -> torch.Tensor:
+        return self.head_rows  # (V, D)
+
+    def matrix_sources(self) -> tuple[torch.Tensor, ...]:
+        return self.embed_rows, self.head_rows
+
+    def forward(self, slot_input, s, t, context, context_mask) -> torch.Tensor:
+        """slot_input (B, K, D) flow state, s, t (B,), context (B, W+1, D) with the anchor last, mask (B, W+1)
+        -> logits (B, K, V) of the K slots after the anchor."""
+        ctx, anchor = context[:, :-1], context[:, -1:]  # (B, W, D), (B, 1, D)
+        x = self.mask_embed + self.state_in(slot_input - self.start_state())  # (B, K, D): E[mask] at t = 0
+        x = torch.cat([anchor, x.to(anchor.dtype)], dim=1)  # (B, 1+K, D)
+        w, n = ctx.shape[1], x.shape[1]
+        cos, sin = rope(torch.arange(w + n, device=x.device), self.zc.head_dim, self.zc.rope_theta)  # (W+1+K, Hd)
+        vocab = self.cfg.draft_vocab
+        times = torch.cat([time_embedding(tau_of_t(s.float().cpu(), vocab).to(x.device), self.cfg.d_cond),
+                           time_embedding(tau_of_t(t.float().cpu(), vocab).to(x.device), self.cfg.d_cond)], -1)
+        cond = F.silu(self.time_mlp(times))  # (B, Dc)
+        attend = torch.cat([context_mask[:, :-1], torch.ones_like(context_mask[:, :1]).expand(-1, n)], 1)  # (B, W+n)
+        for layer, ada in zip(self.backbone.layers, self.ada):
+            args = (layer, ada(cond), x, ctx, attend, cos, sin)
+            x = checkpoint(modulated_layer, *args, use_reentrant=False) if self.grad_checkpoint and self.training \
+                else modulated_layer(*args)
+        hidden = self.backbone.norm(x)[:, 1:]  # (B, K, D)
+        return hidden @ self.head_matrix().T.to(hidden.dtype)  # (B, K, V)
+
+
+def modulated_layer(layer, mods, x, ctx, attend, cos, sin) -> torch.Tensor:
+    """One backbone decoder layer with its time modulation. mods (B, 6D), x (B, n, D), ctx (B, W, D)."""
+    shift1, scale1, gate1, shift2, scale2, gate2 = mods.chunk(6, dim=-1)  # 6 x (B, D)
+    h = modulate(layer.input_layernorm(x), shift1, scale1)
+    x = x + (1 + gate1[:, None]) * batched_attention(layer.self_attn, h, ctx, attend, cos, sin)
+    h = modulate(layer.post_attention_layernorm(x), shift2, scale2)
+    return x + (1 + gate2[:, None]) * layer.mlp(h)
+
+
+def batched_attention(attn, x, ctx, attend, cos, sin) -> torch.Tensor:
+    """The backbone's attention for a batch: block x (B, n, D) attends to its context ctx (B, W, D), whose keys
+    and values come from the same projections, and to itself; not causal. attend (B, W+n) True = visible."""
+    c = attn.c
+    b, n, _ = x.shape
+    w = ctx.shape[1]
+
+    def heads(y, count):
+        return y.view(b, y.shape[1], count, c.head_dim).transpose(1, 2)  # (B, N, H*Hd) -> (B, H, N, Hd)
+
+    q = apply_rope(attn.q_norm(heads(attn.q_proj(x), c.num_attention_heads)), cos[w:], sin[w:])  # (B, H, n, Hd)
+    src = torch.cat([ctx, x], dim=1)  # (B, W+n, D)
+    k = apply_rope(attn.k_norm(heads(attn.k_proj(src), c.num_key_value_heads)), cos, sin)  # (B, H_kv, W+n, Hd)
+    v = heads(attn.v_proj(src), c.num_key_value_heads)  # (B, H_kv, W+n, Hd)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend[:, None, None, :], enable_gqa=True)  # (B,H,n,Hd)
+    return attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))  # (B, n, H*Hd) -> (B, n, D)
