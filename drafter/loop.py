@@ -17,6 +17,7 @@ import argparse
 import json
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,7 +36,8 @@ from drafter.train import (
     training_sequences,
 )
 
-SPEC_OF_STAGE = {"dflash": "dflash", "teacher": "flashmap-teacher", "distill": "flashmap"}
+# what each stage's measurements draft with: the flow map as the app drafts at T = 0, from x0 = 0 (issue #15)
+SPEC_OF_STAGE = {"dflash": "dflash", "teacher": "flashmap-teacher", "distill": "flashmap,scale=0"}
 OPEN_ENDED_STEPS = 1_000_000  # the run stops at its deadline, never here
 
 
@@ -58,15 +60,16 @@ class Evaluator:
         self.best = max((row["acceptance"]["all"] for row in earlier), default=float("-inf"))
 
     def __call__(self, step: int) -> dict:
-        variant = Variant(f"{SPEC_OF_STAGE[self.cfg.stage]}@{step}",
-                          DrafterSpec(SPEC_OF_STAGE[self.cfg.stage], weights=self.cfg.out))
+        spec = replace(DrafterSpec.parse(SPEC_OF_STAGE[self.cfg.stage]), weights=self.cfg.out)
+        variant = Variant(f"{SPEC_OF_STAGE[self.cfg.stage]}@{step}", spec)
         loaded = load_variant(variant, self.target)
         if self.seqs is None:
             self.seqs, self.domains = held_out_sequences(self.val, loaded[0].cfg.feature_layers, None)
         result = evaluate_variant(variant, loaded, self.target, self.seqs, self.domains, self.stride, 128, 0)
         acceptance = {d: round(result[d]["acceptance_length"], 4) for d in ["all", *dict.fromkeys(self.domains)]}
         cpu_hours = self.cpu_offset + (time.process_time() - self.cpu_start) / 3600
-        row = {"step": step, "cpu_hours": round(cpu_hours, 4), "time": time.strftime("%Y-%m-%d %H:%M"),
+        row = {"step": step, "drafter": SPEC_OF_STAGE[self.cfg.stage], "cpu_hours": round(cpu_hours, 4),
+               "time": time.strftime("%Y-%m-%d %H:%M"),
                "rounds": result["all"]["rounds"], "acceptance": acceptance, "best": acceptance["all"] > self.best}
         if row["best"]:
             self.best = acceptance["all"]

@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from drafter.checkpoint import CheckpointError
 from drafter.config import ZLabFlowConfig
 from drafter.flow import tau_of_t
 from drafter.network import FlowNet, modulate, time_embedding
@@ -60,7 +61,10 @@ class ZLabFlowNet(FlowNet):
         """The flow network warm-started from a published folder (its tensors load into the backbone)."""
         zlab, state = json.loads((Path(folder) / "config.json").read_text()), read_zlab(folder)[1]
         net = cls(ZLabFlowConfig(zlab=zlab, context_window=context_window), embed_rows, head_rows)
-        net.backbone.load_state_dict({k: v.float() for k, v in state.items()})
+        missing, unexpected = net.backbone.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+        if missing or unexpected:
+            raise CheckpointError(f"{folder}: tensors do not match the config (missing {missing[:4]}, "
+                                  f"unexpected {unexpected[:4]})")
         return net
 
     # ---- the FlowNet interface ----------------------------------------------------------------------------

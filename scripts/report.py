@@ -439,6 +439,10 @@ def issue15_section(run: dict) -> list[str]:
         ("flashmap,scale=0", "dflash"), ("flashmap", "dflash"), ("flashmap,steps=2", "flashmap"),
         ("flashmap,scale=0", "flashmap"), ("flashmap,steps=2", "flashmap,steps=2,noise=shuffled"))
         if a in names and b in names]
+    for name in names:  # a variant with weights= is a previous checkpoint of the same drafter
+        base = ",".join(part for part in name.split(",") if not part.startswith("weights="))
+        if base != name and base in names:
+            pairs.append((f"{label(base)}: shipped − previous (`{name.split('weights=')[1]}`)", base, name))
     return (["## Issue #15 targets, offline", "",
              f"`python -m drafter.evaluate --data data/smollm2-val --stride {run['stride']}` (T = 0, K = 16, "
              f"{run['results'][0]['all']['rounds']:,} rounds per drafter, the shipped checkpoints). The last row is "
@@ -487,12 +491,13 @@ def curves_section(folder: Path, png: Path) -> list[str]:
            "Held-out acceptance length (K = 16, T = 0, every 16th anchor of `data/smollm2-val`, offline) of each "
            "drafter's training run under `python -m drafter.loop`, against the CPU-hours the run has spent "
            "(training and its own measurements; `docs/results/curves/`).", "",
-           "| run | measurements | CPU-hours | first | last | best |", "|---|---|---|---|---|---|"]
+           "| run | drafted as | measurements | CPU-hours | first | last | best |", "|---|---|---|---|---|---|---|"]
     for name, rows in curves.items():
         hours = [r["cpu_hours"] for r in rows]
         values = [r["acceptance"]["all"] for r in rows]
         ax.plot(hours, values, marker="o", label=name)
-        doc.append(f"| {name} | {len(rows)} | {hours[-1]:.2f} | {values[0]:.3f} | {values[-1]:.3f} | "
+        drafted = ", ".join(f"`{d}`" for d in dict.fromkeys(r.get("drafter", name) for r in rows))
+        doc.append(f"| {name} | {drafted} | {len(rows)} | {hours[-1]:.2f} | {values[0]:.3f} | {values[-1]:.3f} | "
                    f"{max(values):.3f} |")
     ax.set_xlabel("CPU-hours of the run")
     ax.set_ylabel("acceptance length (held-out)")

@@ -34,7 +34,7 @@ def test_loop_keeps_the_best_checkpoint_and_a_resumable_curve(tiny_target, tmp_p
     rows = [json.loads(line) for line in curve.read_text().splitlines()]
     assert [r["step"] for r in rows] == [1] and rows[0]["best"] and set(rows[0]["acceptance"]) == {"all", "math",
                                                                                                  "chat"}
-    assert (tmp_path / "run/best/model.safetensors").exists()
+    assert (tmp_path / "run/best/model.safetensors").exists() and rows[0]["drafter"] == "dflash"
     loop_mod.main(argv)  # the same command resumes at step 1 and carries the CPU-hours on
     rows = [json.loads(line) for line in curve.read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and rows[1]["cpu_hours"] >= rows[0]["cpu_hours"]

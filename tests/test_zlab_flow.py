@@ -134,3 +134,15 @@ def test_teacher_warm_started_from_a_published_folder_trains_distils_and_drafts_
         plain, _ = generate_all(tiny_qwen3_target, [5, 6, 7, 8], gen)
         out, events = generate_all(tiny_qwen3_target, [5, 6, 7, 8], gen, drafter)
         assert out == plain and any(ev.drafted for ev in events)
+
+
+def test_a_published_folder_for_another_target_or_with_missing_tensors_is_refused(zlab_folder, tiny_target,
+                                                                                   tiny_qwen3_target, tmp_path):
+    from drafter.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match="made for a target"):
+        zlab_warm_start(zlab_folder, tiny_target, context_window=8)
+    cfg = zlab_config(tiny_qwen3_target)
+    tensors = {k: v for k, v in zlab_tensors(cfg).items() if k != "norm.weight"}
+    with pytest.raises(CheckpointError, match="missing"):
+        zlab_warm_start(write_zlab(tmp_path / "partial", cfg, tensors), tiny_qwen3_target, context_window=8)
