@@ -36,7 +36,8 @@ def jumps(net: FlowNet, ctx, mask, block: int, steps: int, generator, diagonal: 
           noise_scale: float = 1.0) -> torch.Tensor:
     """Compose `steps` jumps on the grid t_n = tau^{-1}(n/N). With diagonal=True the network is used
     as the teacher denoiser D_s (s = t), and each jump is an Euler step (eq. 3 rewritten as eq. 5).
-    noise_scale < 1 starts from shrunken noise (a lower-temperature trajectory; a diagnostic only)."""
+    noise_scale < 1 starts from shrunken noise (a lower-temperature trajectory); 0 from x0 = 0, the teacher's flow
+    the zero-noise FlashMap draft is distilled onto (losses.zero_noise_loss)."""
     b, v = ctx.shape[0], net.cfg.draft_vocab
     grid = time_grid(steps, v).to(ctx.device)  # (N+1,)
     x = noise_scale * torch.randn(b, block, v, generator=generator).to(ctx.device)  # (B, K, V) x0

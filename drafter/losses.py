@@ -117,20 +117,23 @@ def distill_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, generator=No
     logits = student(student.state_input(x_s, s, t), s, t, ctx, mask)
     loss = weighted_ce(logits, target, batch.valid, student.cfg.kappa)
     if zero_noise_blocks:
-        loss = loss + zero_noise_loss(student, teacher, batch, zero_noise_blocks, zero_noise_steps)
+        loss = loss + zero_noise_loss(student, teacher, batch, ctx, mask, zero_noise_blocks, zero_noise_steps)
     return loss
 
 
-def zero_noise_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, n_blocks: int, steps: int) -> torch.Tensor:
+def zero_noise_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, ctx, mask, n_blocks: int,
+                    steps: int) -> torch.Tensor:
     """The flow map's defining property at the one start every T = 0 draft can share, x0 = 0: its full jump
     delta_{0,1}(0) is the end of the teacher's own flow from 0 (eq. 5; the teacher's `steps` Euler steps, the
     last denoiser as a soft target). From x0 = 0 the teacher's flow beats its one-pass t = 0 guess, where from
-    random noise it loses to it (issue #15, the teacher gate): this trains the student on the path it drafts."""
+    random noise it loses to it (issue #15, the teacher gate): this trains the student on the path it drafts.
+    ctx, mask: the student's context of every block (batch.context(student, pooled=True)), read for the first
+    n_blocks."""
     rows = torch.arange(min(n_blocks, batch.tokens.shape[0]), device=batch.tokens.device)  # (Z,) the first blocks
     with torch.no_grad():
         t_ctx, t_mask = batch.context(teacher, rows=rows, pooled=True)
         target = jumps(teacher, t_ctx, t_mask, batch.tokens.shape[1], steps, None, diagonal=True, noise_scale=0.0)
-    ctx, mask = batch.context(student, rows=rows, pooled=True)
+    ctx, mask = ctx[rows], mask[rows]
     z = len(rows)
     zeros, ones = torch.zeros(z, device=rows.device), torch.ones(z, device=rows.device)
     start = student.noise_input(torch.zeros(z, batch.tokens.shape[1], student.cfg.target_hidden, device=rows.device),

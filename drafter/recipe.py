@@ -20,6 +20,7 @@ import json
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 import torch
 
@@ -96,9 +97,11 @@ def drafter_params(cfg: DrafterConfig | ZLabFlowConfig, trainable: str = "all") 
                    if trainable == "all" or not name.startswith("backbone."))
 
 
+@lru_cache(maxsize=8)
 def published_config(rc: RecipeConfig) -> tuple[dict, str]:
     """The --init drafter's config.json and where it came from: the folder or local hub cache, else the published
-    layout assumed at the target's width (the plan is arithmetic; the run itself reads the real file)."""
+    layout assumed at the target's width (the plan is arithmetic; the run itself reads the real file). Looked up
+    once per recipe: the plan, its drafter config and its commands all ask."""
     try:
         folder = resolve_weights(rc.init)
         return json.loads((folder / "config.json").read_text()), f"read from {folder}"

@@ -5,6 +5,7 @@ K = block size, V = draft vocabulary, V_t = target vocabulary, D_t = target widt
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -45,9 +46,14 @@ def build_net(cfg: DrafterConfig | ZLabFlowConfig, target, vocab_ids: torch.Tens
 def zlab_warm_start(folder, target, context_window: int) -> tuple[ZLabFlowNet, torch.Tensor]:
     """A flow network whose backbone is the published DFlash drafter in `folder` (issue #15), checked against
     the target, and its vocabulary: the target's own, whole (V,)."""
-    zlab_dflash.check_target(zlab_dflash.read_zlab(folder)[0], target, folder)
+    cfg, state = zlab_dflash.read_zlab(folder)  # the tensors are read once: a Qwen3-8B drafter's are ~2 GB
+    zlab_dflash.check_target(cfg, target, folder)
     vocab_ids = torch.arange(target.vocab_size)
-    net = ZLabFlowNet.from_zlab(folder, *frozen_rows(target, vocab_ids), context_window=context_window)
+    zlab = json.loads((Path(folder) / "config.json").read_text())  # as published: the checkpoint keeps it whole
+    try:
+        net = ZLabFlowNet.from_zlab(zlab, state, *frozen_rows(target, vocab_ids), context_window=context_window)
+    except CheckpointError as err:
+        raise CheckpointError(f"{folder}: {err}") from err
     return net, vocab_ids
 
 

@@ -24,9 +24,11 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch.profiler import record_function
 from tqdm import tqdm
 
 from core.target import TargetConfig, add_target_args, load_target, target_config_from_args
+from drafter.blocks import Blocks
 from drafter.checkpoint import save_checkpoint
 from drafter.config import DrafterConfig, spread_layers
 from drafter.data import blocks_from_sequences, draft_vocabulary, load_sequences, target_to_draft_map
@@ -209,6 +211,36 @@ def loss_for(cfg: TrainConfig, net, teacher, blocks, gen):
     return distill_loss(net, teacher, blocks, gen, cfg.zero_noise_blocks, cfg.zero_noise_steps)
 
 
+def make_optimizer(cfg: TrainConfig, net) -> tuple[list, torch.optim.Optimizer]:
+    """The trainable parameters and AdamW over them (§4: betas 0.9, 0.95; no weight decay for distillation)."""
+    decay = 0.0 if cfg.stage == "distill" else cfg.weight_decay
+    params = [p for p in net.parameters() if p.requires_grad]
+    return params, torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=decay, foreach=True)
+
+
+def draw_blocks(cfg: TrainConfig, net, target, seqs, to_draft, data_gen) -> Blocks:
+    """One step's batch: batch_seqs random sequences, anchors_per_seq blocks from each, on the target's device."""
+    with record_function("batch"):  # the step's parts are named for scripts/profile_train.py
+        idx = torch.randint(len(seqs), (cfg.batch_seqs,), generator=data_gen).tolist()
+        return blocks_from_sequences(target, [seqs[i] for i in idx], cfg.anchors_per_seq, net.cfg.block_size,
+                                     net.cfg.context_window, net.cfg.feature_layers, to_draft,
+                                     data_gen).to(target.device)
+
+
+def train_step(cfg: TrainConfig, net, teacher, blocks: Blocks, noise_gen, params, opt) -> torch.Tensor:
+    """Loss, backward, clip at 1.0 and an optimizer step; returns the loss."""
+    with record_function("forward_loss"), torch.autocast(blocks.tokens.device.type, dtype=torch.bfloat16,
+                                                         enabled=cfg.precision == "bf16"):
+        loss = loss_for(cfg, net, teacher, blocks, noise_gen)  # weights and optimizer stay fp32
+    with record_function("backward"):
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+    with record_function("optimizer"):
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+    return loss
+
+
 def train(cfg: TrainConfig, shape: NetShape, target_cfg: TargetConfig) -> Path:
     """The CLI's run: load the target and the data folders (with their feature caches), then train_on."""
     if cfg.threads:
@@ -245,9 +277,7 @@ def train_on(cfg: TrainConfig, target, sequences, net_cfg: DrafterConfig, on_sav
         net.backbone.requires_grad_(False)
     teacher = teacher.to(device) if teacher is not None else None
     to_draft = target_to_draft_map(vocab_ids, target.vocab_size)
-    decay = 0.0 if cfg.stage == "distill" else cfg.weight_decay
-    params = [p for p in net.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=decay, foreach=True)
+    params, opt = make_optimizer(cfg, net)
     state_path = out / "train_state.safetensors"
     # optimizer moments are not committed (too large); without them a resumed run keeps the weights and
     # the step from config.json and restarts the moments
@@ -264,15 +294,8 @@ def train_on(cfg: TrainConfig, target, sequences, net_cfg: DrafterConfig, on_sav
     began, running = time.time(), None
     last_save = began
     for step in progress:
-        idx = torch.randint(len(seqs), (cfg.batch_seqs,), generator=data_gen).tolist()
-        blocks = blocks_from_sequences(target, [seqs[i] for i in idx], cfg.anchors_per_seq, net.cfg.block_size,
-                                       net.cfg.context_window, net.cfg.feature_layers, to_draft, data_gen).to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
-            loss = loss_for(cfg, net, teacher, blocks, noise_gen)  # weights and optimizer stay fp32
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        blocks = draw_blocks(cfg, net, target, seqs, to_draft, data_gen)
+        loss = train_step(cfg, net, teacher, blocks, noise_gen, params, opt)
         sched.step()
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
         progress.set_postfix(loss=f"{running:.3f}", lr=f"{sched.get_last_lr()[0]:.2e}", refresh=False)

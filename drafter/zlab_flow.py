@@ -18,9 +18,6 @@ samplers use are spread apart instead of crowded near 0 (issue #15).
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -30,7 +27,7 @@ from drafter.checkpoint import CheckpointError
 from drafter.config import ZLabFlowConfig
 from drafter.flow import tau_of_t
 from drafter.network import FlowNet, modulate, time_embedding
-from drafter.zlab_dflash import ZLabConfig, ZLabDFlashNet, apply_rope, read_zlab, rope
+from drafter.zlab_dflash import ZLabConfig, ZLabDFlashNet, apply_rope, rope
 
 
 class ZLabFlowNet(FlowNet):
@@ -57,13 +54,14 @@ class ZLabFlowNet(FlowNet):
                 nn.init.zeros_(layer.bias)
 
     @classmethod
-    def from_zlab(cls, folder, embed_rows, head_rows, context_window: int = 256) -> "ZLabFlowNet":
-        """The flow network warm-started from a published folder (its tensors load into the backbone)."""
-        zlab, state = json.loads((Path(folder) / "config.json").read_text()), read_zlab(folder)[1]
+    def from_zlab(cls, zlab: dict, state: dict[str, torch.Tensor], embed_rows, head_rows,
+                  context_window: int = 256) -> "ZLabFlowNet":
+        """The flow network warm-started from a published drafter: its config.json as read and its tensors, which
+        load into the backbone."""
         net = cls(ZLabFlowConfig(zlab=zlab, context_window=context_window), embed_rows, head_rows)
         missing, unexpected = net.backbone.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
         if missing or unexpected:
-            raise CheckpointError(f"{folder}: tensors do not match the config (missing {missing[:4]}, "
+            raise CheckpointError(f"tensors do not match the config (missing {missing[:4]}, "
                                   f"unexpected {unexpected[:4]})")
         return net
 

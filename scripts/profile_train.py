@@ -30,12 +30,12 @@ import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import ProfilerActivity, profile
 
 from core.target import TargetConfig, load_target
 from drafter.blocks import Blocks
-from drafter.data import blocks_from_sequences, target_to_draft_map
-from drafter.train import TrainConfig, build_student, loss_for, training_sequences
+from drafter.data import target_to_draft_map
+from drafter.train import TrainConfig, build_student, draw_blocks, make_optimizer, train_step, training_sequences
 
 WEIGHTS = "weights/smollm2-135m-instruct"
 INIT = {"dflash": f"{WEIGHTS}/dflash", "teacher": f"{WEIGHTS}/dflash", "distill": f"{WEIGHTS}/flashmap-teacher"}
@@ -68,8 +68,7 @@ def setup(stage: str, target, data: tuple[str, ...], threads: int):
                       t0_share=0.3 if stage == "teacher" else 0.0, lr=2e-4)
     net, teacher, vocab_ids = build_student(cfg, None, target, [])
     seqs = training_sequences(data, net.cfg.feature_layers)
-    params = [p for p in net.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
+    params, opt = make_optimizer(cfg, net)
     return cfg, net, teacher, seqs, target_to_draft_map(vocab_ids, target.vocab_size), params, opt
 
 
@@ -81,19 +80,9 @@ class GatheredBlocks(Blocks):
 
 
 def step(cfg, net, teacher, seqs, to_draft, params, opt, target, gen, gathered: bool = False) -> None:
-    with record_function("batch"):
-        idx = torch.randint(len(seqs), (cfg.batch_seqs,), generator=gen).tolist()
-        blocks = blocks_from_sequences(target, [seqs[i] for i in idx], cfg.anchors_per_seq, net.cfg.block_size,
-                                       net.cfg.context_window, net.cfg.feature_layers, to_draft, gen)
-        blocks = GatheredBlocks(**vars(blocks)) if gathered else blocks
-    with record_function("forward_loss"), torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = loss_for(cfg, net, teacher, blocks, gen)
-    with record_function("backward"):
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-    with record_function("optimizer"):
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+    """One training step as drafter.train takes it (its parts named for the profiler there)."""
+    blocks = draw_blocks(cfg, net, target, seqs, to_draft, gen)
+    train_step(cfg, net, teacher, GatheredBlocks(**vars(blocks)) if gathered else blocks, gen, params, opt)
 
 
 def profile_stage(stage: str, target, data, threads: int, steps: int) -> dict:

@@ -74,11 +74,12 @@ def test_zero_noise_loss_trains_the_draft_the_zero_noise_jump_makes(tiny_target)
         t_ctx, t_mask = batch.context(teacher, rows=rows)
         target = jumps(teacher, t_ctx, t_mask, 4, 3, None, diagonal=True, noise_scale=0.0)
         want = losses.weighted_ce(drafted.log(), target, batch.valid[rows], student.cfg.kappa)
-        assert torch.allclose(losses.zero_noise_loss(student, teacher, batch, 5, 3), want, atol=1e-5)
+        assert torch.allclose(losses.zero_noise_loss(student, teacher, batch, *batch.context(student, pooled=True),
+                                                     5, 3), want, atol=1e-5)
     opt = torch.optim.Adam(student.parameters(), lr=3e-3)
     for _ in range(30):
         opt.zero_grad()
-        losses.zero_noise_loss(student, teacher, batch, 5, 3).backward()
+        losses.zero_noise_loss(student, teacher, batch, *batch.context(student, pooled=True), 5, 3).backward()
         opt.step()
     with torch.no_grad():
         after = BlockSampler(student, "flowmap", noise_scale=0.0).probs(ctx, mask, 4, None)
