@@ -182,6 +182,8 @@ def build_student(cfg: TrainConfig, net_cfg: DrafterConfig, target, seqs):
         return net.train(), None, vocab_ids
     if cfg.init:
         net, vocab_ids, _ = load_net(cfg.init, target)
+        if cfg.stage == "teacher" and net.cfg.kind == "dflash":
+            net.start_from_mask()  # its t = 0 pass starts as the DFlash-style pass
         kind = "dflash" if cfg.stage == "dflash" else "flashmap"
         net.cfg = replace(net.cfg, kind=kind)
         if cfg.stage == "distill":

@@ -62,6 +62,13 @@ def test_schedules_warm_up_then_decay():
         train_mod.TrainConfig("distill", "d", "o")
 
 
+def blocks_for(target, seqs, net, vocab_ids):
+    from drafter.data import blocks_from_sequences, target_to_draft_map
+    to_draft = target_to_draft_map(vocab_ids, target.vocab_size)
+    return blocks_from_sequences(target, seqs, 4, net.cfg.block_size, net.cfg.context_window, net.cfg.feature_layers,
+                                 to_draft, torch.Generator().manual_seed(0))
+
+
 def test_teacher_warm_starts_from_a_dflash_style_net(tiny_run, tiny_target):
     from safetensors.torch import load_file
 
@@ -75,7 +82,18 @@ def test_teacher_warm_starts_from_a_dflash_style_net(tiny_run, tiny_target):
     assert net.cfg.kind == "flashmap" and teacher is None
     start = load_file(str(dflash / "model.safetensors"))
     assert all(torch.equal(start[k].float(), v.to(torch.bfloat16).float()) for k, v in net.state_dict().items()
-               if k in start)
+               if k in start and k != "slot_in.bias")
+    # its t = 0 pass, from any noise, is the DFlash-style net's one pass (start_from_mask)
+    from drafter.runtime import load_net
+    from tests.test_drafter import tiny_seqs
+    source, vocab_ids, _ = load_net(dflash, tiny_target)
+    batch = blocks_for(tiny_target, tiny_seqs(), source, vocab_ids)
+    zeros = torch.zeros(batch.tokens.shape[0])
+    noise = torch.randn(*batch.tokens.shape, len(vocab_ids))  # (B, K, V)
+    with torch.no_grad():
+        want = source(source.masked_input(len(zeros)), zeros, zeros, *batch.context(source))
+        got = net(net.state_input(noise, zeros, zeros), zeros, zeros, *batch.context(net))
+    assert torch.allclose(got, want, atol=1e-4) and not torch.allclose(want, torch.zeros_like(want))
     with pytest.raises(ValueError, match="t0-share"):
         train_mod.TrainConfig("teacher", "d", "o", t0_share=1.5)
 
