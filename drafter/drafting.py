@@ -51,6 +51,25 @@ def jumps(net: FlowNet, ctx, mask, block: int, steps: int, generator, diagonal: 
     raise ValueError("steps must be >= 1")
 
 
+def flow_from_zero(teacher: FlowNet, ctx, mask, block: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The teacher's `steps` Euler steps from x0 = 0 on the grid t_n = tau^{-1}(n/N) (N even): its state at the
+    midpoint u = t_{N/2} = tau^{-1}(1/2), the 2-step sampler's split, and its last denoiser. From x0 = 0 every
+    state x_t is a mix of denoiser outputs of total mass t per slot, so x_u / u is a distribution.
+    -> x_u (B, K, V), final (B, K, V)"""
+    if steps % 2:
+        raise ValueError("the flow's midpoint needs an even number of steps")
+    b, v = ctx.shape[0], teacher.cfg.draft_vocab
+    grid = time_grid(steps, v).to(ctx.device)  # (N+1,)
+    x = torch.zeros(b, block, v, device=ctx.device)  # (B, K, V) x0 = 0
+    for n in range(steps):
+        s, t = grid[n].expand(b), grid[n + 1].expand(b)
+        delta = teacher.probs(teacher.state_input(x, s, s), s, s, ctx, mask)  # (B, K, V) D_s(x_s)
+        x = flow_map_step(x, delta, s, t)  # (B, K, V) x_t, eq. 3 as eq. 5
+        if n + 1 == steps // 2:
+            x_mid = x
+    return x_mid, delta
+
+
 @dataclass(frozen=True)
 class NoiseBank:
     """App. B: for M noise draws x0, the parts of the second jump's input that depend only on x0 and
@@ -129,7 +148,7 @@ class BlockSampler:
     steps: int = 1
     shared_noise: bool = True
     best_of: int = 1
-    noise_scale: float = 1.0  # teacher (see jumps) and FlashMap's one jump (see one_jump)
+    noise_scale: float = 1.0  # x0's scale (see jumps, one_jump); 0: the deterministic draft from x0 = 0
     bank_size: int = 2048  # 2-step noise bank (the paper uses 8,192 on a GPU)
     _factor: torch.Tensor | None = field(default=None, repr=False)
     _bank: NoiseBank | None = field(default=None, repr=False)
@@ -139,8 +158,8 @@ class BlockSampler:
             raise ValueError(f"unknown drafting mode {self.mode!r}")
         if self.steps < 1 or self.best_of < 1:
             raise ValueError("steps and best_of must be >= 1")
-        if self.noise_scale != 1.0 and not (self.mode == "teacher" or (self.mode == "flowmap" and self.steps == 1)):
-            raise ValueError("noise_scale applies to the teacher's Euler integration and FlashMap's one jump only")
+        if self.noise_scale != 1.0 and self.mode == "dflash":
+            raise ValueError("noise_scale applies to the flow drafters only")
 
     def probs(self, ctx: torch.Tensor, mask: torch.Tensor, block: int, generator) -> torch.Tensor:
         """ctx (B, C, D), mask (B, C) -> per-slot distributions (B, K, V)."""
@@ -171,7 +190,7 @@ class BlockSampler:
             if self._factor is None:
                 self._factor = noise_embedding_factor(self.net)
             return one_jump(self.net, ctx, mask, block, generator, self._factor, self.noise_scale)
-        if self.mode == "flowmap" and self.steps == 2:
+        if self.mode == "flowmap" and self.steps == 2 and self.noise_scale == 1.0:  # the bank holds unit noise
             if self._bank is None:
                 self._bank = build_noise_bank(self.net, self.bank_size, torch.Generator().manual_seed(0))
             return two_jumps_banked(self.net, ctx, mask, block, self._bank, generator)

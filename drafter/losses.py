@@ -9,8 +9,8 @@ import torch
 from torch.nn import functional as F
 
 from drafter.blocks import Blocks
-from drafter.drafting import jumps
-from drafter.flow import flow_map_step, interpolant, semigroup_weight, slot_weights, t_of_tau
+from drafter.drafting import flow_from_zero, jumps
+from drafter.flow import flow_map_step, interpolant, semigroup_weight, slot_weights, t_of_tau, time_grid
 from drafter.network import FlowNet
 
 FULL_JUMP_FRACTION = 1 / 16  # §4 Distillation: 1/16 of the jumps are full (0, 1) jumps
@@ -92,11 +92,12 @@ def semigroup_target(student: FlowNet, x_s, s, u, t, ctx, mask) -> torch.Tensor:
 
 
 def distill_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, generator=None, zero_noise_blocks: int = 0,
-                 zero_noise_steps: int = 16) -> torch.Tensor:
+                 zero_noise_steps: int = 16, zero_noise_path: bool = False) -> torch.Tensor:
     """Semigroup flow-map distillation (eq. 7). Zero-length jumps match the frozen teacher D_s(I_s);
     longer jumps match the student's own split jump. Each block's target is computed only by the
     path it uses (teacher for s = t, two student jumps otherwise). With zero_noise_blocks, the first that many
-    blocks also train the full jump from x0 = 0 onto the teacher's flow from 0 (zero_noise_loss)."""
+    blocks also train the full jump from x0 = 0 onto the teacher's flow from 0 (zero_noise_loss; with
+    zero_noise_path, the 2-step sampler's two jumps along that flow too, zero_noise_path_loss)."""
     b, k = batch.tokens.shape
     v = student.cfg.draft_vocab
     device = batch.tokens.device
@@ -117,7 +118,8 @@ def distill_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, generator=No
     logits = student(student.state_input(x_s, s, t), s, t, ctx, mask)
     loss = weighted_ce(logits, target, batch.valid, student.cfg.kappa)
     if zero_noise_blocks:
-        loss = loss + zero_noise_loss(student, teacher, batch, ctx, mask, zero_noise_blocks, zero_noise_steps)
+        term = zero_noise_path_loss if zero_noise_path else zero_noise_loss
+        loss = loss + term(student, teacher, batch, ctx, mask, zero_noise_blocks, zero_noise_steps)
     return loss
 
 
@@ -140,3 +142,29 @@ def zero_noise_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, ctx, mask
                                 ones)  # (Z, K, D_t): x0 E = 0
     logits = student(start, zeros, ones, ctx, mask)  # (Z, K, V)
     return weighted_ce(logits, target, batch.valid[rows], student.cfg.kappa)
+
+
+def zero_noise_path_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, ctx, mask, n_blocks: int,
+                         steps: int) -> torch.Tensor:
+    """zero_noise_loss for every jump a zero-noise draft makes, one or two: along the teacher's flow from x0 = 0
+    (x_u at the midpoint u = tau^-1(1/2), its last denoiser D) the flow map must satisfy (eq. 5, x0 = 0)
+    X_{0,1}(0) = D, X_{0,u}(0) = u delta_{0,u}(0) = x_u, and delta_{u,1}(x_u) = D. Each target is the teacher's
+    flow itself (a flow map is its solution operator), not the student's bootstrap: the paths the app drafts
+    (`flashmap,scale=0`, `flashmap,steps=2,scale=0`) are trained directly. The two half jumps share one weight
+    with the full jump. ctx, mask as in zero_noise_loss."""
+    rows = torch.arange(min(n_blocks, batch.tokens.shape[0]), device=batch.tokens.device)  # (Z,) the first blocks
+    k = batch.tokens.shape[1]
+    with torch.no_grad():
+        t_ctx, t_mask = batch.context(teacher, rows=rows, pooled=True)
+        x_mid, final = flow_from_zero(teacher, t_ctx, t_mask, k, steps)  # (Z, K, V) x2
+    ctx, mask, valid = ctx[rows], mask[rows], batch.valid[rows]
+    z, dev = len(rows), rows.device
+    u = time_grid(2, student.cfg.draft_vocab)[1].to(dev).expand(z)  # (Z,) the 2-step split, t_{N/2} of the grid
+    zeros, ones = torch.zeros(z, device=dev), torch.ones(z, device=dev)
+    x0_embed = torch.zeros(z, k, student.cfg.target_hidden, device=dev)  # (Z, K, D_t) x0 E = 0
+    kappa = student.cfg.kappa
+    full = weighted_ce(student(student.noise_input(x0_embed, ones), zeros, ones, ctx, mask), final, valid, kappa)
+    first = weighted_ce(student(student.noise_input(x0_embed, u), zeros, u, ctx, mask), x_mid / u.view(-1, 1, 1),
+                        valid, kappa)
+    second = weighted_ce(student(student.state_input(x_mid, u, ones), u, ones, ctx, mask), final, valid, kappa)
+    return full + (first + second) / 2

@@ -7,8 +7,8 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
   noise=shared|shuffled   shuffled: independent noise per slot (the shuffle test, paper §6.2)
   best_of=M    flow drafters: draft M blocks from independent noise, keep the most confident
   tree=M       flow drafters, T = 0 only: M drafts verified together as a trie (paper App. D)
-  scale=S      the initial noise scale (>= 0): the teacher's Euler integration, or FlashMap's one jump
-               (scale=0: the zero-noise jump, a deterministic draft)
+  scale=S      the initial noise scale (>= 0): the teacher's Euler integration or FlashMap's jumps
+               (scale=0: the jumps from x0 = 0, a deterministic draft)
   k=K          block size; unset = the drafter's own (the block it was trained for), and never above it
   adaptive=1   cut each draft to its best expected length under the measured verify cost
   skip=N       with adaptive: skip the drafter for up to N rounds after empty drafts (0: never; default 8)
@@ -72,9 +72,8 @@ class DrafterSpec:
             return f"noise must be shared or shuffled, got {self.noise!r}"
         if not flow and (self.steps != 1 or self.noise != "shared" or self.best_of > 1 or self.tree > 1):
             return f"steps, noise, best_of and tree apply to the flow drafters ({', '.join(FLOW_DRAFTERS)}) only"
-        scalable = name == "flashmap-teacher" or (name == "flashmap" and self.steps == 1)
-        if self.noise_scale < 0 or (self.noise_scale != 1.0 and not scalable):
-            return "scale (>= 0) applies to the teacher's Euler integration and FlashMap's one jump only"
+        if self.noise_scale < 0 or (self.noise_scale != 1.0 and not flow):
+            return f"scale (>= 0) applies to the flow drafters ({', '.join(FLOW_DRAFTERS)}) only"
         if self.tree > 1 and self.best_of > 1:
             return "choose best-of-M or a tree of M drafts, not both"
         if name in HF_BASELINES and (self.adaptive or self.weights):

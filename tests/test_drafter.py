@@ -12,6 +12,7 @@ from drafter.blocks import Blocks
 from drafter.checkpoint import CheckpointError, save_checkpoint
 from drafter.config import DrafterConfig
 from drafter.data import Sequence, blocks_from_sequences, draft_vocabulary, target_to_draft_map
+from drafter.flow import time_grid
 from drafter.losses import dflash_loss, distill_loss, teacher_loss
 from drafter.registry import DrafterUnavailable, build_drafter
 from drafter.runtime import FlowDrafter, build_net, load_engine_drafter, load_net
@@ -163,23 +164,34 @@ def flow_drafters(target, vocab_ids, cfg_vocab=16):
     return [FlowDrafter(flow, vocab_ids, target, "flowmap", 1), FlowDrafter(flow, vocab_ids, target, "flowmap", 2),
             FlowDrafter(flow, vocab_ids, target, "teacher", 4), FlowDrafter(dflash, vocab_ids, target, "dflash"),
             FlowDrafter(flow, vocab_ids, target, "flowmap", 1, best_of=3),
-            FlowDrafter(flow, vocab_ids, target, "flowmap", 1, noise_scale=0.0)]
+            FlowDrafter(flow, vocab_ids, target, "flowmap", 1, noise_scale=0.0),
+            FlowDrafter(flow, vocab_ids, target, "flowmap", 2, noise_scale=0.0)]
 
 
-def test_the_zero_noise_jump_is_deterministic_and_only_for_one_jump(setup, tiny_target):
+def test_the_zero_noise_jumps_are_deterministic_flow_map_jumps_from_zero(setup, tiny_target):
     _seqs, vocab_ids, _blocks = setup
-    zero = flow_drafters(tiny_target, vocab_ids)[-1]
-    zero.extend(list(range(5)), torch.randn(5, 2 * tiny_target.model.config.hidden_size))
-    probs = [zero.sampler.probs(*zero.context(7), 4, torch.Generator().manual_seed(seed)) for seed in (0, 1)]
-    assert torch.equal(*probs)
+    one, two = flow_drafters(tiny_target, vocab_ids)[-2:]
+    for zero in (one, two):
+        zero.extend(list(range(5)), torch.randn(5, 2 * tiny_target.model.config.hidden_size))
+        probs = [zero.sampler.probs(*zero.context(7), 4, torch.Generator().manual_seed(seed)) for seed in (0, 1)]
+        assert torch.equal(*probs)
+    # two jumps from x0 = 0: X_{0,u}(0) = u delta_{0,u}(0), then delta_{u,1} of that state (eq. 5), u = tau^-1(1/2)
+    net, (ctx, mask) = two.net, two.context(7)
+    u = time_grid(2, net.cfg.draft_vocab)[1].view(1)
+    zeros, ones = torch.zeros(1), torch.ones(1)
+    x0 = torch.zeros(1, 4, net.cfg.draft_vocab)  # (1, K, V)
+    with torch.no_grad():
+        x_u = u * net.probs(net.state_input(x0, zeros, u), zeros, u, ctx, mask)  # (1, K, V)
+        want = net.probs(net.state_input(x_u, u, ones), u, ones, ctx, mask)
+        assert torch.allclose(two.sampler.probs(ctx, mask, 4, None), want, atol=1e-6)
     noisy = flow_drafters(tiny_target, vocab_ids)[0]
     noisy.extend(list(range(5)), torch.randn(5, 2 * tiny_target.model.config.hidden_size))
     assert not torch.equal(*[noisy.sampler.probs(*noisy.context(7), 4, torch.Generator().manual_seed(seed))
                              for seed in (0, 1)])
     assert DrafterSpec("flashmap", noise_scale=0.0).describe().startswith("FlashMap 1-step, noise × 0")
-    for bad in (dict(steps=2, noise_scale=0.0), dict(noise_scale=-1.0)):
+    for name, bad in (("flashmap", dict(noise_scale=-1.0)), ("dflash", dict(noise_scale=0.0))):
         with pytest.raises(SpecError, match="scale"):
-            DrafterSpec("flashmap", **bad)
+            DrafterSpec(name, **bad)
 
 
 def test_engine_is_lossless_with_flow_drafters_at_t0(setup, tiny_target):

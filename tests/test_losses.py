@@ -1,4 +1,5 @@
 """Training-time samplers of drafter.losses: the distillation jumps (§3.2, §4) and the teacher's times."""
+import pytest
 import torch
 
 from drafter import losses
@@ -85,3 +86,44 @@ def test_zero_noise_loss_trains_the_draft_the_zero_noise_jump_makes(tiny_target)
         after = BlockSampler(student, "flowmap", noise_scale=0.0).probs(ctx, mask, 4, None)
         kl = lambda q: (target * (target.log() - q.log())).sum(-1).mean()  # noqa: E731
         assert kl(after) < 0.5 * kl(drafted)
+
+
+def test_zero_noise_path_loss_trains_both_zero_noise_drafts_onto_the_teachers_flow(tiny_target):
+    """The teacher's flow from x0 = 0 (drafting.flow_from_zero) ends where `jumps` does, and its midpoint state
+    over u is a distribution; fitting the path moves the 2-step zero-noise draft (`flashmap,steps=2,scale=0`)
+    toward the teacher's flow, as the full jump alone moves the 1-step one."""
+    from drafter.data import blocks_from_sequences, draft_vocabulary, target_to_draft_map
+    from drafter.drafting import BlockSampler, flow_from_zero, jumps
+    from drafter.flow import time_grid
+    from drafter.runtime import build_net
+    from tests.test_drafter import tiny_cfg, tiny_seqs
+
+    seqs = tiny_seqs()
+    vocab_ids = draft_vocabulary(seqs, 16)
+    to_draft = target_to_draft_map(vocab_ids, tiny_target.vocab_size)
+    batch = blocks_from_sequences(tiny_target, seqs, 4, 4, 8, (1, 2), to_draft, torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    teacher, student = (build_net(tiny_cfg(), tiny_target, vocab_ids) for _ in range(2))
+    for p in [*teacher.parameters(), *student.parameters()]:
+        torch.nn.init.normal_(p, std=0.3)
+    rows = torch.arange(5)
+    with torch.no_grad():
+        t_ctx, t_mask = batch.context(teacher, rows=rows)
+        x_mid, final = flow_from_zero(teacher, t_ctx, t_mask, 4, 4)
+        assert torch.allclose(final, jumps(teacher, t_ctx, t_mask, 4, 4, None, diagonal=True, noise_scale=0.0))
+        mid = x_mid / time_grid(2, 16)[1]
+        assert mid.min() >= 0 and torch.allclose(mid.sum(-1), torch.ones(5, 4), atol=1e-5)
+        ctx, mask = batch.context(student, rows=rows)
+    two_step = BlockSampler(student, "flowmap", steps=2, noise_scale=0.0)
+    kl = lambda q: (final * (final.log() - q.log())).sum(-1).mean()  # noqa: E731
+    with torch.no_grad():
+        before = kl(two_step.probs(ctx, mask, 4, None))
+    opt = torch.optim.Adam(student.parameters(), lr=3e-3)
+    for _ in range(30):
+        opt.zero_grad()
+        losses.zero_noise_path_loss(student, teacher, batch, *batch.context(student, pooled=True), 5, 4).backward()
+        opt.step()
+    with torch.no_grad():
+        assert kl(two_step.probs(ctx, mask, 4, None)) < 0.5 * before
+    with pytest.raises(ValueError, match="even"):
+        flow_from_zero(teacher, t_ctx, t_mask, 4, 3)
