@@ -74,9 +74,9 @@ class ChatSettings:
         return SamplingConfig(self.temperature, self.top_p)
 
     def spec(self) -> DrafterSpec:
-        """At T = 0 FlashMap's one jump starts from x0 = 0, the zero-noise draft (issue #15: it accepts more than a
-        draft from random noise, docs/benchmarks.md); a tree needs its drafts' noise, T > 0 keeps it."""
-        zero = self.drafter == "flashmap" and self.steps == 1 and self.tree == 1 and self.temperature == 0
+        """At T = 0 FlashMap's jumps (one or two) start from x0 = 0, the zero-noise draft (issue #15: it accepts more
+        than a draft from random noise, docs/benchmarks.md); a tree needs its drafts' noise, T > 0 keeps it."""
+        zero = self.drafter == "flashmap" and self.tree == 1 and self.temperature == 0
         return DrafterSpec(self.drafter, steps=self.steps, tree=self.tree, block_size=self.block_size,
                            adaptive=self.adaptive, noise_scale=0.0 if zero else 1.0)
 

@@ -381,7 +381,7 @@ def build(results: Path, out: Path) -> str:
                     "in bf16, enough to flip near-tied argmaxes. The CPU default stays fp32, where every run here is "
                     "identical.", ""]
     doc += curves_section(results / "curves", out / "learning-curves.png")
-    if gate := load(results, "offline_teacher_gate2.json"):
+    if gate := load(results, "offline_teacher_gate3.json"):
         doc += teacher_gate_section(gate)
     if final := load(results, "offline_issue15.json"):
         doc += issue15_section(final)
@@ -421,10 +421,14 @@ def teacher_gate_section(gate: dict) -> list[str]:
     pairs += [(f"{noise[v]} − its t = 0 pass", v, teacher) for v in flows]
     pairs += [(f"{noise[v]} − DFlash-style", v, "dflash") for v in flows]
     pairs += [("FlashMap 1-step: zero noise − noise", "flashmap,scale=0", "flashmap")]
+    start = "the teacher's weights as a flow map (distillation's start): zero-noise jump − DFlash-style"
+    pairs += [(start, v, "dflash") for v in (r["variant"] for r in gate["results"])
+              if v.startswith("flashmap,scale=0,weights")]
     return (["## The teacher gate (issue #15)", "",
              f"`python -m drafter.evaluate --data data/smollm2-val --stride {gate['stride']}` ({rounds:,} rounds, "
              f"T = 0, K = 16) on the flow teacher warm-started from the DFlash-style net (`{weights}`, 30% of blocks "
-             "at t = 0, 800 steps). Gate: its t = 0 pass as good as DFlash-style's (cross-entropy per slot), and its "
+             "at t = 0, 800 steps, its t = 0 pass starting exactly as DFlash-style's: `DraftNet.start_from_mask`). "
+             "Gate: its t = 0 pass as good as DFlash-style's (cross-entropy per slot), and its "
              "integrated flow better than that one pass. Integrated from random noise (× 1) the flow loses to its "
              "own t = 0 pass — a sampled trajectory misses the greedy token where a slot is uncertain; from x0 = 0 "
              "(or shrunken noise) it wins, and beats DFlash-style: the flow map's draft from x0 = 0 is the one to "
@@ -436,8 +440,9 @@ def issue15_section(run: dict) -> list[str]:
     """The issue's offline targets, paired on the same anchors."""
     names = [r["variant"] for r in run["results"]]
     pairs = [(f"{label(a)} − {label(b)}", a, b) for a, b in (
-        ("flashmap,scale=0", "dflash"), ("flashmap", "dflash"), ("flashmap,steps=2", "flashmap"),
-        ("flashmap,scale=0", "flashmap"), ("flashmap,steps=2", "flashmap,steps=2,noise=shuffled"))
+        ("flashmap,scale=0", "dflash"), ("flashmap", "dflash"), ("flashmap,steps=2,scale=0", "flashmap,scale=0"),
+        ("flashmap,steps=2", "flashmap"), ("flashmap,scale=0", "flashmap"),
+        ("flashmap,steps=2", "flashmap,steps=2,noise=shuffled"))
         if a in names and b in names]
     for name in names:  # a variant with weights= is a previous checkpoint of the same drafter
         base = ",".join(part for part in name.split(",") if not part.startswith("weights="))

@@ -212,8 +212,9 @@ def test_history_sent_back_by_the_browser_keeps_every_turn(service):
 
 
 def test_flashmap_drafts_from_zero_noise_at_t0_only():
-    """The T = 0 path chosen by measurement (issue #15): FlashMap's one jump from x0 = 0; trees and 2 jumps need
+    """The T = 0 path chosen by measurement (issue #15): FlashMap's jumps from x0 = 0, one or two; trees need
     noise, and T > 0 keeps it."""
     assert ChatSettings().spec().noise_scale == 0.0 and ChatSettings().spec().text().startswith("flashmap,scale=0")
-    for other in (dict(temperature=1.0), dict(steps=2), dict(tree=4), dict(drafter="dflash")):
+    assert ChatSettings(steps=2).spec().noise_scale == 0.0
+    for other in (dict(temperature=1.0), dict(steps=2, temperature=0.7), dict(tree=4), dict(drafter="dflash")):
         assert ChatSettings(**other).spec().noise_scale == 1.0

@@ -178,8 +178,10 @@ def train_config(cmd: Command, name: str, stage: str, init: str | None, lr: floa
                        init=str(work(cmd) / "ckpt" / init) if init else None, steps=steps,
                        batch_seqs=sz["batch_seqs"], anchors_per_seq=sz["anchors"], lr=lr,
                        save_every=save_every or max(1, steps // 3), seed=0, precision="bf16", t0_share=t0,
-                       # distillation also fits the jump from x0 = 0 to the teacher's flow from 0 (the T = 0 draft)
-                       zero_noise_blocks=sz["batch_seqs"] * sz["anchors"] // 8 if stage == "distill" else 0)
+                       # distillation also fits the jumps from x0 = 0 (1 and 2 steps) along the teacher's flow from 0
+                       # (the T = 0 drafts; --zero-noise-path beat the full jump alone on the CPU, issue #15)
+                       zero_noise_blocks=sz["batch_seqs"] * sz["anchors"] // 4 if stage == "distill" else 0,
+                       zero_noise_path=stage == "distill")
 
 
 def run_training(cmd: Command, cfg: TrainConfig, kind: str, on_save=None, **guards):
