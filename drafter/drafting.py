@@ -51,21 +51,20 @@ def jumps(net: FlowNet, ctx, mask, block: int, steps: int, generator, diagonal: 
     raise ValueError("steps must be >= 1")
 
 
-def flow_from_zero(teacher: FlowNet, ctx, mask, block: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The teacher's `steps` Euler steps from x0 = 0 on the grid t_n = tau^{-1}(n/N) (N even): its state at the
-    midpoint u = t_{N/2} = tau^{-1}(1/2), the 2-step sampler's split, and its last denoiser. From x0 = 0 every
-    state x_t is a mix of denoiser outputs of total mass t per slot, so x_u / u is a distribution.
-    -> x_u (B, K, V), final (B, K, V)"""
-    if steps % 2:
-        raise ValueError("the flow's midpoint needs an even number of steps")
+def flow_from_zero(teacher: FlowNet, ctx, mask, block: int, steps: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The teacher's `steps` Euler steps from x0 = 0 on the grid t_n = tau^{-1}(n/N): its state at the midpoint
+    u = t_{N/2} = tau^{-1}(1/2), the 2-step sampler's split (None for an odd N), and its last denoiser (what
+    `jumps(..., diagonal=True, noise_scale=0)` returns). From x0 = 0 every state x_t is a mix of denoiser outputs
+    of total mass t per slot, so x_u / u is a distribution. -> x_u (B, K, V) or None, final (B, K, V)"""
     b, v = ctx.shape[0], teacher.cfg.draft_vocab
     grid = time_grid(steps, v).to(ctx.device)  # (N+1,)
     x = torch.zeros(b, block, v, device=ctx.device)  # (B, K, V) x0 = 0
+    x_mid = None
     for n in range(steps):
         s, t = grid[n].expand(b), grid[n + 1].expand(b)
         delta = teacher.probs(teacher.state_input(x, s, s), s, s, ctx, mask)  # (B, K, V) D_s(x_s)
         x = flow_map_step(x, delta, s, t)  # (B, K, V) x_t, eq. 3 as eq. 5
-        if n + 1 == steps // 2:
+        if 2 * (n + 1) == steps:
             x_mid = x
     return x_mid, delta
 

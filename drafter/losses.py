@@ -9,7 +9,7 @@ import torch
 from torch.nn import functional as F
 
 from drafter.blocks import Blocks
-from drafter.drafting import flow_from_zero, jumps
+from drafter.drafting import flow_from_zero
 from drafter.flow import flow_map_step, interpolant, semigroup_weight, slot_weights, t_of_tau, time_grid
 from drafter.network import FlowNet
 
@@ -97,7 +97,7 @@ def distill_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, generator=No
     longer jumps match the student's own split jump. Each block's target is computed only by the
     path it uses (teacher for s = t, two student jumps otherwise). With zero_noise_blocks, the first that many
     blocks also train the full jump from x0 = 0 onto the teacher's flow from 0 (zero_noise_loss; with
-    zero_noise_path, the 2-step sampler's two jumps along that flow too, zero_noise_path_loss)."""
+    zero_noise_path, the 2-step sampler's two jumps along that flow too)."""
     b, k = batch.tokens.shape
     v = student.cfg.draft_vocab
     device = batch.tokens.device
@@ -118,52 +118,37 @@ def distill_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, generator=No
     logits = student(student.state_input(x_s, s, t), s, t, ctx, mask)
     loss = weighted_ce(logits, target, batch.valid, student.cfg.kappa)
     if zero_noise_blocks:
-        term = zero_noise_path_loss if zero_noise_path else zero_noise_loss
-        loss = loss + term(student, teacher, batch, ctx, mask, zero_noise_blocks, zero_noise_steps)
+        loss = loss + zero_noise_loss(student, teacher, batch, ctx, mask, zero_noise_blocks, zero_noise_steps,
+                                      zero_noise_path)
     return loss
 
 
-def zero_noise_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, ctx, mask, n_blocks: int,
-                    steps: int) -> torch.Tensor:
+def zero_noise_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, ctx, mask, n_blocks: int, steps: int,
+                    path: bool = False) -> torch.Tensor:
     """The flow map's defining property at the one start every T = 0 draft can share, x0 = 0: its full jump
-    delta_{0,1}(0) is the end of the teacher's own flow from 0 (eq. 5; the teacher's `steps` Euler steps, the
+    delta_{0,1}(0) is the end D of the teacher's own flow from 0 (eq. 5; the teacher's `steps` Euler steps, the
     last denoiser as a soft target). From x0 = 0 the teacher's flow beats its one-pass t = 0 guess, where from
     random noise it loses to it (issue #15, the teacher gate): this trains the student on the path it drafts.
+    path: also the 2-step draft's two jumps along that flow (x_u its state at u = tau^-1(1/2)):
+    X_{0,u}(0) = u delta_{0,u}(0) = x_u and delta_{u,1}(x_u) = D, sharing one weight with the full jump. Every target
+    is the teacher's flow itself (a flow map is its solution operator), not the student's bootstrap.
     ctx, mask: the student's context of every block (batch.context(student, pooled=True)), read for the first
     n_blocks."""
-    rows = torch.arange(min(n_blocks, batch.tokens.shape[0]), device=batch.tokens.device)  # (Z,) the first blocks
-    with torch.no_grad():
-        t_ctx, t_mask = batch.context(teacher, rows=rows, pooled=True)
-        target = jumps(teacher, t_ctx, t_mask, batch.tokens.shape[1], steps, None, diagonal=True, noise_scale=0.0)
-    ctx, mask = ctx[rows], mask[rows]
-    z = len(rows)
-    zeros, ones = torch.zeros(z, device=rows.device), torch.ones(z, device=rows.device)
-    start = student.noise_input(torch.zeros(z, batch.tokens.shape[1], student.cfg.target_hidden, device=rows.device),
-                                ones)  # (Z, K, D_t): x0 E = 0
-    logits = student(start, zeros, ones, ctx, mask)  # (Z, K, V)
-    return weighted_ce(logits, target, batch.valid[rows], student.cfg.kappa)
-
-
-def zero_noise_path_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, ctx, mask, n_blocks: int,
-                         steps: int) -> torch.Tensor:
-    """zero_noise_loss for every jump a zero-noise draft makes, one or two: along the teacher's flow from x0 = 0
-    (x_u at the midpoint u = tau^-1(1/2), its last denoiser D) the flow map must satisfy (eq. 5, x0 = 0)
-    X_{0,1}(0) = D, X_{0,u}(0) = u delta_{0,u}(0) = x_u, and delta_{u,1}(x_u) = D. Each target is the teacher's
-    flow itself (a flow map is its solution operator), not the student's bootstrap: the paths the app drafts
-    (`flashmap,scale=0`, `flashmap,steps=2,scale=0`) are trained directly. The two half jumps share one weight
-    with the full jump. ctx, mask as in zero_noise_loss."""
     rows = torch.arange(min(n_blocks, batch.tokens.shape[0]), device=batch.tokens.device)  # (Z,) the first blocks
     k = batch.tokens.shape[1]
     with torch.no_grad():
         t_ctx, t_mask = batch.context(teacher, rows=rows, pooled=True)
         x_mid, final = flow_from_zero(teacher, t_ctx, t_mask, k, steps)  # (Z, K, V) x2
     ctx, mask, valid = ctx[rows], mask[rows], batch.valid[rows]
-    z, dev = len(rows), rows.device
-    u = time_grid(2, student.cfg.draft_vocab)[1].to(dev).expand(z)  # (Z,) the 2-step split, t_{N/2} of the grid
+    z, dev, kappa = len(rows), rows.device, student.cfg.kappa
     zeros, ones = torch.zeros(z, device=dev), torch.ones(z, device=dev)
     x0_embed = torch.zeros(z, k, student.cfg.target_hidden, device=dev)  # (Z, K, D_t) x0 E = 0
-    kappa = student.cfg.kappa
     full = weighted_ce(student(student.noise_input(x0_embed, ones), zeros, ones, ctx, mask), final, valid, kappa)
+    if not path:
+        return full
+    if x_mid is None:
+        raise ValueError("the zero-noise path needs an even number of teacher steps (its midpoint)")
+    u = time_grid(2, student.cfg.draft_vocab)[1].to(dev).expand(z)  # (Z,) the 2-step split, t_{N/2} of the grid
     first = weighted_ce(student(student.noise_input(x0_embed, u), zeros, u, ctx, mask), x_mid / u.view(-1, 1, 1),
                         valid, kappa)
     second = weighted_ce(student(student.state_input(x_mid, u, ones), u, ones, ctx, mask), final, valid, kappa)

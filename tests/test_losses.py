@@ -121,9 +121,10 @@ def test_zero_noise_path_loss_trains_both_zero_noise_drafts_onto_the_teachers_fl
     opt = torch.optim.Adam(student.parameters(), lr=3e-3)
     for _ in range(30):
         opt.zero_grad()
-        losses.zero_noise_path_loss(student, teacher, batch, *batch.context(student, pooled=True), 5, 4).backward()
+        losses.zero_noise_loss(student, teacher, batch, *batch.context(student, pooled=True), 5, 4,
+                               path=True).backward()
         opt.step()
     with torch.no_grad():
         assert kl(two_step.probs(ctx, mask, 4, None)) < 0.5 * before
     with pytest.raises(ValueError, match="even"):
-        flow_from_zero(teacher, t_ctx, t_mask, 4, 3)
+        losses.zero_noise_loss(student, teacher, batch, *batch.context(student, pooled=True), 5, 3, path=True)
