@@ -116,7 +116,9 @@ class FlowDrafter:
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         if self.tree > 1:
             return self.propose_tree(anchor, block_size, sampling, generator)
-        probs = self.sampler.probs(*self.context(anchor), block_size, generator)[0]  # (K, V)
+        # the network drafts the whole block it was trained on, then the block is cut: its slots attend to each
+        # other, so drafting fewer (the end of a reply, a smaller K) would change every slot's prediction
+        probs = self.sampler.probs(*self.context(anchor), self.net.cfg.block_size, generator)[0, :block_size]  # (K, V)
         real = self.vocab_ids >= 0  # (V,) False for "other" and unused padding slots of a small vocabulary
         probs = drafting.fold_unused(probs, real)  # (K, V)
         tokens, q_small = drafting.choose_tokens(probs, sampling.temperature, generator)
@@ -134,7 +136,8 @@ class FlowDrafter:
     def propose_tree(self, anchor: int, block_size: int, sampling: SamplingConfig, generator) -> Draft:
         """App. D: `tree` blocks from independent noise draws in one batched pass, each proposed as at T=0
         (argmax per slot, cut at the first "other"); the engine merges them into a trie (and refuses it at T > 0)."""
-        probs = self.sampler.draws(*self.context(anchor), block_size, generator, self.tree)[0]  # (M, K, V)
+        whole = self.net.cfg.block_size  # drafted whole, then cut (see propose)
+        probs = self.sampler.draws(*self.context(anchor), whole, generator, self.tree)[0, :, :block_size]  # (M, K, V)
         tokens, lengths = drafting.greedy_block(drafting.fold_unused(probs, self.vocab_ids >= 0))  # (M, K), (M,)
         branches = [self.vocab_ids[row[:n]].tolist() for row, n in zip(tokens, lengths.tolist())]
         return Draft(torch.tensor(branches[0], dtype=torch.long), None, None, tuple(map(tuple, branches[1:])))

@@ -410,3 +410,19 @@ def test_a_checkpoint_trained_at_k8_asked_for_k16_is_capped_and_exact(setup, tin
         out, events = generate_all(tiny_target, [5, 6, 7], gen, drafter)
         assert out == plain
         assert max(len(ev.drafted) for ev in events if ev.kind == "round") == 8
+
+
+def test_a_shorter_draft_is_the_whole_blocks_prefix(setup, tiny_target):
+    """The drafter's slots attend to each other, so a network trained on K-slot blocks drafts all K and cuts
+    (the end of a reply, a smaller K): fewer slots would change every slot (the engine drafted worse there
+    than the offline evaluator, which always drafts whole blocks)."""
+    _seqs, vocab_ids, _blocks = setup
+    greedy = SamplingConfig(0.0)
+    drafters = flow_drafters(tiny_target, vocab_ids)
+    for drafter in [drafters[3], *drafters[-2:]]:  # DFlash-style; FlashMap from zero noise, 1 and 2 jumps
+        drafter.extend(list(range(5)), torch.randn(5, 2 * tiny_target.model.config.hidden_size))
+        whole = drafter.propose(7, 4, greedy, torch.Generator().manual_seed(0))
+        for k in (1, 2, 3):
+            cut = drafter.propose(7, k, greedy, torch.Generator().manual_seed(0))
+            assert cut.tokens.tolist() == whole.tokens[:k].tolist()
+            assert torch.equal(cut.confidence, whole.confidence[:k])
