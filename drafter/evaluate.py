@@ -6,8 +6,9 @@ python -m drafter.evaluate --data data/smollm2-val --variants flashmap flashmap,
     flashmap-teacher,steps=16 flashmap,best_of=4 [--stride 2] [--out runs/eval.json]
 
 A variant is a drafter spec (drafter/spec.py): `drafter[,steps=N][,noise=shuffled][,best_of=M][,tree=M][,scale=S]
-[,k=K][,weights=FOLDER]` with drafter one of flashmap, flashmap-teacher, dflash (scale: the teacher's initial noise
-scale, a diagnostic; tree=M: M drafts from independent noise merged into a trie of at most K nodes, App. D).
+[,k=K][,weights=FOLDER]` with drafter one of flashmap, flashmap-teacher, dflash (scale: the flow drafters' initial
+noise scale, 0 = the deterministic draft from x0 = 0 that the app makes at T = 0; tree=M: M drafts from
+independent noise merged into a trie of at most K nodes, App. D).
 
 At T=0 the target's output is fixed: its greedy response, which `python -m drafter.data generate`
 stored. A round anchored at position a accepts the draft's longest prefix that equals the response

@@ -385,9 +385,44 @@ def build(results: Path, out: Path) -> str:
         doc += teacher_gate_section(gate)
     if final := load(results, "offline_issue15.json"):
         doc += issue15_section(final)
+    runs = [run for name in ("defaults16_t0.json", "defaults16_t1.json") if (run := load(results, name))]
+    if runs:
+        doc += engine_defaults_section(runs)
     if profile := load(results, "profile_train.json"):
         doc += profile_section(profile)
     return "\n".join(doc)
+
+
+def domain_speedups(run: dict, result: dict) -> dict[str, float]:
+    """Tokens/s against plain decoding per prompt file (the suite runs the first `limit` prompts of each, in order)."""
+    files = [Path(f).stem.removeprefix("eval_") for f in run["prompts_files"]]
+    groups = {name: result["per_prompt"][i * run["limit"]:(i + 1) * run["limit"]] for i, name in enumerate(files)}
+    groups["all"] = result["per_prompt"]
+
+    def rate(rows, tokens, seconds):
+        return sum(r[tokens] for r in rows) / sum(r[seconds] for r in rows)
+    return {name: rate(rows, "tokens", "s") / rate(rows, "baseline_tokens", "baseline_s")
+            for name, rows in groups.items()}
+
+
+def engine_defaults_section(runs: list[dict]) -> list[str]:
+    """Issue #15's engine target: the app's default drafter settings against plain decoding, side by side."""
+    doc = ["## In the engine: the app's defaults against plain decoding (issue #15)", "",
+           f"`python -m app.suite --prompts eval_math eval_code eval_chat --limit {runs[0]['limit']} --max-new-tokens "
+           f"{runs[0]['max_new_tokens']} [--temperature 1] --variants …` (the variants below; one run per "
+           "temperature): for every prompt plain decoding and each variant back to back, in rotated order, the "
+           "background training paused. Speedup = tokens/s against the plain runs of the same prompts; acceptance "
+           "length = tokens per target forward.", "",
+           "| T | drafter | math | code | chat | all | acceptance length | identical to plain |",
+           "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        for r in run["results"]:
+            sp = domain_speedups(run, r)
+            same = "yes" if r["identical_to_baseline"] else ("—" if run["temperature"] else "**no**")
+            doc.append(f"| {run['temperature']:g} | {label(r['variant'])} | "
+                       + " | ".join(f"{sp[d]:.2f}×" if d in sp else "—" for d in ("math", "code", "chat", "all"))
+                       + f" | {r['acceptance_length']:.2f} | {same} |")
+    return doc + [""]
 
 
 def acceptance_rows(run: dict, with_ce: bool = False) -> list[str]:
