@@ -385,7 +385,8 @@ def build(results: Path, out: Path) -> str:
         doc += teacher_gate_section(gate)
     if final := load(results, "offline_issue15.json"):
         doc += issue15_section(final)
-    runs = [run for name in ("defaults16_t0.json", "defaults16_t1.json") if (run := load(results, name))]
+    runs = [run for name in ("defaults16_t0.json", "defaults16_t0_rerun.json", "defaults16_t1.json")
+            if (run := load(results, name))]
     if runs:
         doc += engine_defaults_section(runs)
     if profile := load(results, "profile_train.json"):
@@ -411,15 +412,16 @@ def engine_defaults_section(runs: list[dict]) -> list[str]:
            f"`python -m app.suite --prompts eval_math eval_code eval_chat --limit {runs[0]['limit']} --max-new-tokens "
            f"{runs[0]['max_new_tokens']} [--temperature 1] --variants …` (the variants below; one run per "
            "temperature): for every prompt plain decoding and each variant back to back, in rotated order, the "
-           "background training paused. Speedup = tokens/s against the plain runs of the same prompts; acceptance "
-           "length = tokens per target forward.", "",
+           "background training paused; the second T = 0 block is a later run of the default alone on the first 5 "
+           "math and code prompts (`--limit 5`). Speedup = tokens/s against the plain runs of the same prompts; "
+           "acceptance length = tokens per target forward.", "",
            "| T | drafter | math | code | chat | all | acceptance length | identical to plain |",
            "|---|---|---|---|---|---|---|---|"]
     for run in runs:
         for r in run["results"]:
             sp = domain_speedups(run, r)
             same = "yes" if r["identical_to_baseline"] else ("—" if run["temperature"] else "**no**")
-            doc.append(f"| {run['temperature']:g} | {label(r['variant'])} | "
+            doc.append(f"| {run['temperature']:g} | {label(r['variant'])} ({run['limit']} prompts each) | "
                        + " | ".join(f"{sp[d]:.2f}×" if d in sp else "—" for d in ("math", "code", "chat", "all"))
                        + f" | {r['acceptance_length']:.2f} | {same} |")
     return doc + [""]
