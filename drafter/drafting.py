@@ -38,17 +38,26 @@ def jumps(net: FlowNet, ctx, mask, block: int, steps: int, generator, diagonal: 
     as the teacher denoiser D_s (s = t), and each jump is an Euler step (eq. 3 rewritten as eq. 5).
     noise_scale < 1 starts from shrunken noise (a lower-temperature trajectory); 0 from x0 = 0, the teacher's flow
     the zero-noise FlashMap draft is distilled onto (losses.zero_noise_loss)."""
-    b, v = ctx.shape[0], net.cfg.draft_vocab
-    grid = time_grid(steps, v).to(ctx.device)  # (N+1,)
-    x = noise_scale * torch.randn(b, block, v, generator=generator).to(ctx.device)  # (B, K, V) x0
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    x0 = noise_scale * torch.randn(ctx.shape[0], block, net.cfg.draft_vocab, generator=generator)  # (B, K, V)
+    for _x, delta in euler_path(net, ctx, mask, x0.to(ctx.device), steps, diagonal):
+        pass
+    return delta
+
+
+def euler_path(net: FlowNet, ctx, mask, x: torch.Tensor, steps: int, diagonal: bool):
+    """Yields (x_n, delta_n) for n = 0..N-1 along the grid t_n = tau^{-1}(n/N) from x_0 = x (B, K, V): the state
+    each jump starts from and the network's output there (jumps; diagonal: the teacher's Euler steps)."""
+    b = ctx.shape[0]
+    grid = time_grid(steps, net.cfg.draft_vocab).to(ctx.device)  # (N+1,)
     for n in range(steps):
         s, t = grid[n].expand(b), grid[n + 1].expand(b)
         t_in = s if diagonal else t
         delta = net.probs(net.state_input(x, s, t_in), s, t_in, ctx, mask)  # (B, K, V)
-        if n == steps - 1:
-            return delta
-        x = flow_map_step(x, delta, s, t)
-    raise ValueError("steps must be >= 1")
+        yield x, delta
+        if n + 1 < steps:  # the last jump's landing point is its output: nothing to step
+            x = flow_map_step(x, delta, s, t)  # (B, K, V)
 
 
 def flow_from_zero(teacher: FlowNet, ctx, mask, block: int, steps: int) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -56,16 +65,11 @@ def flow_from_zero(teacher: FlowNet, ctx, mask, block: int, steps: int) -> tuple
     u = t_{N/2} = tau^{-1}(1/2), the 2-step sampler's split (None for an odd N), and its last denoiser (what
     `jumps(..., diagonal=True, noise_scale=0)` returns). From x0 = 0 every state x_t is a mix of denoiser outputs
     of total mass t per slot, so x_u / u is a distribution. -> x_u (B, K, V) or None, final (B, K, V)"""
-    b, v = ctx.shape[0], teacher.cfg.draft_vocab
-    grid = time_grid(steps, v).to(ctx.device)  # (N+1,)
-    x = torch.zeros(b, block, v, device=ctx.device)  # (B, K, V) x0 = 0
+    x0 = torch.zeros(ctx.shape[0], block, teacher.cfg.draft_vocab, device=ctx.device)  # (B, K, V)
     x_mid = None
-    for n in range(steps):
-        s, t = grid[n].expand(b), grid[n + 1].expand(b)
-        delta = teacher.probs(teacher.state_input(x, s, s), s, s, ctx, mask)  # (B, K, V) D_s(x_s)
-        x = flow_map_step(x, delta, s, t)  # (B, K, V) x_t, eq. 3 as eq. 5
-        if 2 * (n + 1) == steps:
-            x_mid = x
+    for n, (x, delta) in enumerate(euler_path(teacher, ctx, mask, x0, steps, diagonal=True)):
+        if 2 * n == steps:
+            x_mid = x  # x_{N/2}, the state the (N/2)-th step starts from
     return x_mid, delta
 
 

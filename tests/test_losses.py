@@ -52,11 +52,9 @@ def test_teacher_trains_a_share_of_blocks_at_t_zero(monkeypatch):
     assert at_zero[0] < 0.01 and 0.26 < at_zero[1] < 0.34
 
 
-def test_zero_noise_loss_trains_the_draft_the_zero_noise_jump_makes(tiny_target):
-    """Its student side is exactly the engine's `flashmap,scale=0` draft, its target the teacher's flow from
-    x0 = 0 (drafter.drafting.jumps): training on it moves the one and only draft toward the teacher's flow."""
+def teacher_student_batch(tiny_target):
+    """A batch of tiny blocks and two random (untrained but not degenerate) flow nets, teacher and student."""
     from drafter.data import blocks_from_sequences, draft_vocabulary, target_to_draft_map
-    from drafter.drafting import BlockSampler, jumps
     from drafter.runtime import build_net
     from tests.test_drafter import tiny_cfg, tiny_seqs
 
@@ -68,6 +66,15 @@ def test_zero_noise_loss_trains_the_draft_the_zero_noise_jump_makes(tiny_target)
     teacher, student = (build_net(tiny_cfg(), tiny_target, vocab_ids) for _ in range(2))
     for p in [*teacher.parameters(), *student.parameters()]:
         torch.nn.init.normal_(p, std=0.3)
+    return batch, teacher, student
+
+
+def test_zero_noise_loss_trains_the_draft_the_zero_noise_jump_makes(tiny_target):
+    """Its student side is exactly the engine's `flashmap,scale=0` draft, its target the teacher's flow from
+    x0 = 0 (drafter.drafting.jumps): training on it moves the one and only draft toward the teacher's flow."""
+    from drafter.drafting import BlockSampler, jumps
+
+    batch, teacher, student = teacher_student_batch(tiny_target)
     rows = torch.arange(5)
     with torch.no_grad():
         ctx, mask = batch.context(student, rows=rows)
@@ -92,20 +99,9 @@ def test_zero_noise_path_loss_trains_both_zero_noise_drafts_onto_the_teachers_fl
     """The teacher's flow from x0 = 0 (drafting.flow_from_zero) ends where `jumps` does, and its midpoint state
     over u is a distribution; fitting the path moves the 2-step zero-noise draft (`flashmap,steps=2,scale=0`)
     toward the teacher's flow, as the full jump alone moves the 1-step one."""
-    from drafter.data import blocks_from_sequences, draft_vocabulary, target_to_draft_map
     from drafter.drafting import BlockSampler, flow_from_zero, jumps
-    from drafter.flow import time_grid
-    from drafter.runtime import build_net
-    from tests.test_drafter import tiny_cfg, tiny_seqs
 
-    seqs = tiny_seqs()
-    vocab_ids = draft_vocabulary(seqs, 16)
-    to_draft = target_to_draft_map(vocab_ids, tiny_target.vocab_size)
-    batch = blocks_from_sequences(tiny_target, seqs, 4, 4, 8, (1, 2), to_draft, torch.Generator().manual_seed(0))
-    torch.manual_seed(0)
-    teacher, student = (build_net(tiny_cfg(), tiny_target, vocab_ids) for _ in range(2))
-    for p in [*teacher.parameters(), *student.parameters()]:
-        torch.nn.init.normal_(p, std=0.3)
+    batch, teacher, student = teacher_student_batch(tiny_target)
     rows = torch.arange(5)
     with torch.no_grad():
         t_ctx, t_mask = batch.context(teacher, rows=rows)
