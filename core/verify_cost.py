@@ -2,7 +2,10 @@
 after a context of C cached positions. It bounds every speedup: a round that commits gamma tokens
 costs draft + verify(K+1), against gamma plain forwards of verify(1).
 
-python -m core.verify_cost [--cached 256] [--repeats 20] [--target ID] [--out FILE.json]
+python -m core.verify_cost [--cached 256] [--repeats 20] [--target ID] [--out FILE.json] [--compare-cpu-linear]
+
+--compare-cpu-linear times the target with both CPU linear kernels (core.cpu_linear: prepacked oneDNN, torch's
+own) in one run, their passes interleaved so that load on the machine hits both alike.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import json
 import platform
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -20,7 +24,7 @@ from transformers import DynamicCache
 
 from core.drafting import MAX_BLOCK_SIZE
 from core.engine import keep_positions, target_forward
-from core.target import add_target_args, load_target, target_config_from_args
+from core.target import CPU_LINEARS, add_target_args, load_target, target_config_from_args
 
 POSITIONS = (1, 2, 4, 8, 16, 17)
 
@@ -43,7 +47,8 @@ def timed_passes(target, context: int, repeats: int, positions=POSITIONS) -> Ite
     times: dict[int, list[float]] = {t: [] for t in positions}
     with torch.inference_mode():
         target_forward(target, draw(context), cache, ())
-        for repeat in range(repeats + 1):
+    for repeat in range(repeats + 1):
+        with torch.inference_mode():  # entered per pass: a suspended generator must not leave the caller in it
             for t in positions:
                 block = draw(t)
                 synchronize(target.device)
@@ -53,8 +58,8 @@ def timed_passes(target, context: int, repeats: int, positions=POSITIONS) -> Ite
                 if repeat:
                     times[t].append(time.perf_counter() - start)
                 keep_positions(cache, t, [])  # drop them all
-            if repeat:
-                yield times
+        if repeat:
+            yield times
 
 
 def verify_cost(target, context: int, repeats: int, positions=POSITIONS) -> dict[int, float]:
@@ -62,6 +67,16 @@ def verify_cost(target, context: int, repeats: int, positions=POSITIONS) -> dict
     for times in timed_passes(target, context, repeats, positions):
         pass
     return {t: statistics.median(v) for t, v in times.items()}
+
+
+def interleaved_costs(targets: dict, context: int, repeats: int, positions=POSITIONS) -> dict[str, dict[int, float]]:
+    """verify_cost for several loaded targets, one pass of each in turn: {name: {T: median seconds}}."""
+    passes = {name: timed_passes(target, context, repeats, positions) for name, target in targets.items()}
+    times = {}
+    for _ in range(repeats):
+        for name, timed in passes.items():
+            times[name] = next(timed)
+    return {name: {t: statistics.median(v) for t, v in per_t.items()} for name, per_t in times.items()}
 
 
 def relative_from(times: dict[int, list[float]]) -> tuple[float, ...]:
@@ -90,7 +105,8 @@ def sane_curve(curve) -> tuple[float, ...]:
 def machine_key(target) -> str:
     """What a cost curve depends on: this machine, its thread count, the target and how it is loaded."""
     return "|".join([platform.node(), platform.machine(), platform.processor(), str(torch.get_num_threads()),
-                     target.identity["name"], str(target.model.dtype), str(target.device)])
+                     target.identity["name"], str(target.model.dtype), str(target.device),
+                     f"packed={target.extra.get('packed_linears', 0)}"])  # oneDNN's curve is far flatter
 
 
 def cache_file(root: Path, target) -> Path:
@@ -123,16 +139,23 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=20, help="timed passes over the T values (median)")
     parser.add_argument("--positions", type=int, nargs="+", default=list(POSITIONS), help="T values to time")
     parser.add_argument("--out", default=None, help="also write the JSON result here")
+    parser.add_argument("--compare-cpu-linear", action="store_true",
+                        help="time both CPU linear kernels (onednn, torch) side by side, passes interleaved")
     add_target_args(parser)
     args = parser.parse_args(argv)
-    target = load_target(target_config_from_args(args))
-    cost = verify_cost(target, args.cached, args.repeats, sorted(set(args.positions) | {1}))
-    result = {"target": target.name, "context": args.cached, "seconds": cost,
-              "relative_to_one": {t: s / cost[1] for t, s in cost.items()}}
+    kernels = CPU_LINEARS if args.compare_cpu_linear else (args.cpu_linear,)
+    cfg = target_config_from_args(args)
+    targets = {kernel: load_target(replace(cfg, cpu_linear=kernel)) for kernel in kernels}
+    costs = interleaved_costs(targets, args.cached, args.repeats, sorted(set(args.positions) | {1}))
+    curves = {kernel: {"seconds": cost, "relative_to_one": {t: s / cost[1] for t, s in cost.items()}}
+              for kernel, cost in costs.items()}
+    first = targets[kernels[0]]
+    result = {"target": first.name, "context": args.cached, "repeats": args.repeats,
+              "threads": torch.get_num_threads(),
+              **(curves[kernels[0]] if len(kernels) == 1 else {"cpu_linear": curves})}
     print(json.dumps(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
-
 
 if __name__ == "__main__":
     main()

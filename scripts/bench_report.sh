@@ -60,4 +60,13 @@ if [ -d "$PHASE1" ]; then  # the checkpoints before training phase 2, for what i
   off offline_val_phase1 --data data/smollm2-val --stride 2 --variants "dflash,weights=$PHASE1/dflash" \
     "flashmap,weights=$PHASE1/flashmap" "flashmap,steps=2,weights=$PHASE1/flashmap"
 fi
+# session 9: both CPU linear kernels side by side, and the app's defaults in the engine with oneDNN (the default)
+[ -f "$R/verify_cost_kernels.json" ] || $PY -m core.verify_cost --compare-cpu-linear --repeats 20 \
+  --out "$R/verify_cost_kernels.json"
+E=(--max-new-tokens 96 --prompts eval_math eval_code)
+run defaults17_t0 "${E[@]}" eval_chat --limit 3 --variants flashmap,scale=0,adaptive=1 \
+  flashmap,steps=2,scale=0,adaptive=1 dflash,adaptive=1 flashmap,scale=0
+run defaults17_t0_rerun "${E[@]}" --limit 5 --variants flashmap,scale=0,adaptive=1
+run defaults17_t1 "${E[@]}" eval_chat --limit 3 --temperature 1 --variants flashmap,adaptive=1 \
+  flashmap,scale=0,adaptive=1 dflash,adaptive=1
 $PY -m scripts.report

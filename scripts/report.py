@@ -389,6 +389,9 @@ def build(results: Path, out: Path) -> str:
             if (run := load(results, name))]
     if runs:
         doc += engine_defaults_section(runs)
+    if kernels := load(results, "verify_cost_kernels.json"):
+        doc += cpu_linear_section(kernels, [run for name in ("defaults17_t0.json", "defaults17_t0_rerun.json",
+                                                              "defaults17_t1.json") if (run := load(results, name))])
     if profile := load(results, "profile_train.json"):
         doc += profile_section(profile)
     return "\n".join(doc)
@@ -406,9 +409,10 @@ def domain_speedups(run: dict, result: dict) -> dict[str, float]:
             for name, rows in groups.items()}
 
 
-def engine_defaults_section(runs: list[dict]) -> list[str]:
+def engine_defaults_section(runs: list[dict], title: str = "In the engine: the app's defaults against plain decoding "
+                                                           "(torch's CPU linear kernels)") -> list[str]:
     """Issue #15's engine target: the app's default drafter settings against plain decoding, side by side."""
-    doc = ["## In the engine: the app's defaults against plain decoding (issue #15)", "",
+    doc = [f"## {title} (issue #15)", "",
            f"`python -m app.suite --prompts eval_math eval_code eval_chat --limit {runs[0]['limit']} --max-new-tokens "
            f"{runs[0]['max_new_tokens']} [--temperature 1] --variants …` (the variants below; one run per "
            "temperature): for every prompt plain decoding and each variant back to back, in rotated order, the "
@@ -425,6 +429,30 @@ def engine_defaults_section(runs: list[dict]) -> list[str]:
                        + " | ".join(f"{sp[d]:.2f}×" if d in sp else "—" for d in ("math", "code", "chat", "all"))
                        + f" | {r['acceptance_length']:.2f} | {same} |")
     return doc + [""]
+
+
+def cpu_linear_section(kernels: dict, runs: list[dict]) -> list[str]:
+    """Session 9: the target's linear layers prepacked for oneDNN (core.cpu_linear), the verify cost curve of both
+    kernels side by side, and the app's defaults in the engine with it."""
+    curves = kernels["cpu_linear"]
+    positions = sorted(int(t) for t in curves["onednn"]["seconds"])
+    doc = ["## Prepacked oneDNN linear layers: a flatter verify cost (session 9)", "",
+           f"`python -m core.verify_cost --compare-cpu-linear --repeats {kernels.get('repeats', 20)}` "
+           f"({kernels['threads']} threads, {kernels['context']} cached positions, the target loaded with each kernel "
+           "in one process, passes interleaved): median ms of one target forward over T new positions.", "",
+           "| kernel | " + " | ".join(f"T={t}" for t in positions) + " |", "|---|" + "---|" * len(positions)]
+    for kernel in ("torch", "onednn"):
+        sec, rel = curves[kernel]["seconds"], curves[kernel]["relative_to_one"]
+        cells = [f"{1000 * sec[str(t)]:.1f} ms ({rel[str(t)]:.2f}×)" for t in positions]
+        doc.append(f"| {kernel} | " + " | ".join(cells) + " |")
+    one = curves["torch"]["seconds"]["1"] / curves["onednn"]["seconds"]["1"]
+    doc += ["", f"One position (a plain decoding step) is {one:.2f}× faster with oneDNN; 17 positions cost "
+            f"{curves['onednn']['relative_to_one']['17']:.2f}× one position instead of "
+            f"{curves['torch']['relative_to_one']['17']:.2f}×.", ""]
+    if runs:
+        doc += engine_defaults_section(runs, "In the engine with oneDNN linear layers (the default since session 9): "
+                                             "the app's defaults against plain decoding")
+    return doc
 
 
 def acceptance_rows(run: dict, with_ce: bool = False) -> list[str]:

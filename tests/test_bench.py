@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 from app import bench
 from core.testing import tiny_llama, tiny_tokenizer
@@ -91,3 +92,8 @@ def test_verify_cost_cli(tiny_folder, tmp_path):
                       "--out", str(out)])
     result = json.loads(out.read_text())
     assert set(result["seconds"]) == {"1", "2", "4"} and result["relative_to_one"]["1"] == 1.0
+    verify_cost.main(["--cached", "32", "--repeats", "2", "--positions", "2", "--target", str(tiny_folder),
+                      "--compare-cpu-linear", "--out", str(out)])
+    both = json.loads(out.read_text())["cpu_linear"]
+    assert set(both) == {"onednn", "torch"} and all(set(c["seconds"]) == {"1", "2"} for c in both.values())
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()  # nothing left switched on

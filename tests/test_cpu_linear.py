@@ -1,0 +1,103 @@
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from core import cpu_linear
+from core import target as target_mod
+from core.cpu_linear import PackedLinear, pack_linears
+from core.drafting import NgramDrafter
+from core.engine import GenerationConfig, generate_all
+from core.target import TargetConfig, load_target
+from core.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3, tiny_tokenizer
+
+pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="this torch has no oneDNN")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_linear_matches_f_linear_for_any_rows_and_falls_back_outside_inference(bias):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 80, bias=bias)
+    packed = PackedLinear(linear)
+    assert packed.weight is linear.weight and packed.bias is linear.bias
+    for shape in [(1, 48), (17, 48), (1, 5, 48), (2, 3, 48)]:
+        x = torch.randn(shape)
+        with torch.inference_mode():
+            out = packed(x)
+        assert out.shape == (*shape[:-1], 80)
+        torch.testing.assert_close(out, F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+    x = torch.randn(4, 48, requires_grad=True)
+    with torch.enable_grad():  # training: the original weight, with gradients
+        packed(x).sum().backward()
+    assert linear.weight.grad is not None and x.grad is not None
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert packed(x).dtype == torch.bfloat16  # autocast: F.linear, so autocast still applies
+
+
+def test_rows_come_out_the_same_alone_or_in_a_verify_block():
+    """Why oneDNN: a position's output does not depend on how many positions share the forward (at this shape;
+    MKL's differ), which keeps a verify forward over K + 1 positions in step with fewer positions."""
+    torch.manual_seed(0)
+    packed = PackedLinear(torch.nn.Linear(576, 1536, bias=False))
+    x = torch.randn(17, 576)  # (T, I)
+    with torch.inference_mode():
+        block = packed(x)  # (T, O)
+        assert all(torch.equal(packed(x[:n]), block[:n]) for n in (2, 5, 16))
+
+
+def test_pack_linears_keeps_ties_state_and_outputs():
+    model = tiny_llama(vocab_size=64)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    reference = copy.deepcopy(model)
+    keys = set(model.state_dict())
+    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert pack_linears(model) == n_linear > 0
+    assert all(type(m) is not torch.nn.Linear for m in model.modules())
+    assert model.lm_head.weight is model.model.embed_tokens.weight and set(model.state_dict()) == keys
+    ids = torch.tensor([[5, 9, 11, 3, 40, 7]])  # (B, T)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)
+    assert pack_linears(model.to(torch.bfloat16)) == 0  # not fp32: nothing to pack
+
+
+def test_greedy_drafting_with_a_packed_target_equals_plain_decoding():
+    packed, plain = make_target(tiny_llama(vocab_size=64)), make_target(tiny_llama(vocab_size=64))
+    pack_linears(packed.model)
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        prompt = rng.integers(4, 64, size=int(rng.integers(2, 10))).tolist()
+        reference, _ = generate_all(plain, prompt, GenerationConfig(max_new_tokens=30))
+        alone, _ = generate_all(packed, prompt, GenerationConfig(max_new_tokens=30))
+        drafted, events = generate_all(packed, prompt, GenerationConfig(max_new_tokens=30, block_size=8),
+                                       NgramDrafter())
+        assert alone == reference and drafted == reference
+        assert any(ev.drafted for ev in events)  # verify forwards over several positions happened
+
+
+def test_load_target_packs_fp32_on_the_cpu_unless_asked_not_to_or_short_of_memory(tmp_path, monkeypatch):
+    tiny_qwen3().save_pretrained(tmp_path)
+    tiny_tokenizer(64, QWEN3_TEMPLATE).save_pretrained(tmp_path)
+    assert load_target(TargetConfig(str(tmp_path), device="cpu")).extra["packed_linears"] > 0
+    assert load_target(TargetConfig(str(tmp_path), device="cpu", dtype="bf16")).extra["packed_linears"] == 0
+    unpacked = load_target(TargetConfig(str(tmp_path), device="cpu", cpu_linear="torch"))
+    assert "packed_linears" not in unpacked.extra
+    monkeypatch.setattr(target_mod, "free_memory_bytes", lambda device: 2 * 10**4)  # room for no second copy
+    assert target_mod.pack_if_room(unpacked) == 0
+    monkeypatch.setattr(target_mod, "free_memory_bytes", lambda device: 10**12)
+    assert target_mod.pack_if_room(unpacked) > 0
+    with pytest.raises(ValueError, match="--cpu-linear"):
+        TargetConfig(cpu_linear="mkl")
+
+
+def test_a_cached_verify_cost_curve_is_kept_apart_per_kernel(tmp_path):
+    from dataclasses import replace
+
+    from core.verify_cost import cache_file, load_cached, save_cached
+
+    plain = make_target(tiny_llama(vocab_size=64))
+    packed = replace(plain, extra={"packed_linears": 14})
+    save_cached(tmp_path, plain, (1.0, 1.9, 1.9))  # torch's steep curve must not steer a packed target's cut
+    assert cache_file(tmp_path, plain) != cache_file(tmp_path, packed) and load_cached(tmp_path, packed) is None
