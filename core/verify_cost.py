@@ -96,8 +96,8 @@ def relative_curve(target, max_positions: int = MAX_BLOCK_SIZE + 1, context: int
 
 def sane_curve(curve) -> tuple[float, ...]:
     """A measured relative curve within physical bounds: one position costs 1, and n positions at least one
-    position's forward and at most n of them. Not smoothed: a CPU's curve is not monotone (one position runs a
-    matrix-vector kernel, 2+ a matrix-matrix one: here 2 positions cost 1.6x one and 4 less than 3), and the
+    position's forward and at most n of them. Not smoothed: a CPU's curve is not monotone (here, with oneDNN's
+    prepacked kernels, 2 positions cost 1.2x one and 4 the same as one; with torch's MKL 1.6x and 1.4x), and the
     adaptive cut should see it as it is. Load spikes are what the per-position median over passes removes."""
     return tuple(1.0 if n == 1 else min(max(float(cost), 1.0), float(n)) for n, cost in enumerate(curve, start=1))
 

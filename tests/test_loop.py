@@ -42,6 +42,17 @@ def test_loop_keeps_the_best_checkpoint_and_a_resumable_curve(tiny_target, tmp_p
     assert record["train_config"]["schedule"] == "constant" and record["step"] == 2
 
 
+def test_a_cycle_end_between_measurements_is_measured_too(tiny_target, tmp_path, monkeypatch):
+    folder_with_features(tmp_path / "train", tiny_seqs(n=8), tiny_target, monkeypatch)
+    folder_with_features(tmp_path / "val", tiny_seqs(n=4, seed=1), tiny_target, monkeypatch)
+    monkeypatch.setattr(loop_mod, "load_target", lambda cfg: tiny_target)
+    curve = tmp_path / "curve.jsonl"
+    loop_mod.main(["--stage", "dflash", "--data", str(tmp_path / "train"), "--val", str(tmp_path / "val"),
+                   "--out", str(tmp_path / "run"), "--curve", str(curve), "--save-every", "1", "--eval-every", "2",
+                   "--stride", "1", "--hours", "1", "--cycle-steps", "3", *SHAPE])
+    assert [json.loads(line)["step"] for line in curve.read_text().splitlines()] == [2, 3]  # 3: the decayed end
+
+
 def test_constant_schedule_warms_up_then_stays_flat():
     cfg = train_mod.TrainConfig("dflash", ("d",), "o", steps=1_000_000, schedule="constant")
     assert train_mod.lr_factor(0, cfg) < 0.01 and train_mod.lr_factor(199, cfg) == 1.0
