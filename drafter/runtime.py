@@ -177,6 +177,7 @@ def load_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False)
     if name == "dflash" and zlab_dflash.is_zlab_folder(path):
         return zlab_dflash.ZLabDFlashDrafter(zlab_dflash.load_zlab_net(path, target), target)
     net, vocab_ids = load_named_net(name, path, target)
-    pack_linears(net)  # frozen from here on: its linear layers prepacked for oneDNN (core.cpu_linear), ~2x faster
+    # frozen from here on: its linear layers prepacked for oneDNN (core.cpu_linear), a proposal 12.9 -> 7.2 ms here
+    pack_linears(net)
     return FlowDrafter(net, vocab_ids, target, DRAFTER_MODES[name], steps=spec.steps, best_of=spec.best_of,
                        tree=spec.tree, shared_noise=spec.noise == "shared", noise_scale=spec.noise_scale)

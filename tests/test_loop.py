@@ -2,6 +2,8 @@
 resumes with the CPU-hours of earlier sessions carried on."""
 import json
 
+import pytest
+
 import drafter.data as data_mod
 import drafter.loop as loop_mod
 import drafter.train as train_mod
@@ -22,12 +24,19 @@ def folder_with_features(path, seqs, target, monkeypatch):
     data_mod.main(["features", "--data", str(path), "--layers", *map(str, layers)])
 
 
-def test_loop_keeps_the_best_checkpoint_and_a_resumable_curve(tiny_target, tmp_path, monkeypatch):
+@pytest.fixture
+def loop_folders(tiny_target, tmp_path, monkeypatch):
+    """Training and held-out folders with cached features, and the loop loading the tiny target."""
     folder_with_features(tmp_path / "train", tiny_seqs(n=8), tiny_target, monkeypatch)
     folder_with_features(tmp_path / "val", tiny_seqs(n=4, seed=1), tiny_target, monkeypatch)
     monkeypatch.setattr(loop_mod, "load_target", lambda cfg: tiny_target)
+    return tmp_path / "train", tmp_path / "val"
+
+
+def test_loop_keeps_the_best_checkpoint_and_a_resumable_curve(loop_folders, tmp_path):
     curve = tmp_path / "curve.jsonl"
-    argv = ["--stage", "dflash", "--data", str(tmp_path / "train"), "--val", str(tmp_path / "val"),
+    train, val = loop_folders
+    argv = ["--stage", "dflash", "--data", str(train), "--val", str(val),
             "--out", str(tmp_path / "run"), "--curve", str(curve), "--save-every", "1", "--eval-every", "1",
             "--stride", "1", "--hours", "0", *SHAPE]
     loop_mod.main(argv)  # a deadline already past: one step, saved, measured
@@ -42,12 +51,10 @@ def test_loop_keeps_the_best_checkpoint_and_a_resumable_curve(tiny_target, tmp_p
     assert record["train_config"]["schedule"] == "constant" and record["step"] == 2
 
 
-def test_a_cycle_end_between_measurements_is_measured_too(tiny_target, tmp_path, monkeypatch):
-    folder_with_features(tmp_path / "train", tiny_seqs(n=8), tiny_target, monkeypatch)
-    folder_with_features(tmp_path / "val", tiny_seqs(n=4, seed=1), tiny_target, monkeypatch)
-    monkeypatch.setattr(loop_mod, "load_target", lambda cfg: tiny_target)
+def test_a_cycle_end_between_measurements_is_measured_too(loop_folders, tmp_path):
     curve = tmp_path / "curve.jsonl"
-    loop_mod.main(["--stage", "dflash", "--data", str(tmp_path / "train"), "--val", str(tmp_path / "val"),
+    train, val = loop_folders
+    loop_mod.main(["--stage", "dflash", "--data", str(train), "--val", str(val),
                    "--out", str(tmp_path / "run"), "--curve", str(curve), "--save-every", "1", "--eval-every", "2",
                    "--stride", "1", "--hours", "1", "--cycle-steps", "3", *SHAPE])
     assert [json.loads(line)["step"] for line in curve.read_text().splitlines()] == [2, 3]  # 3: the decayed end
