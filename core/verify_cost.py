@@ -64,9 +64,7 @@ def timed_passes(target, context: int, repeats: int, positions=POSITIONS) -> Ite
 
 def verify_cost(target, context: int, repeats: int, positions=POSITIONS) -> dict[int, float]:
     """Median seconds of one forward over T new positions; T values interleaved across repeats."""
-    for times in timed_passes(target, context, repeats, positions):
-        pass
-    return {t: statistics.median(v) for t, v in times.items()}
+    return interleaved_costs({"target": target}, context, repeats, positions)["target"]
 
 
 def interleaved_costs(targets: dict, context: int, repeats: int, positions=POSITIONS) -> dict[str, dict[int, float]]:
@@ -156,6 +154,7 @@ def main(argv=None) -> None:
     print(json.dumps(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
+
 
 if __name__ == "__main__":
     main()

@@ -95,17 +95,16 @@ def run(cfg: TrainConfig, shape: NetShape, target_cfg: TargetConfig, val: Path, 
         torch.set_num_threads(cfg.threads)
     target = load_target(target_cfg)
     evaluate = Evaluator(cfg, target, val, stride, curve)
-    step, measured = [0], [None]
+    step = [0]
 
     def on_save(folder):
         if step[0] % eval_every == 0:
             evaluate(step[0])
-            measured[0] = step[0]
 
     out = train_on(cfg, target, lambda layers: training_sequences(cfg.data, layers),
                    network_config(cfg, shape, target), on_save=on_save, stop_at=time.time() + hours * 3600,
                    on_step=lambda s: step.__setitem__(0, s + 1))
-    if step[0] and measured[0] != step[0]:  # the last save (a cycle's decayed end, or the deadline's) is measured too
+    if step[0] % eval_every:  # the last save (a cycle's decayed end, or the deadline's) was not measured at save
         evaluate(step[0])
     return out
 
