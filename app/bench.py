@@ -25,6 +25,7 @@ from core.prompts import read_prompt_file, resolve_prompt_file
 from core.sampling import SamplingConfig
 from core.stats import AcceptanceStats
 from core.target import Target, TargetConfig, add_target_args, load_target, target_config_from_args
+from core.verify_cost import draft_cost as measure_draft_cost
 from core.verify_cost import relative_curve
 from drafter.registry import DrafterUnavailable, build_drafter
 from drafter.spec import ENGINE_DRAFTERS, HF_BASELINES, DrafterSpec, SpecError
@@ -95,11 +96,21 @@ class Runner:
     spec: DrafterSpec
     block_size: int  # K resolved: the spec's, capped by the drafter's own (engine.block_size_for); 0 for plain
     run: Callable[[list[int], GenerationConfig], Run]
+    drafter: object | None = None  # the engine drafter it runs, if any
+    draft_cost: float = 0.0  # one drafter call relative to a one-position target forward (measured: with_draft_cost)
+
+    def with_draft_cost(self, target: Target) -> "Runner":
+        """This runner with its drafter's cost measured now (core.verify_cost.draft_cost), when its spec is adaptive:
+        the skip policy charges each draft for it (engine.draft_pays)."""
+        if not self.spec.adaptive or self.drafter is None:
+            return self
+        return replace(self, draft_cost=measure_draft_cost(target, self.drafter))
 
     def generation(self, gen: GenerationConfig, verify_cost: tuple[float, ...]) -> GenerationConfig:
-        """gen with this drafter's K, and the cost curve and skip limit when its spec is adaptive."""
-        return replace(gen, block_size=self.block_size or None, verify_cost=verify_cost if self.spec.adaptive else (),
-                       max_skip=self.spec.max_skip)
+        """gen with this drafter's K, and the cost curve, drafter cost and skip limit when its spec is adaptive."""
+        adaptive = self.spec.adaptive
+        return replace(gen, block_size=self.block_size or None, verify_cost=verify_cost if adaptive else (),
+                       draft_cost=self.draft_cost if adaptive else 0.0, max_skip=self.spec.max_skip)
 
 
 def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: list[Run], spec: list[Run]) -> dict:
@@ -121,6 +132,7 @@ def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: li
         "best_of": d.best_of,
         "tree": d.tree,
         "max_skip": d.max_skip,
+        "draft_cost": runner.draft_cost,
         "temperature": sampling.temperature,
         "prompts": len(spec),
         "new_tokens": spec_tokens,
@@ -152,7 +164,7 @@ def make_runner(spec: DrafterSpec, target: Target, allow_download: bool = False)
     except DrafterUnavailable as err:
         raise SystemExit(f"{spec.text()}: {err}") from err
     k = block_size_for(GenerationConfig(block_size=spec.block_size), drafter)
-    return Runner(spec, k, lambda ids, gen: run_engine(target, ids, gen, drafter))
+    return Runner(spec, k, lambda ids, gen: run_engine(target, ids, gen, drafter), drafter)
 
 
 def warm_up(target: Target) -> None:
@@ -167,6 +179,7 @@ def bench(cfg: BenchConfig) -> dict:
     runner = make_runner(cfg.spec, target, cfg.target.allow_download)
     warm_up(target)
     curve = relative_curve(target) if cfg.spec.adaptive else ()
+    runner = runner.with_draft_cost(target)
     base, spec = [], []
     for i, prompt in enumerate(tqdm(prompts, desc=f"bench {cfg.spec.text()}", unit="prompt")):
         ids = target.chat_ids([{"role": "user", "content": prompt}])

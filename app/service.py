@@ -21,6 +21,7 @@ from core.engine import GenerationConfig, RoundEvent, generate
 from core.sampling import SamplingConfig
 from core.stats import ReplySpeed
 from core.target import Target
+from core.verify_cost import draft_cost as measure_draft_cost
 from core.verify_cost import load_cached, relative_from, save_cached, timed_passes
 from drafter.registry import DrafterUnavailable, build_drafter
 from drafter.spec import DrafterSpec
@@ -80,11 +81,13 @@ class ChatSettings:
         return DrafterSpec(self.drafter, steps=self.steps, tree=self.tree, block_size=self.block_size,
                            adaptive=self.adaptive, noise_scale=0.0 if zero else 1.0)
 
-    def generation(self, verify_cost: tuple[float, ...] = (), drafting: bool = False) -> GenerationConfig:
+    def generation(self, verify_cost: tuple[float, ...] = (), drafting: bool = False,
+                   draft_cost: float = 0.0) -> GenerationConfig:
         """The engine's settings; a drafting reply makes a plain step at least every PLAIN_PROBE_EVERY rounds, so
         its speed is always compared with plain decoding measured inside it (core.stats.ReplySpeed)."""
         return GenerationConfig(self.max_new_tokens, self.block_size, self.sampling(), self.stop_strings,
                                 seed=self.seed, verify_cost=verify_cost if self.adaptive else (),
+                                draft_cost=draft_cost if self.adaptive else 0.0,
                                 plain_probe_every=PLAIN_PROBE_EVERY if drafting else 0)
 
 
@@ -98,6 +101,7 @@ class ChatService:
         self.data_dir = Path(data_dir) if data_dir else None
         self.conversations = ConversationStore(self.data_dir / "conversations") if self.data_dir else None
         self._drafters: dict[DrafterSpec, object] = {}
+        self._draft_costs: dict[int, float] = {}  # id(drafter) -> its call's cost relative to a target step
         self.unavailable: dict[str, str] = {}
         self.verify_cost: tuple[float, ...] = ()  # relative cost of 1..17 positions; () until measured
         self.curve_status = "not measured yet: adaptive K is off until it is"
@@ -151,12 +155,24 @@ class ChatService:
         with self.lock:
             self.cancel_event = cancel = cancel or threading.Event()
             speed, self.last_events = ReplySpeed(), []
-            gen = settings.generation(self.verify_cost, drafting=drafter is not None)
+            cost = self.draft_cost(drafter) if settings.adaptive and self.verify_cost else 0.0
+            gen = settings.generation(self.verify_cost, drafting=drafter is not None, draft_cost=cost)
             for ev in generate(self.target, prompt_ids, gen, drafter, cancel):
                 speed.add(ev, time.perf_counter())
                 self.last_events.append(ev)
                 yield ev, speed
             self.last_speed = speed
+
+    def draft_cost(self, drafter) -> float:
+        """One call of this drafter relative to a one-position target step, measured on its first adaptive reply
+        (about a second; the caller holds the model lock) and kept: what the skip policy charges each draft."""
+        if drafter is None:
+            return 0.0
+        key = id(drafter)
+        if key not in self._draft_costs:
+            self._draft_costs[key] = measure_draft_cost(self.target, drafter)
+            log.info("%s: one call costs %.2f x a one-position target step", drafter.name, self._draft_costs[key])
+        return self._draft_costs[key]
 
     def cancel(self) -> None:
         """Stop the reply being written (a no-op when none is)."""

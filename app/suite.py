@@ -51,8 +51,14 @@ def parse_variant(text: str, block_size: int | None = None) -> DrafterSpec:
 def suite(cfg: SuiteConfig) -> dict:
     target = load_target(cfg.target)
     runners = [bench.make_runner(spec, target, cfg.target.allow_download) for spec in cfg.specs]
+    return run_suite(cfg, target, runners)
+
+
+def run_suite(cfg: SuiteConfig, target, runners: list[bench.Runner]) -> dict:
+    """Every runner (one per cfg.variants label) and the plain baseline on each prompt, their order rotated."""
     bench.warm_up(target)
     curve = relative_curve(target) if any(spec.adaptive for spec in cfg.specs) else ()
+    runners = [r.with_draft_cost(target) for r in runners]
     prompts = [p for path in cfg.prompts for p in bench.read_prompts(path, cfg.limit)]
     base, spec = [], [[] for _ in runners]
     for i, prompt in enumerate(tqdm(prompts, desc=f"suite x{len(runners)}", unit="prompt")):

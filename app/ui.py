@@ -26,7 +26,8 @@ from drafter.spec import LABELS as DRAFTER_LABELS
 __all__ = ["CSS", "build_ui"]
 UPDATE_EVERY_S = 0.1  # at most ~10 screen updates a second: the browser shares the CPU with the model
 CHART_EVERY_S = 1.5  # the per-slot chart is redrawn this often while a reply streams (a figure costs ~ a round)
-ADAPTIVE_LABEL = "Adaptive K: cut low-confidence draft tails (uses this machine's measured verify cost)"
+ADAPTIVE_LABEL = ("Adaptive K: cut low-confidence draft tails and skip the drafter while its drafts do not pay for it "
+                  "(uses this machine's measured verify cost)")
 TREE_LABEL = "FlashMap drafts per round (T = 0: verified together as a tree of at most K tokens)"
 TREE_CHOICES = [1, 2, 4, 8]
 # every ChatSettings field, by name: components map onto these keys

@@ -41,6 +41,9 @@ class GenerationConfig:
     # relative cost of one target forward over 1, 2, ... positions (core.verify_cost); when given, a draft
     # with confidences is cut to the length with the most expected tokens per unit of cost
     verify_cost: tuple[float, ...] = ()
+    # one drafter call relative to a one-position target forward (core.verify_cost.draft_cost): a draft whose best
+    # expected tokens per unit of cost, this included, do not beat a plain step counts as empty for the skips below
+    draft_cost: float = 0.0
     # with a cost curve: after a draft the curve cut to nothing, skip the drafter's call for 1, 2, 4, ... rounds, at
     # most this many (0: never skip); a flow drafter's pass costs ~15% of a target step on a CPU, wasted on empty drafts
     max_skip: int = 8
@@ -55,6 +58,8 @@ class GenerationConfig:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_skip < 0:
             raise ValueError(f"max_skip must be >= 0, got {self.max_skip}")
+        if not self.draft_cost >= 0:
+            raise ValueError(f"draft_cost must be >= 0, got {self.draft_cost}")
         if self.plain_probe_every < 0:
             raise ValueError(f"plain_probe_every must be >= 0, got {self.plain_probe_every}")
 
@@ -97,8 +102,8 @@ class _State:
 
 @dataclass
 class SkipEmpty:
-    """When to call the drafter: after `empty` drafts in a row came out empty (the adaptive cut kept nothing),
-    skip the next min(2^(empty-1), max_skip) rounds, which are then plain steps; a kept draft resets it.
+    """When to call the drafter: after `empty` drafts in a row that did not pay for themselves (draft_pays), skip
+    the next min(2^(empty-1), max_skip) rounds, which are then plain steps; a draft that paid resets it.
     A policy only: a skipped round verifies an empty draft, so the output stays exact."""
 
     max_skip: int
@@ -111,8 +116,8 @@ class SkipEmpty:
             return False
         return True
 
-    def drafted(self, n_tokens: int) -> None:
-        self.empty = 0 if n_tokens else self.empty + 1
+    def drafted(self, paid: bool) -> None:
+        self.empty = 0 if paid else self.empty + 1
         self.wait = min(2 ** (self.empty - 1), self.max_skip) if self.empty else 0
 
 
@@ -130,6 +135,32 @@ class PlainProbe:
 
     def record(self, plain: bool) -> None:
         self.since_plain = 0 if plain else self.since_plain + 1
+
+
+@dataclass
+class DraftPolicy:
+    """When to call the drafter and how much of a draft to verify: the adaptive cut under the verify cost
+    (clip_draft), the skips after drafts that did not pay for the drafter's call (SkipEmpty, draft_pays) and the
+    plain probes (PlainProbe). A policy only: whatever it decides, verification keeps the output exact."""
+
+    gen: GenerationConfig
+    skip: SkipEmpty
+    probe: PlainProbe
+
+    @classmethod
+    def for_run(cls, gen: GenerationConfig) -> "DraftPolicy":
+        return cls(gen, SkipEmpty(gen.max_skip if gen.verify_cost else 0), PlainProbe(gen.plain_probe_every))
+
+    def draft_now(self) -> bool:
+        return self.skip.draft_now() and not self.probe.due()
+
+    def cut(self, proposal: Draft | None, k: int) -> Draft:
+        """The part of the proposal to verify (an empty draft for none)."""
+        draft = clip_draft(proposal, k, self.gen.verify_cost)
+        if proposal is not None and proposal.confidence is not None and self.gen.verify_cost:  # a draft it can cut
+            self.skip.drafted(draft_pays(proposal.confidence[:k], self.gen.verify_cost, self.gen.draft_cost))
+        self.probe.record(plain=len(draft.tokens) == 0)
+        return draft
 
 
 def target_forward(target: Target, ids: list[int], cache: DynamicCache, layers: tuple[int, ...], keep: int = 0,
@@ -177,6 +208,20 @@ def best_draft_length(confidence: torch.Tensor, verify_cost: tuple[float, ...]) 
     expected = torch.cat([torch.ones(1, dtype=torch.float64), 1 + reach.cumsum(0)])  # (n_max+1,) n = 0..n_max
     cost = torch.tensor(verify_cost[: n_max + 1], dtype=torch.float64)
     return int((expected / cost).argmax())
+
+
+def draft_pays(confidence: torch.Tensor, verify_cost: tuple[float, ...], draft_cost: float) -> bool:
+    """Whether drafting beats a plain step in expected tokens per unit of cost when the drafter's own call is paid
+    too: max over n >= 1 of (1 + sum_{k<=n} prod_{j<=k} c_j) / (cost(n + 1) + draft_cost) > 1 / cost(1) = 1.
+    With draft_cost = 0 this is "the cut keeps something" (best_draft_length > 0). The draft in hand is sunk, so
+    its cut ignores draft_cost; this only tells the skip policy whether the next call is likely worth making."""
+    n_max = min(len(confidence), len(verify_cost) - 1)
+    if n_max < 1:
+        return False
+    reach = torch.cumprod(confidence[:n_max].double().clamp(0, 1), 0)  # (n_max,) P(slots 1..n all accepted)
+    expected = 1 + reach.cumsum(0)  # (n_max,) n = 1..n_max
+    cost = torch.tensor(verify_cost[1 : n_max + 1], dtype=torch.float64) + draft_cost  # (n_max,)
+    return bool((expected / cost).max() > 1.0)
 
 
 def clip_draft(draft: Draft | None, k: int, verify_cost: tuple[float, ...] = ()) -> Draft:
@@ -273,8 +318,7 @@ def generate(
     draft_gen = torch.Generator(device="cpu").manual_seed(gen.seed + 1)  # drafter noise, independent of target
     verify_gen = torch.Generator(device=target.device).manual_seed(gen.seed)
     state = _State(len(prompt_ids))
-    skip = SkipEmpty(gen.max_skip if gen.verify_cost else 0)
-    probe = PlainProbe(gen.plain_probe_every)
+    policy = DraftPolicy.for_run(gen)
     cache = DynamicCache(config=target.model.config)
     with torch.inference_mode():
         t0 = clock()
@@ -296,12 +340,8 @@ def generate(
             t0 = clock()
             room = gen.max_new_tokens - len(state.output)
             k = min(block_size, room - 1)
-            asked = drafter is not None and k > 0 and skip.draft_now() and not probe.due()
-            proposal = drafter.propose(anchor, k, gen.sampling, draft_gen) if asked else None
-            draft = clip_draft(proposal, k, gen.verify_cost)
-            if proposal is not None and proposal.confidence is not None:  # a draft the cost curve can cut
-                skip.drafted(len(draft.tokens))
-            probe.record(plain=len(draft.tokens) == 0)
+            asked = drafter is not None and k > 0 and policy.draft_now()
+            draft = policy.cut(drafter.propose(anchor, k, gen.sampling, draft_gen) if asked else None, k)
             trie = round_trie(draft, k)
             t1 = clock()
             block = [anchor, *trie.tokens]  # (T,) = (K+1,) for a full chain

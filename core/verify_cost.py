@@ -24,6 +24,7 @@ from transformers import DynamicCache
 
 from core.drafting import MAX_BLOCK_SIZE
 from core.engine import keep_positions, target_forward
+from core.sampling import SamplingConfig
 from core.target import CPU_LINEARS, add_target_args, load_target, target_config_from_args
 
 POSITIONS = (1, 2, 4, 8, 16, 17)
@@ -51,12 +52,9 @@ def timed_passes(target, context: int, repeats: int, positions=POSITIONS) -> Ite
         with torch.inference_mode():  # entered per pass: a suspended generator must not leave the caller in it
             for t in positions:
                 block = draw(t)
-                synchronize(target.device)
-                start = time.perf_counter()
-                target_forward(target, block, cache, ())
-                synchronize(target.device)  # CUDA runs asynchronously: time the work, not its launch
+                elapsed = _seconds(target.device, lambda: target_forward(target, block, cache, ()))
                 if repeat:
-                    times[t].append(time.perf_counter() - start)
+                    times[t].append(elapsed)
                 keep_positions(cache, t, [])  # drop them all
         if repeat:
             yield times
@@ -75,6 +73,39 @@ def interleaved_costs(targets: dict, context: int, repeats: int, positions=POSIT
         for name, timed in passes.items():
             times[name] = next(timed)
     return {name: {t: statistics.median(v) for t, v in per_t.items()} for name, per_t in times.items()}
+
+
+def draft_cost(target, drafter, context: int = 256, repeats: int = 10) -> float:
+    """One drafter call (a whole block at T = 0 after `context` positions) relative to a one-position target forward,
+    medians, the two interleaved so that load on the machine hits both alike: what engine.draft_pays charges a draft
+    for the drafter's own time. Leaves the drafter reset."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (context + repeats + 1,), generator=gen)
+    ids = ids.tolist()
+    cache = DynamicCache(config=target.model.config)
+    greedy = SamplingConfig(temperature=0.0)
+    forward_s, propose_s = [], []
+    with torch.inference_mode():
+        _, features = target_forward(target, ids[:context], cache, drafter.feature_layers)
+        drafter.reset()
+        drafter.extend(ids[:context], features)
+        for repeat in range(repeats + 1):  # the first of each, a warm-up, is not timed
+            step = [ids[context + repeat]]
+            forward_s.append(_seconds(target.device, lambda: target_forward(target, step, cache, ())))
+            keep_positions(cache, 1, [])
+            block = drafter.max_block_size
+            propose_s.append(_seconds(target.device, lambda: drafter.propose(ids[context], block, greedy, gen)))
+    drafter.reset()
+    return statistics.median(propose_s[1:]) / statistics.median(forward_s[1:])
+
+
+def _seconds(device: torch.device, work) -> float:
+    """Wall seconds of work(); CUDA runs asynchronously, so time the work, not its launch."""
+    synchronize(device)
+    start = time.perf_counter()
+    work()
+    synchronize(device)
+    return time.perf_counter() - start
 
 
 def relative_from(times: dict[int, list[float]]) -> tuple[float, ...]:

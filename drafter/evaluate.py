@@ -121,6 +121,7 @@ class Rounds:
     n_accepted: torch.Tensor  # (R,) slots accepted
     draft_len: torch.Tensor  # (R,) slots proposed
     slot_nll: torch.Tensor  # (R, K) -log q(the response's token) per slot, nats (NaN for trees: M distributions)
+    confidence: torch.Tensor  # (R, K) each slot's largest probability, the engine's raw confidence (NaN for trees)
 
 
 def load_variant(variant: Variant, target) -> tuple:
@@ -140,7 +141,7 @@ def draft_rounds(variant: Variant, net, vocab_ids: torch.Tensor, target, seqs, s
     real = vocab_ids >= 0  # (V,)
     jobs = [(i, a) for i, seq_anchors in enumerate(anchors_of(seqs, k, stride)) for a in seq_anchors]
     generator = torch.Generator().manual_seed(seed)
-    drafts, n_accepted, draft_len, slot_nll = [], [], [], []
+    drafts, n_accepted, draft_len, slot_nll, confidence = [], [], [], [], []
     for start in tqdm(range(0, len(jobs), batch), desc=variant.label, unit="batch", leave=False):
         chunk = jobs[start:start + batch]  # sorted by sequence, then anchor: blocks_at keeps this order
         grouped = [(i, [a for _, a in group]) for i, group in groupby(chunk, key=lambda job: job[0])]
@@ -156,17 +157,19 @@ def draft_rounds(variant: Variant, net, vocab_ids: torch.Tensor, target, seqs, s
         if spec.tree > 1:
             draft, length, accepted = tree_rounds(draft, length, blocks.tokens, spec.tree)
             slot_nll.append(torch.full(blocks.tokens.shape, float("nan")))
+            confidence.append(torch.full(blocks.tokens.shape, float("nan")))
         else:
             accepted = accepted_prefix(draft, blocks.tokens)  # (B,)
             truth = probs.gather(-1, blocks.tokens[..., None])[..., 0]  # (B, K) q of the response's token
             slot_nll.append(-truth.clamp_min(1e-12).log())
+            confidence.append(probs.max(-1).values)  # (B, K)
         draft_len.append(length)
         n_accepted.append(accepted)
         past_cut = torch.arange(k) >= length[:, None]  # (B, K)
         drafts.append(torch.where(past_cut, -1, vocab_ids[draft]))  # (B, K)
     index = torch.tensor(jobs, dtype=torch.long).view(-1, 2)  # (R, 2)
     return Rounds(index[:, 0], index[:, 1], torch.cat(drafts), torch.cat(n_accepted), torch.cat(draft_len),
-                  torch.cat(slot_nll))
+                  torch.cat(slot_nll), torch.cat(confidence))
 
 
 def tree_rounds(draft: torch.Tensor, length: torch.Tensor, truth: torch.Tensor, m: int):

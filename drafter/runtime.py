@@ -6,6 +6,7 @@ K = block size, V = draft vocabulary, V_t = target vocabulary, D_t = target widt
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 from core.cpu_linear import pack_linears
 from core.drafting import Draft
 from core.sampling import SamplingConfig
+from drafter import calibration as calib
 from drafter import drafting, zlab_dflash
 from drafter.checkpoint import CheckpointError, read_checkpoint
 from drafter.config import DrafterConfig, ZLabFlowConfig
@@ -84,8 +86,10 @@ class FlowDrafter:
     """
 
     def __init__(self, net: FlowNet, vocab_ids: torch.Tensor, target, mode: str, steps: int = 1,
-                 best_of: int = 1, tree: int = 1, shared_noise: bool = True, noise_scale: float = 1.0):
+                 best_of: int = 1, tree: int = 1, shared_noise: bool = True, noise_scale: float = 1.0,
+                 calibration: calib.SlotCalibration | None = None):
         self.net = net
+        self.calibration = calibration  # per-slot confidence map fitted at T = 0 for this way of drafting
         self.sampler = drafting.BlockSampler(net, mode, steps, shared_noise, best_of, noise_scale)
         self.tree = tree  # drafts from independent noise per round, verified as a tree (App. D)
         self.name = mode if mode != "flowmap" else f"flashmap-{steps}step"
@@ -127,6 +131,8 @@ class FlowDrafter:
         # per-slot confidence = the largest probability of each slot's distribution, never the probability of the
         # sampled token: a cut that depended on the sampled values would bias the output at T > 0
         confidence = probs[: len(tokens)].max(-1).values  # (K',)
+        if self.calibration is not None and sampling.greedy:  # fitted on T = 0 acceptance (drafter/calibration.py)
+            confidence = self.calibration(confidence)  # (K',)
         if q_small is None:
             return Draft(target_tokens, None, confidence)
         q_draft = torch.zeros(len(tokens), self.target_vocab)  # (K', V_t): q = 0 outside the draft vocabulary
@@ -180,4 +186,18 @@ def load_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False)
     # frozen from here on: its linear layers prepacked for oneDNN (core.cpu_linear), a proposal 12.9 -> 7.2 ms here
     pack_linears(net)
     return FlowDrafter(net, vocab_ids, target, DRAFTER_MODES[name], steps=spec.steps, best_of=spec.best_of,
-                       tree=spec.tree, shared_noise=spec.noise == "shared", noise_scale=spec.noise_scale)
+                       tree=spec.tree, shared_noise=spec.noise == "shared", noise_scale=spec.noise_scale,
+                       calibration=calibration_for(spec, path))
+
+
+def calibration_for(spec: DrafterSpec, folder: Path) -> calib.SlotCalibration | None:
+    """The checkpoint's confidence calibration for this way of drafting, if it has one and the spec wants it. A
+    corrupt one, or one fitted to other weights, is refused with a warning: the drafter keeps its raw confidence
+    (the cut is a policy, so the output is exact either way; only the speed can differ)."""
+    if not spec.calibrated or spec.tree > 1:  # a tree's branches are cut by the trie, not by confidence
+        return None
+    try:
+        return calib.load(folder, spec.sampler_key())
+    except calib.CalibrationError as err:
+        logging.getLogger(__name__).warning("raw draft confidence for %s: %s", spec.text(), err)
+        return None

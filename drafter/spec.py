@@ -12,6 +12,8 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
   k=K          block size; unset = the drafter's own (the block it was trained for), and never above it
   adaptive=1   cut each draft to its best expected length under the measured verify cost
   skip=N       with adaptive: skip the drafter for up to N rounds after empty drafts (0: never; default 8)
+  calibrated=0 network drafters: the cut reads the raw confidence, not the checkpoint's calibration.json
+               (drafter/calibration.py; applied at T = 0 when one was fitted for this way of drafting)
   weights=DIR  a checkpoint other than weights/<target>/<name>
 
 `DrafterSpec.__post_init__` holds every rule about which option suits which drafter; `validate(sampling)`
@@ -34,7 +36,7 @@ LABELS = {"flashmap": "FlashMap", "flashmap-teacher": "FlashMap teacher", "dflas
           "hf-prompt-lookup": "transformers prompt lookup"}
 # text key -> field; the order is the canonical text's
 KEYS = {"steps": "steps", "noise": "noise", "best_of": "best_of", "tree": "tree", "scale": "noise_scale",
-        "k": "block_size", "adaptive": "adaptive", "skip": "max_skip", "weights": "weights"}
+        "k": "block_size", "adaptive": "adaptive", "skip": "max_skip", "calibrated": "calibrated", "weights": "weights"}
 
 
 class SpecError(ValueError):
@@ -52,6 +54,7 @@ class DrafterSpec:
     block_size: int | None = None  # K; None: the drafter's own
     adaptive: bool = False
     max_skip: int = 8
+    calibrated: bool = True
     weights: str | None = None
 
     def __post_init__(self):
@@ -78,6 +81,8 @@ class DrafterSpec:
             return "choose best-of-M or a tree of M drafts, not both"
         if name in HF_BASELINES and (self.adaptive or self.weights):
             return "transformers' generate takes no adaptive cut and no drafter weights"
+        if not self.calibrated and name not in NET_DRAFTERS:
+            return f"calibrated applies to the network drafters ({', '.join(NET_DRAFTERS)}) only"
         if name == "none" and self.weights:
             return "plain decoding has no drafter to give weights to"
         return None
@@ -108,6 +113,7 @@ class DrafterSpec:
         words += [f"K={self.block_size}"] if self.block_size else []
         every_round = ", drafter called every round" if self.max_skip == 0 else " (drafter skipped after empty drafts)"
         words += [f"adaptive K{every_round}"] if self.adaptive else []
+        words += ["raw confidence"] if not self.calibrated else []
         words += [f"{Path(self.weights).parent.name} checkpoint"] if self.weights else []
         return ", ".join(words)
 
@@ -120,6 +126,11 @@ class DrafterSpec:
             if value != defaults[field]:
                 options.append(f"{key}={int(value) if isinstance(value, bool) else value}")
         return ",".join([self.name, *options])
+
+    def sampler_key(self) -> str:
+        """How the drafter drafts, without what the engine does with it (K, adaptive cut, skips, weights): the
+        key a confidence calibration is fitted for (drafter/calibration.py)."""
+        return DrafterSpec(self.name, self.steps, self.noise, self.best_of, self.tree, self.noise_scale).text()
 
     @classmethod
     def parse(cls, text: str, **defaults) -> "DrafterSpec":
@@ -140,7 +151,7 @@ def _cast(field: str, raw: str, text: str):
             return raw
         if field == "noise_scale":
             return float(raw)
-        if field == "adaptive":
+        if field in ("adaptive", "calibrated"):
             return bool(int(raw))
         return int(raw)
     except ValueError as err:

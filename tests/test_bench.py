@@ -97,3 +97,43 @@ def test_verify_cost_cli(tiny_folder, tmp_path):
     both = json.loads(out.read_text())["cpu_linear"]
     assert set(both) == {"onednn", "torch"} and all(set(c["seconds"]) == {"1", "2"} for c in both.values())
     assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()  # nothing left switched on
+
+
+class SleepyDrafter:
+    """A drafter whose call takes a fixed time: its measured cost must show it."""
+
+    name, feature_layers, max_block_size = "sleepy", (1,), 4
+
+    def __init__(self, seconds: float):
+        self.seconds, self.extended = seconds, 0
+
+    def reset(self):
+        self.extended = 0
+
+    def extend(self, token_ids, features):
+        assert features is not None and len(features) == len(token_ids)
+        self.extended += len(token_ids)
+
+    def propose(self, anchor, block_size, sampling, generator):
+        import time
+
+        from core.drafting import Draft
+
+        assert self.extended and sampling.greedy
+        time.sleep(self.seconds)
+        return Draft(torch.tensor([anchor] * block_size), None, torch.full((block_size,), 0.5))
+
+
+def test_draft_cost_is_the_drafter_call_against_one_target_step(tiny_folder):
+    from core.target import TargetConfig, load_target
+    from core.verify_cost import draft_cost
+
+    target = load_target(TargetConfig(target=str(tiny_folder)))
+    fast, slow = SleepyDrafter(0.0), SleepyDrafter(0.02)
+    fast_cost, slow_cost = draft_cost(target, fast, context=16, repeats=3), draft_cost(target, slow, 16, 3)
+    assert 0 < fast_cost < slow_cost and slow.extended == 0  # measured after a real context, then reset
+    runner = bench.Runner(bench.DrafterSpec("dflash", adaptive=True), 4, lambda ids, gen: None, slow)
+    measured = runner.with_draft_cost(target)
+    assert measured.draft_cost > 0 and measured.generation(bench.GenerationConfig(), (1.0, 1.1)).draft_cost > 0
+    plain = bench.Runner(bench.DrafterSpec("dflash"), 4, lambda ids, gen: None, slow)
+    assert plain.with_draft_cost(target) is plain and plain.generation(bench.GenerationConfig(), ()).draft_cost == 0

@@ -226,17 +226,60 @@ def test_adaptive_cut_is_exact_only_with_sample_independent_confidence():
     assert pvalue("sampled") < 1e-3  # the check has the power to see a sample-dependent cut's bias
 
 
+def test_a_draft_pays_when_its_expected_tokens_cover_the_drafter_call_too():
+    from core.engine import best_draft_length, draft_pays
+
+    flat = (1.0, 1.1, 1.0, 1.0, 1.2)  # a oneDNN-like curve: 3 and 4 positions cost what one does
+    half = torch.full((4,), 0.5)  # expected accepted 0.5, 0.75, 0.875, 0.94
+    assert draft_pays(half, flat, 0.0) and best_draft_length(half, flat) == 3
+    assert draft_pays(half, flat, 0.5)  # (1 + 0.875) / (1.0 + 0.5) = 1.25 > 1
+    assert not draft_pays(half, flat, 1.0)  # 1.875 / 2.0: a plain step gives more per unit of cost
+    weak = torch.tensor([0.15, 0.1, 0.1, 0.1])
+    assert best_draft_length(weak, flat) == 3 and not draft_pays(weak, flat, 0.2)  # kept, yet not worth a call
+    for conf in (torch.rand(6), torch.zeros(6), torch.ones(6)):  # no drafter cost: "the cut keeps something"
+        assert draft_pays(conf, flat, 0.0) == (best_draft_length(conf, flat) > 0)
+    assert not draft_pays(torch.ones(0), flat, 0.0) and not draft_pays(torch.ones(3), (1.0,), 0.0)
+    with pytest.raises(ValueError, match="draft_cost"):
+        GenerationConfig(draft_cost=-0.1)
+
+
+def test_drafts_that_do_not_pay_for_the_drafter_are_skipped_and_the_output_stays_exact(tiny_target):
+    class Unsure:  # always drafts the same two tokens with confidence 0.3: kept by the cut, not worth a call
+        name, feature_layers, max_block_size = "unsure", (), 2
+        calls = 0
+
+        def reset(self):
+            pass
+
+        def extend(self, token_ids, features):
+            pass
+
+        def propose(self, anchor, block_size, sampling, generator):
+            Unsure.calls += 1
+            return Draft(torch.tensor([5, 6])[:block_size], None, torch.full((min(2, block_size),), 0.3))
+
+    curve = (1.0, 1.1, 1.2)
+    plain, _ = generate_all(tiny_target, [5, 6, 7], GenerationConfig(max_new_tokens=24))
+    for draft_cost, few in ((0.0, False), (0.5, True)):
+        Unsure.calls = 0
+        gen = GenerationConfig(max_new_tokens=24, verify_cost=curve, draft_cost=draft_cost, max_skip=8)
+        out, events = generate_all(tiny_target, [5, 6, 7], gen, Unsure())
+        assert out == plain
+        rounds = len(events) - 1
+        assert (Unsure.calls < rounds / 2) == few  # with the call's cost counted, most rounds skip the drafter
+
+
 def test_skip_empty_backs_off_after_empty_drafts_and_resets_on_a_kept_one():
     from core.engine import SkipEmpty
 
     skip, pattern = SkipEmpty(max_skip=4), []
-    for n_tokens in (0, 0, 0, 0, 2, 0):
+    for paid in (False, False, False, False, True, False):
         calls = 0
         while not skip.draft_now():  # rounds skipped before the next drafter call
             calls += 1
         pattern.append(calls)
-        skip.drafted(n_tokens)
-    assert pattern == [0, 1, 2, 4, 4, 0]  # 1, 2, 4 then capped at 4; the kept draft (2 tokens) resets
+        skip.drafted(paid)
+    assert pattern == [0, 1, 2, 4, 4, 0]  # 1, 2, 4 then capped at 4; a draft that paid resets
     assert SkipEmpty(max_skip=0).draft_now() and GenerationConfig(max_skip=0).max_skip == 0
     with pytest.raises(ValueError, match="max_skip"):
         GenerationConfig(max_skip=-1)

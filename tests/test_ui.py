@@ -218,3 +218,23 @@ def test_flashmap_drafts_from_zero_noise_at_t0_only():
     assert ChatSettings(steps=2).spec().noise_scale == 0.0
     for other in (dict(temperature=1.0), dict(steps=2, temperature=0.7), dict(tree=4), dict(drafter="dflash")):
         assert ChatSettings(**other).spec().noise_scale == 1.0
+
+
+def test_an_adaptive_reply_charges_drafts_for_the_drafter_measured_once(service, monkeypatch):
+    from app import service as service_module
+
+    service = ChatService(service.target)  # its own drafters: none measured yet
+
+    calls, seen = [], []
+    monkeypatch.setattr(service_module, "measure_draft_cost", lambda target, drafter: calls.append(drafter) or 0.4)
+    real_generate = service_module.generate
+    monkeypatch.setattr(service_module, "generate",
+                        lambda target, ids, gen, *a, **k: seen.append(gen.draft_cost) or real_generate(target, ids, gen,
+                                                                                                      *a, **k))
+    monkeypatch.setattr(service, "verify_cost", (1.0,) * 17)
+    settings = ChatSettings(**SETTINGS)
+    drafter = service.drafter(settings.spec())
+    for _ in range(2):
+        service.run_once(service.prompt_ids([], "w10 w11", settings), settings, drafter)
+    service.run_once(service.prompt_ids([], "w10 w11", settings), ChatSettings(**SETTINGS, adaptive=False), drafter)
+    assert calls == [drafter] and seen == [0.4, 0.4, 0.0]  # measured on the first adaptive reply, then kept
