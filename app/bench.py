@@ -209,7 +209,8 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adaptive", action="store_true", default=None,
                         help="cut each draft to its best expected length under this machine's verify cost curve")
     parser.add_argument("--max-skip", type=int, default=None,
-                        help="with --adaptive: skip the drafter for up to N rounds after empty drafts (0: never; 8)")
+                        help="with --adaptive: skip the drafter for up to N rounds after drafts that did not pay for "
+                             "its call (0: never; 8)")
     parser.add_argument("--weights", default=None,
                         help="drafter checkpoint folder or hub id (default: weights/<target>/<drafter>)")
 

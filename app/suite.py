@@ -5,11 +5,12 @@ python -m app.suite --prompts FILE.jsonl [FILE ...] [--limit N per file] \
     [--block-size 16] [--temperature 0] [--max-new-tokens 128] --out FILE.json
 
 A variant is a drafter spec in its text form (drafter/spec.py): `drafter[,steps=N][,noise=shared|shuffled][,k=K]
-[,adaptive=1][,best_of=M][,tree=M][,skip=N][,weights=FOLDER]` (k overrides --block-size; unset, each drafter
-drafts its own block; adaptive=1 cuts each draft to its best expected length under the verify cost curve
+[,adaptive=1][,best_of=M][,tree=M][,skip=N][,calibrated=0][,weights=FOLDER]` (k overrides --block-size; unset, each
+drafter drafts its own block; adaptive=1 cuts each draft to its best expected length under the verify cost curve
 measured at start; best_of=M keeps the most confident of M noise draws; tree=M verifies M drafts together as a
-trie of at most k nodes, T=0 only; skip=N caps how many rounds the drafter is skipped after empty adaptive drafts,
-0 = never, default 8; weights picks a checkpoint other than weights/<target>/<drafter>).
+trie of at most k nodes, T=0 only; skip=N caps how many rounds the drafter is skipped after adaptive drafts that did
+not pay for its call, 0 = never, default 8; calibrated=0 cuts on the raw confidence; weights picks a checkpoint
+other than weights/<target>/<drafter>).
 For every prompt, plain decoding and each variant run back to back in an order rotated from prompt to prompt,
 so drift on a noisy machine hits all of them alike; each variant's summary has exactly the keys of
 `python -m app.bench`, with speedup measured against the same plain runs.

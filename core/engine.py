@@ -44,8 +44,8 @@ class GenerationConfig:
     # one drafter call relative to a one-position target forward (core.verify_cost.draft_cost): a draft whose best
     # expected tokens per unit of cost, this included, do not beat a plain step counts as empty for the skips below
     draft_cost: float = 0.0
-    # with a cost curve: after a draft the curve cut to nothing, skip the drafter's call for 1, 2, 4, ... rounds, at
-    # most this many (0: never skip); a flow drafter's pass costs ~15% of a target step on a CPU, wasted on empty drafts
+    # with a cost curve: after drafts that did not pay (draft_pays), skip the drafter's call for 1, 2, 4, ... rounds,
+    # at most this many (0: never skip); a FlashMap jump costs ~0.24 of a target step on this CPU, two jumps ~0.58
     max_skip: int = 8
     # with a drafter: if no round of the last N was a plain step (an empty draft), make the next one plain, so a
     # reply always carries plain-step timings measured under its own load (the app's honest speed ratio); 0: never

@@ -18,13 +18,15 @@ block after them), batched, from the cached features: thousands of rounds in min
 tens that the engine bench affords here. It differs from the engine's figure only in which anchors
 count (the engine's rounds sit one accepted block apart) and in the K slots it can see (the engine
 also meets the end of the response). Same data = same anchors for every variant: a paired comparison.
+--walk visits the engine's anchors instead (walk_rounds): rounds crowd where drafts fail, so its tokens per
+round is lower than the uniform average and is what the engine's acceptance length is without a cut.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import groupby
 from pathlib import Path
 
@@ -130,46 +132,93 @@ def load_variant(variant: Variant, target) -> tuple:
     return load_named_net(variant.spec.name, folder, target)
 
 
-@torch.inference_mode()
-def draft_rounds(variant: Variant, net, vocab_ids: torch.Tensor, target, seqs, stride: int = 1, batch: int = 128,
-                 seed: int = 0) -> Rounds:
-    """Draft at every stride-th anchor of each sequence, as the engine would at T=0."""
-    spec, k = variant.spec, variant.block_size(net)
-    sampler = BlockSampler(net, DRAFTER_MODES[spec.name], spec.steps, spec.noise == "shared", spec.best_of,
-                           spec.noise_scale)
-    to_draft = target_to_draft_map(vocab_ids, target.vocab_size)
-    real = vocab_ids >= 0  # (V,)
-    jobs = [(i, a) for i, seq_anchors in enumerate(anchors_of(seqs, k, stride)) for a in seq_anchors]
-    generator = torch.Generator().manual_seed(seed)
-    drafts, n_accepted, draft_len, slot_nll, confidence = [], [], [], [], []
-    for start in tqdm(range(0, len(jobs), batch), desc=variant.label, unit="batch", leave=False):
-        chunk = jobs[start:start + batch]  # sorted by sequence, then anchor: blocks_at keeps this order
-        grouped = [(i, [a for _, a in group]) for i, group in groupby(chunk, key=lambda job: job[0])]
-        blocks = blocks_at(target, [seqs[i] for i, _ in grouped], [anchors for _, anchors in grouped],
-                           k, net.cfg.context_window, net.cfg.feature_layers, to_draft)
+@dataclass(frozen=True)
+class Drafting:
+    """One variant's network made ready to draft offline blocks at T = 0."""
+
+    variant: Variant
+    net: object
+    vocab_ids: torch.Tensor  # (V,) target id per draft id, -1 for "other"
+    target: object
+    sampler: BlockSampler
+    generator: torch.Generator
+
+    @classmethod
+    def of(cls, variant: Variant, net, vocab_ids: torch.Tensor, target, seed: int = 0) -> "Drafting":
+        spec = variant.spec
+        sampler = BlockSampler(net, DRAFTER_MODES[spec.name], spec.steps, spec.noise == "shared", spec.best_of,
+                               spec.noise_scale)
+        return cls(variant, net, vocab_ids, target, sampler, torch.Generator().manual_seed(seed))
+
+    @property
+    def block_size(self) -> int:
+        return self.variant.block_size(self.net)
+
+    def at(self, seqs, jobs: list[tuple[int, int]]) -> Rounds:
+        """Draft at the (sequence, anchor) jobs, sorted by sequence then anchor, as the engine would at T=0."""
+        spec, k, net, vocab_ids = self.variant.spec, self.block_size, self.net, self.vocab_ids
+        grouped = [(i, [a for _, a in group]) for i, group in groupby(jobs, key=lambda job: job[0])]
+        blocks = blocks_at(self.target, [seqs[i] for i, _ in grouped], [anchors for _, anchors in grouped],
+                           k, net.cfg.context_window, net.cfg.feature_layers,
+                           target_to_draft_map(vocab_ids, self.target.vocab_size))
         ctx, mask = blocks.context(net)
         if spec.tree > 1:  # M noise draws per anchor, flattened anchor-major to (B*M, K, V)
-            probs = sampler.draws(ctx, mask, k, generator, spec.tree).flatten(0, 1)
+            probs = self.sampler.draws(ctx, mask, k, self.generator, spec.tree).flatten(0, 1)
         else:
-            probs = sampler.probs(ctx, mask, k, generator)  # (B, K, V)
-        probs = fold_unused(probs, real)
+            probs = self.sampler.probs(ctx, mask, k, self.generator)  # (B, K, V)
+        probs = fold_unused(probs, vocab_ids >= 0)
         draft, length = greedy_block(probs)  # (B or B*M, K), (B or B*M,): the T=0 proposal
         if spec.tree > 1:
             draft, length, accepted = tree_rounds(draft, length, blocks.tokens, spec.tree)
-            slot_nll.append(torch.full(blocks.tokens.shape, float("nan")))
-            confidence.append(torch.full(blocks.tokens.shape, float("nan")))
+            slot_nll = confidence = torch.full(blocks.tokens.shape, float("nan"))
         else:
             accepted = accepted_prefix(draft, blocks.tokens)  # (B,)
             truth = probs.gather(-1, blocks.tokens[..., None])[..., 0]  # (B, K) q of the response's token
-            slot_nll.append(-truth.clamp_min(1e-12).log())
-            confidence.append(probs.max(-1).values)  # (B, K)
-        draft_len.append(length)
-        n_accepted.append(accepted)
+            slot_nll, confidence = -truth.clamp_min(1e-12).log(), probs.max(-1).values  # (B, K) x2
         past_cut = torch.arange(k) >= length[:, None]  # (B, K)
-        drafts.append(torch.where(past_cut, -1, vocab_ids[draft]))  # (B, K)
-    index = torch.tensor(jobs, dtype=torch.long).view(-1, 2)  # (R, 2)
-    return Rounds(index[:, 0], index[:, 1], torch.cat(drafts), torch.cat(n_accepted), torch.cat(draft_len),
-                  torch.cat(slot_nll), torch.cat(confidence))
+        index = torch.tensor(jobs, dtype=torch.long).view(-1, 2)  # (B, 2)
+        return Rounds(index[:, 0], index[:, 1], torch.where(past_cut, -1, vocab_ids[draft]), accepted, length,
+                      slot_nll, confidence)
+
+
+def concat(parts: list[Rounds]) -> Rounds:
+    return Rounds(*(torch.cat([getattr(p, f.name) for p in parts]) for f in fields(Rounds)))
+
+
+@torch.inference_mode()
+def draft_rounds(variant: Variant, net, vocab_ids: torch.Tensor, target, seqs, stride: int = 1, batch: int = 128,
+                 seed: int = 0, walk: bool = False) -> Rounds:
+    """Draft at every stride-th anchor of each sequence (walk: at the anchors the engine's rounds visit), as the
+    engine would at T=0."""
+    drafting = Drafting.of(variant, net, vocab_ids, target, seed)
+    if walk:
+        return concat(list(walk_rounds(drafting, seqs, batch)))
+    jobs = [(i, a) for i, seq_anchors in enumerate(anchors_of(seqs, drafting.block_size, stride)) for a in seq_anchors]
+    return concat([drafting.at(seqs, jobs[start:start + batch])
+                   for start in tqdm(range(0, len(jobs), batch), desc=variant.label, unit="batch", leave=False)])
+
+
+def walk_rounds(drafting: Drafting, seqs, batch: int):
+    """The engine's own walk through each response at T = 0 without a cut: the first anchor is the token the prefill
+    produced (position prompt_len), and each round's next anchor is the target's token after the accepted prefix
+    (a + n_accepted + 1), while a full block follows it. Rounds then fall as densely as the engine's do, many where
+    drafts fail and few where they succeed, so tokens per round here is what the engine's acceptance length is at K
+    (the uniform-anchor average overstates it). Yields the rounds of each batch of sequences, one round per sequence
+    at a time."""
+    k = drafting.block_size
+    position = {i: s.prompt_len for i, s in enumerate(seqs) if s.prompt_len < len(s.tokens) - k}  # the prefill's token
+    progress = tqdm(desc=f"{drafting.variant.label} (walk)", unit="round", leave=False)
+    while position:
+        active = sorted(position.items())
+        for start in range(0, len(active), batch):
+            part = drafting.at(seqs, active[start:start + batch])
+            for i, a, n in zip(part.seq_index.tolist(), part.anchor.tolist(), part.n_accepted.tolist()):
+                position[i] = a + n + 1
+                if position[i] > len(seqs[i].tokens) - 1 - k:  # no full block after it: the walk ends here
+                    del position[i]
+            progress.update(len(part.n_accepted))
+            yield part
+    progress.close()
 
 
 def tree_rounds(draft: torch.Tensor, length: torch.Tensor, truth: torch.Tensor, m: int):
@@ -192,10 +241,10 @@ def tree_rounds(draft: torch.Tensor, length: torch.Tensor, truth: torch.Tensor, 
 
 
 def evaluate_variant(variant: Variant, loaded: tuple, target, seqs, domains: list[str], stride: int, batch: int,
-                     seed: int) -> dict:
+                     seed: int, walk: bool = False) -> dict:
     k = variant.block_size(loaded[0])
     began = time.perf_counter()
-    rounds = draft_rounds(variant, *loaded, target, seqs, stride, batch, seed)
+    rounds = draft_rounds(variant, *loaded, target, seqs, stride, batch, seed, walk)
     seconds = time.perf_counter() - began
     domain_of_round = [domains[i] for i in rounds.seq_index.tolist()]
     by_domain = {}
@@ -206,8 +255,10 @@ def evaluate_variant(variant: Variant, loaded: tuple, target, seqs, domains: lis
             "all": tally(rounds.n_accepted, rounds.draft_len, k), **by_domain,
             # the teacher gate (issue #15): how well each slot's distribution predicts the response, in nats
             "per_slot_cross_entropy": [round(x, 4) for x in rounds.slot_nll.mean(0).tolist()],
-            # per round, for paired comparisons between variants of one K (same data -> same anchors)
-            "rounds": {"sequence": rounds.seq_index.tolist(), "n_accepted": rounds.n_accepted.tolist()}}
+            # per round, for paired comparisons between variants of one K (same data -> same anchors; not in a walk,
+            # where each variant's anchors follow its own acceptances)
+            "rounds": {"sequence": rounds.seq_index.tolist(), "anchor": rounds.anchor.tolist(),
+                       "n_accepted": rounds.n_accepted.tolist()}}
 
 
 def held_out_sequences(folder: Path, layers: tuple[int, ...], limit: int | None) -> tuple[list, list[str]]:
@@ -231,6 +282,9 @@ def main(argv=None) -> None:
     parser.add_argument("--block-size", type=int, default=None,
                         help="K for variants without k= (default and upper limit: the checkpoint's own block)")
     parser.add_argument("--stride", type=int, default=2, help="every N-th anchor of each response")
+    parser.add_argument("--walk", action="store_true",
+                        help="instead, the anchors the engine's rounds visit (each one accepted block after the "
+                             "last; no cut): tokens per round as the engine counts them")
     parser.add_argument("--batch", type=int, default=128, help="blocks per drafter pass")
     parser.add_argument("--limit", type=int, default=None, help="first N sequences of each domain")
     parser.add_argument("--seed", type=int, default=0, help="noise seed of the flow drafters")
@@ -247,9 +301,10 @@ def main(argv=None) -> None:
     if len(layers) != 1:
         raise SystemExit(f"variants read different target layers {sorted(layers)}: evaluate them separately")
     seqs, domains = held_out_sequences(folder, layers.pop(), args.limit)
-    results = [evaluate_variant(v, net_vocab, target, seqs, domains, args.stride, args.batch, args.seed)
+    results = [evaluate_variant(v, net_vocab, target, seqs, domains, args.stride, args.batch, args.seed, args.walk)
                for v, net_vocab in zip(variants, loaded)]
-    report = {"data": str(folder), "stride": args.stride, "block_size": args.block_size, "sequences": len(seqs),
+    report = {"data": str(folder), "stride": None if args.walk else args.stride, "walk": args.walk,
+              "block_size": args.block_size, "sequences": len(seqs),
               "sequence_domains": domains, "results": results}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

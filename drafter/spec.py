@@ -11,7 +11,8 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
                (scale=0: the jumps from x0 = 0, a deterministic draft)
   k=K          block size; unset = the drafter's own (the block it was trained for), and never above it
   adaptive=1   cut each draft to its best expected length under the measured verify cost
-  skip=N       with adaptive: skip the drafter for up to N rounds after empty drafts (0: never; default 8)
+  skip=N       with adaptive: skip the drafter for up to N rounds after drafts that did not pay for its call
+               (engine.draft_pays; 0: never; default 8)
   calibrated=0 network drafters: the cut reads the raw confidence, not the checkpoint's calibration.json
                (drafter/calibration.py; applied at T = 0 when one was fitted for this way of drafting)
   weights=DIR  a checkpoint other than weights/<target>/<name>

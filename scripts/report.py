@@ -394,7 +394,63 @@ def build(results: Path, out: Path) -> str:
                                                               "defaults17_t1.json") if (run := load(results, name))])
     if profile := load(results, "profile_train.json"):
         doc += profile_section(profile)
+    if walk := load(results, "offline_walk.json"):
+        doc += walk_section(walk, load(results, "offline_issue15.json"))
+    if calibration := load(results, "calibration.json"):
+        doc += calibration_section(calibration, [run for name in ("policy_ab_t0.json", "policy_ab_2step_t0.json")
+                                                 if (run := load(results, name))])
     return "\n".join(doc)
+
+
+def walk_section(walk: dict, uniform: dict | None) -> list[str]:
+    """Session 10: held-out acceptance at the anchors the engine's rounds visit, beside the uniform-anchor figure."""
+    doc = ["## Acceptance where the engine's rounds fall (session 10)", "",
+           "`python -m drafter.evaluate --data data/smollm2-val --walk`: each response walked as the engine walks it "
+           "at T = 0 without a cut (the next anchor one accepted block after the last), "
+           f"{walk['results'][0]['all']['rounds']:,} rounds per drafter. Rounds crowd where drafts fail, so tokens per "
+           "round here is lower than the every-16th-anchor average that the issue's targets use, and it is what the "
+           "engine's acceptance length is at K = 16.", ""] + acceptance_rows(walk)
+    if uniform:
+        by_variant = {r["variant"]: r["all"]["acceptance_length"] for r in uniform["results"]}
+        rows = [f"{label(r['variant'])}: {by_variant[r['variant']]:.3f} → {r['all']['acceptance_length']:.3f}"
+                for r in walk["results"] if r["variant"] in by_variant]
+        doc += ["Every 16th anchor → the engine's anchors: " + "; ".join(rows) + ".", ""]
+    return doc
+
+
+def calibration_section(calibration: dict, ab_runs: list[dict]) -> list[str]:
+    """Session 10: what the adaptive cut believes about a draft (raw and calibrated confidence, held out) and the
+    draft policy that reads it, against the one before, in the engine."""
+    doc = ["## What the adaptive cut believes: calibrated confidence and the drafter's cost (session 10)", "",
+           f"`python -m drafter.calibrate --data data/smollm2-val --stride {calibration['stride']} --variants …`: at "
+           "every anchor of the held-out responses, the expected accepted slots of a full draft that the cut computes "
+           "from each slot's confidence (sum_k prod_{j<=k} c_j) against the slots the target accepted; calibrated = "
+           "per-slot Platt maps fitted on the other half of the sequences (two folds by sequence).", "",
+           "| drafter | domain | rounds | accepted | expected, raw confidence | expected, calibrated |",
+           "|---|---|---|---|---|---|"]
+    for r in calibration["results"]:
+        for domain, row in r["held_out"].items():
+            doc.append(f"| {label(r['variant'])} | {domain} | {row['rounds']:,} | {row['accepted']:.2f} | "
+                       f"{row['expected_raw']:.2f} | {row['expected_calibrated']:.2f} |")
+    if not ab_runs:
+        return doc + [""]
+    doc += ["", "`python -m scripts.policy_ab --prompts eval_math eval_code eval_chat --limit N --max-new-tokens 96 "
+            "--drafters …` (app.suite's rotation, one plain baseline, background training paused): the adaptive policy "
+            "now (**new**: calibrated confidence, each draft charged for the drafter's call when deciding to skip the "
+            "next) against **before** (raw confidence, no drafter cost) and the two halves alone. Drafter calls = "
+            "rounds whose draft reached the target (a cut to nothing or a skip makes a plain step).", "",
+            "| drafter | policy | math | code | chat | all | drafter cost | drafts verified / rounds | identical |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for run in ab_runs:
+        for r in run["results"]:
+            spec, _, arm = r["variant"].partition(" [")
+            sp = domain_speedups(run, r)
+            charged = f"{r['draft_cost']:.2f}" if "draft_cost" not in r.get("overrides", {}) else "not charged"
+            doc.append(f"| {label(spec)} ({run['limit']} prompts each) | {arm.rstrip(']')} | "
+                       + " | ".join(f"{sp[d]:.2f}×" for d in ("math", "code", "chat", "all"))
+                       + f" | {charged} | {r['per_slot_reached'][0]} / {r['rounds']} | "
+                       + ("yes" if r["identical_to_baseline"] else "**no**") + " |")
+    return doc + [""]
 
 
 def domain_speedups(run: dict, result: dict) -> dict[str, float]:

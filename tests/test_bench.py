@@ -137,3 +137,31 @@ def test_draft_cost_is_the_drafter_call_against_one_target_step(tiny_folder):
     assert measured.draft_cost > 0 and measured.generation(bench.GenerationConfig(), (1.0, 1.1)).draft_cost > 0
     plain = bench.Runner(bench.DrafterSpec("dflash"), 4, lambda ids, gen: None, slow)
     assert plain.with_draft_cost(target) is plain and plain.generation(bench.GenerationConfig(), ()).draft_cost == 0
+
+
+def test_report_shows_what_the_cut_believes_and_the_policy_ab():
+    from scripts import report
+
+    calibration = {"stride": 16, "results": [{"variant": "flashmap,scale=0", "held_out": {
+        "all": {"rounds": 1626, "accepted": 1.05, "expected_raw": 2.36, "expected_calibrated": 1.04}}}]}
+    row = dict(per_prompt=[{"tokens": 10, "s": 1.0, "baseline_tokens": 10, "baseline_s": 1.2}] * 3,
+               draft_cost=0.24, per_slot_reached=[5], rounds=9, identical_to_baseline=True)
+    run = {"prompts_files": ["eval_math", "eval_code", "eval_chat"], "limit": 1, "results": [
+        dict(row, variant="flashmap,scale=0.0,adaptive=1 [new]", overrides={}),
+        dict(row, variant="flashmap,scale=0.0,adaptive=1,calibrated=0 [before]", overrides={"draft_cost": 0.0})]}
+    text = "\n".join(report.calibration_section(calibration, [run]))
+    assert "| 1,626 | 1.05 | 2.36 | 1.04 |" in text
+    assert "| new | 1.20× | 1.20× | 1.20× | 1.20× | 0.24 | 5 / 9 | yes |" in text
+    assert "raw confidence (1 prompts each) | before |" in text and "not charged" in text
+
+
+def test_report_puts_the_engines_anchors_beside_the_uniform_ones():
+    from scripts import report
+
+    def run(value):
+        return {"results": [{"variant": "dflash", "weights": None, "all": {"acceptance_length": value, "rounds": 9},
+                             "math": {"acceptance_length": value}}]}
+
+    text = "\n".join(report.walk_section(run(1.738), run(2.034)))
+    assert "9 rounds per drafter" in text and "| DFlash-style | 1.738 | 1.738 |" in text
+    assert "DFlash-style: 2.034 → 1.738" in text

@@ -106,6 +106,22 @@ def test_offline_drafts_and_acceptance_equal_the_engine_rounds(tiny_target, tmp_
             position += len(ev.committed)
     assert compared >= 6
     assert (rounds.draft >= 0).any()  # non-empty drafts were compared
+    # --walk visits exactly the engine's anchors and accepts what it accepted, wherever the engine drafted a full block
+    walked = draft_rounds(variant, *load_variant(variant, tiny_target), tiny_target, seqs, batch=1, walk=True)
+    walk = {(int(i), int(a)): int(n) for i, a, n in zip(walked.seq_index, walked.anchor, walked.n_accepted)}
+    for i, (prompt, seq) in enumerate(zip(prompts, seqs)):
+        _, events = generate_all(tiny_target, prompt, gen, drafter)
+        position, visited = len(prompt), []
+        for ev in events[1:]:
+            room = len(outputs[i]) - (position - len(prompt) + 1)
+            if room - 1 >= 4:  # a full block: the walk drafts here too, and nowhere the engine did not
+                visited.append((i, position))
+                assert walk[(i, position)] == ev.n_accepted
+            position += len(ev.committed)
+        extra = {a for (j, a) in walk if j == i} - {a for _, a in visited}
+        assert {a for _, a in visited} <= {a for (j, a) in walk if j == i}
+        assert extra <= {len(seq.tokens) - 1 - 4}  # the walk may draft one last full block where the engine keeps
+        # room for its own token at max_new_tokens
     # the teacher gate's cross-entropy: -log of what the drafted distribution gave the response's token
     loaded, _ = load_variant(variant, tiny_target)
     to_draft = target_to_draft_map(vocab_ids, tiny_target.vocab_size)
