@@ -69,4 +69,12 @@ run defaults17_t0 "${E[@]}" eval_chat --limit 3 --variants flashmap,scale=0,adap
 run defaults17_t0_rerun "${E[@]}" --limit 5 --variants flashmap,scale=0,adaptive=1
 run defaults17_t1 "${E[@]}" eval_chat --limit 3 --temperature 1 --variants flashmap,adaptive=1 \
   flashmap,scale=0,adaptive=1 dflash,adaptive=1
+# session 10: the adaptive policy now (calibrated confidence, drafts charged for the drafter's call) against before
+ab() { local name=$1; shift; [ -f "$R/$name.json" ] || $PY -m scripts.policy_ab "$@" --out "$R/$name.json"; }
+ab policy_ab_t0 --prompts eval_math eval_code eval_chat --limit 4 --max-new-tokens 96 \
+  --drafters flashmap,scale=0 dflash --arms new before
+ab policy_ab_2step_t0 --prompts eval_math eval_code eval_chat --limit 4 --max-new-tokens 96 \
+  --drafters flashmap,steps=2,scale=0 --arms new before calibrated charged
+ab policy_ab_t1 --prompts eval_math eval_code eval_chat --limit 4 --max-new-tokens 96 --temperature 1 \
+  --drafters flashmap --arms new before
 $PY -m scripts.report

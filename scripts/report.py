@@ -397,8 +397,8 @@ def build(results: Path, out: Path) -> str:
     if walk := load(results, "offline_walk.json"):
         doc += walk_section(walk, load(results, "offline_issue15.json"))
     if calibration := load(results, "calibration.json"):
-        doc += calibration_section(calibration, [run for name in ("policy_ab_t0.json", "policy_ab_2step_t0.json")
-                                                 if (run := load(results, name))])
+        doc += calibration_section(calibration, [run for name in ("policy_ab_t0.json", "policy_ab_2step_t0.json",
+                                                                  "policy_ab_t1.json") if (run := load(results, name))])
     return "\n".join(doc)
 
 
@@ -435,21 +435,23 @@ def calibration_section(calibration: dict, ab_runs: list[dict]) -> list[str]:
     if not ab_runs:
         return doc + [""]
     doc += ["", "`python -m scripts.policy_ab --prompts eval_math eval_code eval_chat --limit N --max-new-tokens 96 "
-            "--drafters …` (app.suite's rotation, one plain baseline, background training paused): the adaptive policy "
-            "now (**new**: calibrated confidence, each draft charged for the drafter's call when deciding to skip the "
-            "next) against **before** (raw confidence, no drafter cost) and the two halves alone. Drafter calls = "
-            "rounds whose draft reached the target (a cut to nothing or a skip makes a plain step).", "",
-            "| drafter | policy | math | code | chat | all | drafter cost | drafts verified / rounds | identical |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "--drafters … [--temperature 1]` (app.suite's rotation, one plain baseline, background training paused; "
+            "the lines in scripts/bench_report.sh): the adaptive policy now (**new**: calibrated confidence at T = 0, "
+            "each draft charged for the drafter's call when deciding to skip the next) against **before** (raw "
+            "confidence, no drafter cost) and the two halves alone (calibrated: no drafter cost; charged: raw "
+            "confidence). Drafts verified = rounds whose draft reached the target (a cut to nothing or a skip makes a "
+            "plain step).", "",
+            "| T | drafter | policy | math | code | chat | all | drafter cost | drafts verified / rounds | identical |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for run in ab_runs:
         for r in run["results"]:
             spec, _, arm = r["variant"].partition(" [")
             sp = domain_speedups(run, r)
             charged = f"{r['draft_cost']:.2f}" if "draft_cost" not in r.get("overrides", {}) else "not charged"
-            doc.append(f"| {label(spec)} ({run['limit']} prompts each) | {arm.rstrip(']')} | "
+            same = "yes" if r["identical_to_baseline"] else ("—" if run["temperature"] else "**no**")
+            doc.append(f"| {run['temperature']:g} | {label(spec)} ({run['limit']} prompts each) | {arm.rstrip(']')} | "
                        + " | ".join(f"{sp[d]:.2f}×" for d in ("math", "code", "chat", "all"))
-                       + f" | {charged} | {r['per_slot_reached'][0]} / {r['rounds']} | "
-                       + ("yes" if r["identical_to_baseline"] else "**no**") + " |")
+                       + f" | {charged} | {r['per_slot_reached'][0]} / {r['rounds']} | {same} |")
     return doc + [""]
 
 
@@ -565,10 +567,10 @@ def issue15_section(run: dict) -> list[str]:
         ("flashmap,steps=2", "flashmap"), ("flashmap,scale=0", "flashmap"),
         ("flashmap,steps=2", "flashmap,steps=2,noise=shuffled"))
         if a in names and b in names]
-    for name in names:  # a variant with weights= is a previous checkpoint of the same drafter
+    for name in names:  # a variant with weights= is another checkpoint of the same drafter (previous or candidate)
         base = ",".join(part for part in name.split(",") if not part.startswith("weights="))
         if base != name and base in names:
-            pairs.append((f"{label(base)}: shipped − previous (`{name.split('weights=')[1]}`)", base, name))
+            pairs.append((f"{label(base)}: shipped − `{name.split('weights=')[1]}`", base, name))
     return (["## Issue #15 targets, offline", "",
              f"`python -m drafter.evaluate --data data/smollm2-val --stride {run['stride']}` (T = 0, K = 16, "
              f"{run['results'][0]['all']['rounds']:,} rounds per drafter, the shipped checkpoints). The last row is "

@@ -146,12 +146,12 @@ def test_report_shows_what_the_cut_believes_and_the_policy_ab():
         "all": {"rounds": 1626, "accepted": 1.05, "expected_raw": 2.36, "expected_calibrated": 1.04}}}]}
     row = dict(per_prompt=[{"tokens": 10, "s": 1.0, "baseline_tokens": 10, "baseline_s": 1.2}] * 3,
                draft_cost=0.24, per_slot_reached=[5], rounds=9, identical_to_baseline=True)
-    run = {"prompts_files": ["eval_math", "eval_code", "eval_chat"], "limit": 1, "results": [
+    run = {"prompts_files": ["eval_math", "eval_code", "eval_chat"], "limit": 1, "temperature": 0.0, "results": [
         dict(row, variant="flashmap,scale=0.0,adaptive=1 [new]", overrides={}),
         dict(row, variant="flashmap,scale=0.0,adaptive=1,calibrated=0 [before]", overrides={"draft_cost": 0.0})]}
     text = "\n".join(report.calibration_section(calibration, [run]))
     assert "| 1,626 | 1.05 | 2.36 | 1.04 |" in text
-    assert "| new | 1.20× | 1.20× | 1.20× | 1.20× | 0.24 | 5 / 9 | yes |" in text
+    assert "| new | 1.20× | 1.20× | 1.20× | 1.20× | 0.24 | 5 / 9 | yes |" in text and "| 0 | FlashMap" in text
     assert "raw confidence (1 prompts each) | before |" in text and "not charged" in text
 
 
