@@ -17,7 +17,7 @@ import torch
 
 from app.conversations import ConversationStore
 from core.drafting import MAX_BLOCK_SIZE
-from core.engine import GenerationConfig, RoundEvent, generate
+from core.engine import GenerationConfig, RoundEvent, charged_draft_cost, generate
 from core.sampling import SamplingConfig
 from core.stats import ReplySpeed
 from core.target import Target
@@ -87,7 +87,7 @@ class ChatSettings:
         its speed is always compared with plain decoding measured inside it (core.stats.ReplySpeed)."""
         return GenerationConfig(self.max_new_tokens, self.block_size, self.sampling(), self.stop_strings,
                                 seed=self.seed, verify_cost=verify_cost if self.adaptive else (),
-                                draft_cost=draft_cost if self.adaptive else 0.0,
+                                draft_cost=charged_draft_cost(draft_cost, self.sampling()) if self.adaptive else 0.0,
                                 plain_probe_every=PLAIN_PROBE_EVERY if drafting else 0)
 
 
@@ -155,7 +155,8 @@ class ChatService:
         with self.lock:
             self.cancel_event = cancel = cancel or threading.Event()
             speed, self.last_events = ReplySpeed(), []
-            cost = self.draft_cost(drafter) if settings.adaptive and self.verify_cost else 0.0
+            charged = settings.adaptive and self.verify_cost and settings.sampling().greedy  # engine.charged_draft_cost
+            cost = self.draft_cost(drafter) if charged else 0.0
             gen = settings.generation(self.verify_cost, drafting=drafter is not None, draft_cost=cost)
             for ev in generate(self.target, prompt_ids, gen, drafter, cancel):
                 speed.add(ev, time.perf_counter())

@@ -224,6 +224,14 @@ def draft_pays(confidence: torch.Tensor, verify_cost: tuple[float, ...], draft_c
     return bool((expected / cost).max() > 1.0)
 
 
+def charged_draft_cost(draft_cost: float, sampling: SamplingConfig) -> float:
+    """The drafter cost the skips should charge at these sampling settings: all of it at T = 0, none at T > 0. There a
+    draft's confidence (its largest probability) does not estimate its acceptance (sum_v min(p, q)) and no calibration
+    maps it (drafter/calibration.py fits T = 0), and charging on it skipped drafts that paid: the app's T = 1 default
+    0.98x -> 0.96x of plain decoding (docs/results/policy_ab_t1.json)."""
+    return draft_cost if sampling.greedy else 0.0
+
+
 def clip_draft(draft: Draft | None, k: int, verify_cost: tuple[float, ...] = ()) -> Draft:
     """No draft -> an empty one; a drafter that overshoots the room left is cut to k slots; with a cost
     curve, a draft with confidences is cut to its best expected length. (Alternatives are cut by the

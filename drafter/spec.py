@@ -112,7 +112,8 @@ class DrafterSpec:
         words += [f"tree of {self.tree} drafts"] if self.tree > 1 else []
         words += [f"noise × {self.noise_scale:g}"] if self.noise_scale != 1.0 else []
         words += [f"K={self.block_size}"] if self.block_size else []
-        every_round = ", drafter called every round" if self.max_skip == 0 else " (drafter skipped after empty drafts)"
+        every_round = (", drafter called every round" if self.max_skip == 0
+                       else " (drafter skipped after drafts that did not pay)")
         words += [f"adaptive K{every_round}"] if self.adaptive else []
         words += ["raw confidence"] if not self.calibrated else []
         words += [f"{Path(self.weights).parent.name} checkpoint"] if self.weights else []

@@ -9,7 +9,8 @@ For each drafter spec, with adaptive=1:
   before       raw confidence, no drafter cost: the policy as it was (commit 5fcc3e1)
   calibrated   calibrated confidence, no drafter cost
   charged      raw confidence, drafter cost charged
-Every output is checked against plain decoding (T = 0) as in app.suite.
+Every output is checked against plain decoding (T = 0) as in app.suite. At T > 0 the arms differ only in the drafter
+cost, which is charged at T = 0 only since commit e49702e's T = 1 run (engine.charged_draft_cost).
 """
 from __future__ import annotations
 

@@ -135,6 +135,8 @@ def test_draft_cost_is_the_drafter_call_against_one_target_step(tiny_folder):
     runner = bench.Runner(bench.DrafterSpec("dflash", adaptive=True), 4, lambda ids, gen: None, slow)
     measured = runner.with_draft_cost(target)
     assert measured.draft_cost > 0 and measured.generation(bench.GenerationConfig(), (1.0, 1.1)).draft_cost > 0
+    hot = bench.GenerationConfig(sampling=bench.SamplingConfig(temperature=1.0))
+    assert measured.generation(hot, (1.0, 1.1)).draft_cost == 0  # no calibrated confidence at T > 0: not charged
     plain = bench.Runner(bench.DrafterSpec("dflash"), 4, lambda ids, gen: None, slow)
     assert plain.with_draft_cost(target) is plain and plain.generation(bench.GenerationConfig(), ()).draft_cost == 0
 

@@ -237,4 +237,6 @@ def test_an_adaptive_reply_charges_drafts_for_the_drafter_measured_once(service,
     for _ in range(2):
         service.run_once(service.prompt_ids([], "w10 w11", settings), settings, drafter)
     service.run_once(service.prompt_ids([], "w10 w11", settings), ChatSettings(**SETTINGS, adaptive=False), drafter)
-    assert calls == [drafter] and seen == [0.4, 0.4, 0.0]  # measured on the first adaptive reply, then kept
+    hot = ChatSettings(**dict(SETTINGS, temperature=1.0))
+    service.run_once(service.prompt_ids([], "w10 w11", hot), hot, drafter)
+    assert calls == [drafter] and seen == [0.4, 0.4, 0.0, 0.0]  # measured on the first adaptive reply, kept; T = 0 only
