@@ -84,7 +84,7 @@ def draft_cost(target, drafter, context: int = 256, repeats: int = 10) -> float:
     ids = ids.tolist()
     cache = DynamicCache(config=target.model.config)
     greedy = SamplingConfig(temperature=0.0)
-    forward_s, propose_s = [], []
+    forward_s, propose_s, block = [], [], drafter.max_block_size
     with torch.inference_mode():
         _, features = target_forward(target, ids[:context], cache, drafter.feature_layers)
         drafter.reset()
@@ -93,7 +93,6 @@ def draft_cost(target, drafter, context: int = 256, repeats: int = 10) -> float:
             step = [ids[context + repeat]]
             forward_s.append(_seconds(target.device, lambda: target_forward(target, step, cache, ())))
             keep_positions(cache, 1, [])
-            block = drafter.max_block_size
             propose_s.append(_seconds(target.device, lambda: drafter.propose(ids[context], block, greedy, gen)))
     drafter.reset()
     return statistics.median(propose_s[1:]) / statistics.median(forward_s[1:])

@@ -15,6 +15,7 @@ calibration fitted on the other half of the sequences (two folds, split by seque
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -48,12 +49,13 @@ def report_rows(confidence, calibrated, n_accepted, domain_of_round: list[str]) 
     return rows
 
 
-def calibrate_variant(text: str, target, folder: Path, stride: int, write: bool) -> dict:
+def calibrate_variant(text: str, target, folder: Path, stride: int, write: bool, sequences=held_out_sequences) -> dict:
+    """sequences(folder, layers, limit) -> (seqs, domains): held_out_sequences, or a cache of it across variants."""
     variant = parse_variant(text)
     if variant.spec.tree > 1:
         raise SystemExit(f"variant {text!r}: a tree's drafts are cut by the trie, not by confidence")
     net, vocab_ids = load_variant(variant, target)
-    seqs, domains = held_out_sequences(folder, net.cfg.feature_layers, None)
+    seqs, domains = sequences(folder, net.cfg.feature_layers, None)
     rounds = draft_rounds(variant, net, vocab_ids, target, seqs, stride)
     fold = rounds.seq_index % 2 == 0  # (R,) split by sequence: no response on both sides
     calibrated = two_fold(rounds.confidence, rounds.n_accepted, rounds.draft_len, fold)  # (R, K)
@@ -81,7 +83,9 @@ def main(argv=None) -> None:
     if args.stride < 1:
         raise SystemExit("--stride must be >= 1")
     target = load_target(target_config_from_args(args))
-    results = [calibrate_variant(text, target, Path(args.data), args.stride, args.write) for text in args.variants]
+    sequences = functools.lru_cache(maxsize=None)(held_out_sequences)  # read once for variants of the same layers
+    results = [calibrate_variant(text, target, Path(args.data), args.stride, args.write, sequences)
+               for text in args.variants]
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"data": args.data, "stride": args.stride, "results": results}, indent=1))

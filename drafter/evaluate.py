@@ -140,6 +140,7 @@ class Drafting:
     net: object
     vocab_ids: torch.Tensor  # (V,) target id per draft id, -1 for "other"
     target: object
+    to_draft: torch.Tensor  # (V_t,) draft id of each target id (target_to_draft_map)
     sampler: BlockSampler
     generator: torch.Generator
 
@@ -148,7 +149,8 @@ class Drafting:
         spec = variant.spec
         sampler = BlockSampler(net, DRAFTER_MODES[spec.name], spec.steps, spec.noise == "shared", spec.best_of,
                                spec.noise_scale)
-        return cls(variant, net, vocab_ids, target, sampler, torch.Generator().manual_seed(seed))
+        return cls(variant, net, vocab_ids, target, target_to_draft_map(vocab_ids, target.vocab_size), sampler,
+                   torch.Generator().manual_seed(seed))
 
     @property
     def block_size(self) -> int:
@@ -159,8 +161,7 @@ class Drafting:
         spec, k, net, vocab_ids = self.variant.spec, self.block_size, self.net, self.vocab_ids
         grouped = [(i, [a for _, a in group]) for i, group in groupby(jobs, key=lambda job: job[0])]
         blocks = blocks_at(self.target, [seqs[i] for i, _ in grouped], [anchors for _, anchors in grouped],
-                           k, net.cfg.context_window, net.cfg.feature_layers,
-                           target_to_draft_map(vocab_ids, self.target.vocab_size))
+                           k, net.cfg.context_window, net.cfg.feature_layers, self.to_draft)
         ctx, mask = blocks.context(net)
         if spec.tree > 1:  # M noise draws per anchor, flattened anchor-major to (B*M, K, V)
             probs = self.sampler.draws(ctx, mask, k, self.generator, spec.tree).flatten(0, 1)
