@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from core.drafting import MAX_BLOCK_SIZE
-from core.engine import GenerationConfig, RoundEvent, block_size_for, charged_draft_cost, generate
+from core.engine import GenerationConfig, RoundEvent, block_size_for, generate
 from core.prompts import read_prompt_file, resolve_prompt_file
 from core.sampling import SamplingConfig
 from core.stats import AcceptanceStats
@@ -107,11 +107,11 @@ class Runner:
         return replace(self, draft_cost=measure_draft_cost(target, self.drafter))
 
     def generation(self, gen: GenerationConfig, verify_cost: tuple[float, ...]) -> GenerationConfig:
-        """gen with this drafter's K, and the cost curve, drafter cost (charged_draft_cost) and skip limit when its
-        spec is adaptive."""
+        """gen with this drafter's K, and the cost curve, drafter cost (charged at T = 0 only:
+        GenerationConfig.charges_draft_cost) and skip limit when its spec is adaptive."""
         adaptive = self.spec.adaptive
         return replace(gen, block_size=self.block_size or None, verify_cost=verify_cost if adaptive else (),
-                       draft_cost=charged_draft_cost(self.draft_cost, gen.sampling) if adaptive else 0.0,
+                       draft_cost=self.draft_cost if adaptive else 0.0,
                        max_skip=self.spec.max_skip)
 
 

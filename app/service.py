@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from app.conversations import ConversationStore
 from core.drafting import MAX_BLOCK_SIZE
-from core.engine import GenerationConfig, RoundEvent, charged_draft_cost, generate
+from core.engine import GenerationConfig, RoundEvent, generate
 from core.sampling import SamplingConfig
 from core.stats import ReplySpeed
 from core.target import Target
@@ -81,13 +81,11 @@ class ChatSettings:
         return DrafterSpec(self.drafter, steps=self.steps, tree=self.tree, block_size=self.block_size,
                            adaptive=self.adaptive, noise_scale=0.0 if zero else 1.0)
 
-    def generation(self, verify_cost: tuple[float, ...] = (), drafting: bool = False,
-                   draft_cost: float = 0.0) -> GenerationConfig:
+    def generation(self, verify_cost: tuple[float, ...] = (), drafting: bool = False) -> GenerationConfig:
         """The engine's settings; a drafting reply makes a plain step at least every PLAIN_PROBE_EVERY rounds, so
         its speed is always compared with plain decoding measured inside it (core.stats.ReplySpeed)."""
         return GenerationConfig(self.max_new_tokens, self.block_size, self.sampling(), self.stop_strings,
                                 seed=self.seed, verify_cost=verify_cost if self.adaptive else (),
-                                draft_cost=charged_draft_cost(draft_cost, self.sampling()) if self.adaptive else 0.0,
                                 plain_probe_every=PLAIN_PROBE_EVERY if drafting else 0)
 
 
@@ -155,9 +153,9 @@ class ChatService:
         with self.lock:
             self.cancel_event = cancel = cancel or threading.Event()
             speed, self.last_events = ReplySpeed(), []
-            charged = settings.adaptive and self.verify_cost and settings.sampling().greedy  # engine.charged_draft_cost
-            cost = self.draft_cost(drafter) if charged else 0.0
-            gen = settings.generation(self.verify_cost, drafting=drafter is not None, draft_cost=cost)
+            gen = settings.generation(self.verify_cost, drafting=drafter is not None)
+            if gen.charges_draft_cost() and drafter is not None:  # measured only where the engine charges it
+                gen = replace(gen, draft_cost=self.draft_cost(drafter))
             for ev in generate(self.target, prompt_ids, gen, drafter, cancel):
                 speed.add(ev, time.perf_counter())
                 self.last_events.append(ev)

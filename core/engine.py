@@ -41,8 +41,9 @@ class GenerationConfig:
     # relative cost of one target forward over 1, 2, ... positions (core.verify_cost); when given, a draft
     # with confidences is cut to the length with the most expected tokens per unit of cost
     verify_cost: tuple[float, ...] = ()
-    # one drafter call relative to a one-position target forward (core.verify_cost.draft_cost): a draft whose best
-    # expected tokens per unit of cost, this included, do not beat a plain step counts as empty for the skips below
+    # one drafter call relative to a one-position target forward (core.verify_cost.draft_cost): where it is charged
+    # (charges_draft_cost), a draft whose best expected tokens per unit of cost, this included, do not beat a plain
+    # step counts as empty for the skips below
     draft_cost: float = 0.0
     # with a cost curve: after drafts that did not pay (draft_pays), skip the drafter's call for 1, 2, 4, ... rounds,
     # at most this many (0: never skip); a FlashMap jump costs ~0.24 of a target step on this CPU, two jumps ~0.58
@@ -62,6 +63,13 @@ class GenerationConfig:
             raise ValueError(f"draft_cost must be >= 0, got {self.draft_cost}")
         if self.plain_probe_every < 0:
             raise ValueError(f"plain_probe_every must be >= 0, got {self.plain_probe_every}")
+
+    def charges_draft_cost(self) -> bool:
+        """Whether the skips charge each draft for the drafter's call: with a cost curve, at T = 0 only. At T > 0 a
+        draft's confidence (its largest probability) does not estimate its acceptance (sum_v min(p, q)) and no
+        calibration maps it (drafter/calibration.py fits T = 0); charging on it skipped drafts that paid: the app's
+        T = 1 default 0.98x -> 0.96x of plain decoding (docs/results/policy_ab_t1.json)."""
+        return bool(self.verify_cost) and self.sampling.greedy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,7 +166,8 @@ class DraftPolicy:
         """The part of the proposal to verify (an empty draft for none)."""
         draft = clip_draft(proposal, k, self.gen.verify_cost)
         if proposal is not None and proposal.confidence is not None and self.gen.verify_cost:  # a draft it can cut
-            self.skip.drafted(draft_pays(proposal.confidence[:k], self.gen.verify_cost, self.gen.draft_cost))
+            charged = self.gen.draft_cost if self.gen.charges_draft_cost() else 0.0
+            self.skip.drafted(draft_pays(proposal.confidence[:k], self.gen.verify_cost, charged))
         self.probe.record(plain=len(draft.tokens) == 0)
         return draft
 
@@ -222,14 +231,6 @@ def draft_pays(confidence: torch.Tensor, verify_cost: tuple[float, ...], draft_c
     expected = 1 + reach.cumsum(0)  # (n_max,) n = 1..n_max
     cost = torch.tensor(verify_cost[1 : n_max + 1], dtype=torch.float64) + draft_cost  # (n_max,)
     return bool((expected / cost).max() > 1.0)
-
-
-def charged_draft_cost(draft_cost: float, sampling: SamplingConfig) -> float:
-    """The drafter cost the skips should charge at these sampling settings: all of it at T = 0, none at T > 0. There a
-    draft's confidence (its largest probability) does not estimate its acceptance (sum_v min(p, q)) and no calibration
-    maps it (drafter/calibration.py fits T = 0), and charging on it skipped drafts that paid: the app's T = 1 default
-    0.98x -> 0.96x of plain decoding (docs/results/policy_ab_t1.json)."""
-    return draft_cost if sampling.greedy else 0.0
 
 
 def clip_draft(draft: Draft | None, k: int, verify_cost: tuple[float, ...] = ()) -> Draft:

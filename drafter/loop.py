@@ -51,8 +51,9 @@ def read_curve(curve: Path) -> list[dict]:
 class Evaluator:
     """Held-out acceptance of the run's latest save; best checkpoint kept, curve appended."""
 
-    def __init__(self, cfg: TrainConfig, target, val: Path, stride: int, curve: Path):
+    def __init__(self, cfg: TrainConfig, target, val: Path, stride: int, curve: Path, spec_text: str | None = None):
         self.cfg, self.target, self.stride, self.curve = cfg, target, stride, curve
+        self.spec_text = spec_text or SPEC_OF_STAGE[cfg.stage]
         self.val, self.seqs, self.domains = val, None, None
         earlier = read_curve(curve)
         self.cpu_start = time.process_time()
@@ -60,15 +61,15 @@ class Evaluator:
         self.best = max((row["acceptance"]["all"] for row in earlier), default=float("-inf"))
 
     def __call__(self, step: int) -> dict:
-        spec = replace(DrafterSpec.parse(SPEC_OF_STAGE[self.cfg.stage]), weights=self.cfg.out)
-        variant = Variant(f"{SPEC_OF_STAGE[self.cfg.stage]}@{step}", spec)
+        spec = replace(DrafterSpec.parse(self.spec_text), weights=self.cfg.out)
+        variant = Variant(f"{self.spec_text}@{step}", spec)
         loaded = load_variant(variant, self.target)
         if self.seqs is None:
             self.seqs, self.domains = held_out_sequences(self.val, loaded[0].cfg.feature_layers, None)
         result = evaluate_variant(variant, loaded, self.target, self.seqs, self.domains, self.stride, 128, 0)
         acceptance = {d: round(result[d]["acceptance_length"], 4) for d in ["all", *dict.fromkeys(self.domains)]}
         cpu_hours = self.cpu_offset + (time.process_time() - self.cpu_start) / 3600
-        row = {"step": step, "drafter": SPEC_OF_STAGE[self.cfg.stage], "cpu_hours": round(cpu_hours, 4),
+        row = {"step": step, "drafter": self.spec_text, "cpu_hours": round(cpu_hours, 4),
                "time": time.strftime("%Y-%m-%d %H:%M"),
                "rounds": result["all"]["rounds"], "acceptance": acceptance, "best": acceptance["all"] > self.best}
         if row["best"]:
@@ -90,11 +91,11 @@ def keep_best(out: Path) -> None:
 
 
 def run(cfg: TrainConfig, shape: NetShape, target_cfg: TargetConfig, val: Path, curve: Path, eval_every: int,
-        stride: int, hours: float) -> Path:
+        stride: int, hours: float, eval_spec: str | None = None) -> Path:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     target = load_target(target_cfg)
-    evaluate = Evaluator(cfg, target, val, stride, curve)
+    evaluate = Evaluator(cfg, target, val, stride, curve, eval_spec)
     step = [0]
 
     def on_save(folder):
@@ -116,6 +117,9 @@ def main(argv=None) -> None:
     parser.add_argument("--curve", default=None, help="learning curve JSONL (default OUT/curve.jsonl)")
     parser.add_argument("--eval-every", type=int, default=300, help="steps between held-out measurements")
     parser.add_argument("--stride", type=int, default=8, help="every N-th anchor of the held-out responses")
+    parser.add_argument("--eval-spec", default=None,
+                        help="the drafter spec measured (default: the stage's own, e.g. flashmap-teacher; for the "
+                             "teacher as the flow map's cap: flashmap-teacher,steps=16,scale=0)")
     parser.add_argument("--hours", type=float, required=True, help="stop (and save) after this long")
     parser.add_argument("--cycle-steps", type=int, default=0,
                         help="0: open-ended at a constant lr; N: one cycle of the stage's own schedule (cosine, or "
@@ -128,7 +132,7 @@ def main(argv=None) -> None:
            else config_from_args(args, steps=OPEN_ENDED_STEPS, schedule="constant"))
     curve = Path(args.curve) if args.curve else Path(cfg.out) / "curve.jsonl"
     run(cfg, shape_from_args(args), target_config_from_args(args), Path(args.val), curve, args.eval_every,
-        args.stride, args.hours)
+        args.stride, args.hours, args.eval_spec)
 
 
 if __name__ == "__main__":

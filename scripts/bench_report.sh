@@ -76,7 +76,7 @@ ab policy_ab_t0 --prompts eval_math eval_code eval_chat --limit 4 --max-new-toke
 ab policy_ab_2step_t0 --prompts eval_math eval_code eval_chat --limit 4 --max-new-tokens 96 \
   --drafters flashmap,steps=2,scale=0 --arms new before calibrated charged
 # T = 1 measured at commit e49702e, when the skips charged the drafter at every temperature (since then T > 0 charges
-# nothing, engine.charged_draft_cost, so on later commits both arms run alike)
+# nothing, GenerationConfig.charges_draft_cost, so on later commits both arms run alike)
 ab policy_ab_t1 --prompts eval_math eval_code eval_chat --limit 4 --max-new-tokens 96 --temperature 1 \
   --drafters flashmap --arms new before
 $PY -m scripts.report

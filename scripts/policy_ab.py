@@ -10,7 +10,7 @@ For each drafter spec, with adaptive=1:
   calibrated   calibrated confidence, no drafter cost
   charged      raw confidence, drafter cost charged
 Every output is checked against plain decoding (T = 0) as in app.suite. At T > 0 the arms differ only in the drafter
-cost, which is charged at T = 0 only since commit e49702e's T = 1 run (engine.charged_draft_cost).
+cost, which is charged at T = 0 only since commit e49702e's T = 1 run (GenerationConfig.charges_draft_cost).
 """
 from __future__ import annotations
 

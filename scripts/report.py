@@ -454,7 +454,7 @@ def calibration_section(calibration: dict, ab_runs: list[dict]) -> list[str]:
                        + f" | {charged} | {r['per_slot_reached'][0]} / {r['rounds']} | {same} |")
     if any(run["temperature"] for run in ab_runs):
         doc += ["", "The T = 1 rows were measured at commit e49702e, when the skips charged the drafter at every "
-                "temperature; since then nothing is charged at T > 0 (`engine.charged_draft_cost`: there the "
+                "temperature; since then nothing is charged at T > 0 (`GenerationConfig.charges_draft_cost`: there the "
                 "confidence is not calibrated), so the app's T = 1 default runs as *before*."]
     return doc + [""]
 

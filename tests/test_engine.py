@@ -269,6 +269,21 @@ def test_drafts_that_do_not_pay_for_the_drafter_are_skipped_and_the_output_stays
         assert (Unsure.calls < rounds / 2) == few  # with the call's cost counted, most rounds skip the drafter
 
 
+def test_the_skips_charge_the_drafter_call_at_t0_only():
+    """At T > 0 the confidence is no acceptance estimate (GenerationConfig.charges_draft_cost): the same draft
+    counts toward the skips at T = 0 and not at T = 1."""
+    from core.engine import DraftPolicy
+
+    draft = Draft(torch.tensor([5, 6]), None, torch.full((2,), 0.3))  # pays at cost 0, not with a 0.5 call
+    for temperature, charged in ((0.0, True), (1.0, False)):
+        gen = GenerationConfig(verify_cost=(1.0, 1.1, 1.2), draft_cost=0.5,
+                               sampling=SamplingConfig(temperature=temperature))
+        policy = DraftPolicy.for_run(gen)
+        policy.cut(draft, 2)
+        assert gen.charges_draft_cost() == charged and policy.skip.empty == int(charged)
+    assert not GenerationConfig(draft_cost=0.5).charges_draft_cost()  # no cost curve: no cut, nothing charged
+
+
 def test_skip_empty_backs_off_after_empty_drafts_and_resets_on_a_kept_one():
     from core.engine import SkipEmpty
 

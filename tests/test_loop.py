@@ -60,6 +60,17 @@ def test_a_cycle_end_between_measurements_is_measured_too(loop_folders, tmp_path
     assert [json.loads(line)["step"] for line in curve.read_text().splitlines()] == [2, 3]  # 3: the decayed end
 
 
+def test_the_teacher_can_be_measured_as_the_flow_maps_cap(loop_folders, tmp_path):
+    """--eval-spec: the teacher's curve measures its multi-step draft from x0 = 0, what the flow map learns."""
+    curve = tmp_path / "curve.jsonl"
+    train, val = loop_folders
+    loop_mod.main(["--stage", "teacher", "--data", str(train), "--val", str(val), "--out", str(tmp_path / "run"),
+                   "--curve", str(curve), "--save-every", "1", "--eval-every", "1", "--stride", "1", "--hours", "0",
+                   "--eval-spec", "flashmap-teacher,steps=2,scale=0", *SHAPE])
+    rows = [json.loads(line) for line in curve.read_text().splitlines()]
+    assert [r["drafter"] for r in rows] == ["flashmap-teacher,steps=2,scale=0"] and rows[0]["acceptance"]["all"] >= 1
+
+
 def test_constant_schedule_warms_up_then_stays_flat():
     cfg = train_mod.TrainConfig("dflash", ("d",), "o", steps=1_000_000, schedule="constant")
     assert train_mod.lr_factor(0, cfg) < 0.01 and train_mod.lr_factor(199, cfg) == 1.0
