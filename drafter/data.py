@@ -11,6 +11,9 @@ feature cache (`features`, bf16 per shard) when it exists, else they are recompu
 the batch (one target forward per step); many anchors are sampled per sequence, as DFlash does.
 
 python -m drafter.data generate --prompts FILE.jsonl [FILE ...] --out DIR [--start N] [--limit N] [--max-new-tokens N]
+python -m drafter.data follow-up --source DIR --out DIR [--domains chat] [--per-conversation 2]
+    (second turns: each conversation of DIR, the target's answer included, gets follow-up questions the target
+    answers: more, and more varied, chat-style responses than the 427 train_chat prompts give)
 python -m drafter.data features --data DIR --layers 1 10 20 29     (optional cache; ~4.6 KB per token)
 """
 from __future__ import annotations
@@ -91,6 +94,71 @@ def generate(args) -> None:
     generate_rows(target, rows, Path(args.out), meta, args.shard_size, args.batch_size, args.max_new_tokens)
 
 
+def conversation(row: dict) -> list[dict]:
+    """The messages a prompt row asks the target to answer: its `messages`, or its `prompt` as one user turn."""
+    return row.get("messages") or [{"role": "user", "content": row["prompt"]}]
+
+
+# Follow-up questions a user asks after an answer: generic, so that they fit any first turn; each conversation draws
+# a few (seeded), so one first turn yields several different second-turn answers.
+FOLLOW_UPS = (
+    "Can you explain that more simply?",
+    "Can you give me a concrete example?",
+    "Summarize your answer in three bullet points.",
+    "What are the most common mistakes people make with this?",
+    "Rewrite your answer in a more formal tone.",
+    "Can you make that shorter?",
+    "Why is that the case?",
+    "What would you do differently if you had to start over?",
+    "Could you go into more detail on the first point?",
+    "Is there another way to approach this?",
+    "How would you explain this to a ten-year-old?",
+    "What are the pros and cons?",
+    "Thanks! Can you turn that into a short checklist?",
+    "I am not sure I agree. Can you argue the other side?",
+    "What should I read or learn next about this?",
+    "Write a short email that sums this up for a colleague.",
+)
+
+
+def follow_up_rows(source_rows: list[dict], seqs: list["Sequence"], target: Target, domains: tuple[str, ...],
+                   per_conversation: int, seed: int) -> list[dict]:
+    """Second-turn prompt rows: for each first turn of `domains` (its prompt row and the target's answer, decoded),
+    `per_conversation` distinct follow-up questions drawn with `seed`."""
+    if len(source_rows) != len(seqs):
+        raise ValueError(f"{len(source_rows)} prompt rows for {len(seqs)} sequences: not the same run")
+    if not 1 <= per_conversation <= len(FOLLOW_UPS):
+        raise ValueError(f"per_conversation must be in 1..{len(FOLLOW_UPS)}, got {per_conversation}")
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for row, seq in zip(source_rows, seqs):
+        picks = torch.randperm(len(FOLLOW_UPS), generator=gen)[:per_conversation].tolist()  # drawn for every row
+        if row.get("domain", "?") not in domains:
+            continue
+        answer = target.decode(seq.tokens[seq.prompt_len:])
+        for i in picks:
+            rows.append({"id": f"{row.get('id', '?')}-turn2-{i}", "domain": row.get("domain", "?"),
+                         "messages": [*conversation(row), {"role": "assistant", "content": answer},
+                                      {"role": "user", "content": FOLLOW_UPS[i]}]})
+    return rows
+
+
+def follow_up(args) -> None:
+    target = load_target(target_config_from_args(args))
+    source = Path(args.source)
+    made = json.loads((source / "meta.json").read_text())
+    if made.get("target") != target.identity:
+        raise SystemExit(f"{source} was written by another target ({made.get('target')}): its answers are not ours")
+    source_rows = read_prompt_rows(made["prompts"], made["limit"], made["start"])
+    rows = follow_up_rows(source_rows, load_sequences(source), target, tuple(args.domains), args.per_conversation,
+                          args.seed)
+    meta = {"target": target.identity, "follow_up_of": str(source), "domains": args.domains,
+            "per_conversation": args.per_conversation, "seed": args.seed, "max_new_tokens": args.max_new_tokens,
+            "shard_size": args.shard_size}
+    write_domains(Path(args.out), rows)
+    generate_rows(target, rows, Path(args.out), meta, args.shard_size, args.batch_size, args.max_new_tokens)
+
+
 def write_domains(out: Path, rows: list[dict]) -> None:
     """domains.json: each sequence's domain in order, so evaluation needs no prompt files (a clone has none)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -111,7 +179,7 @@ def generate_rows(target: Target, rows: list[dict], out: Path, meta: dict, shard
         if deadline is not None and time.time() > deadline:
             break
         chunk = rows[start:start + shard_size]
-        prompts = [target.chat_ids([{"role": "user", "content": r["prompt"]}]) for r in chunk]
+        prompts = [target.chat_ids(conversation(r)) for r in chunk]
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths batch well
         responses: list[list[int]] = [[] for _ in prompts]
         for b in range(0, len(order), batch_size):
@@ -306,6 +374,16 @@ def main(argv=None) -> None:
     gen.add_argument("--batch-size", type=int, default=16, help="prompts answered together (default 16)")
     gen.add_argument("--shard-size", type=int, default=128, help="responses per shard file (default 128)")
     add_target_args(gen)
+    turn2 = sub.add_parser("follow-up", help="the target answers follow-up questions to its own earlier answers")
+    turn2.add_argument("--source", required=True, help="a data folder written by generate (its prompts and answers)")
+    turn2.add_argument("--out", required=True, help="data folder (an existing one resumes, same settings only)")
+    turn2.add_argument("--domains", nargs="+", default=["chat"], help="first turns of these domains (default chat)")
+    turn2.add_argument("--per-conversation", type=int, default=2, help="follow-ups per first turn (default 2)")
+    turn2.add_argument("--seed", type=int, default=0, help="which follow-ups each conversation draws")
+    turn2.add_argument("--max-new-tokens", type=int, default=256, help="longest response (default 256)")
+    turn2.add_argument("--batch-size", type=int, default=16, help="prompts answered together (default 16)")
+    turn2.add_argument("--shard-size", type=int, default=128, help="responses per shard file (default 128)")
+    add_target_args(turn2)
     feat = sub.add_parser("features", help="cache the target's hidden states at the drafter's layers")
     feat.add_argument("--data", required=True, help="a data folder written by generate")
     feat.add_argument("--layers", type=int, nargs="+", required=True, help="e.g. 1 10 20 29 for SmolLM2-135M")
@@ -316,6 +394,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.cmd == "generate":
         generate(args)
+    elif args.cmd == "follow-up":
+        follow_up(args)
     else:
         extract_features(args)
 

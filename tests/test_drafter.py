@@ -290,6 +290,41 @@ def test_cached_features_match_the_on_the_fly_ones(tiny_target, tmp_path, monkey
     assert torch.allclose(fly.features, hit.features, atol=0.05, rtol=0.02)  # bf16 cache
 
 
+def test_follow_up_turns_answer_questions_about_the_targets_own_answers(tiny_target, tmp_path, monkeypatch):
+    """drafter.data follow-up: each first turn of the chosen domains, with the target's answer, gets distinct
+    follow-up questions; the target answers them into a resumable folder of the same format."""
+    import drafter.data as data_mod
+    from drafter.data import FOLLOW_UPS, load_sequences
+
+    prompts = tmp_path / "train_mix.jsonl"
+    prompt_rows = [{"id": f"p{i}", "domain": ("chat", "math")[i % 2], "prompt": f"w{10 + i} w20"} for i in range(6)]
+    prompts.write_text("\n".join(json.dumps(row) for row in prompt_rows))
+    monkeypatch.setattr(data_mod, "target_config_from_args", lambda args: None)
+    monkeypatch.setattr(data_mod, "load_target", lambda cfg: tiny_target)
+    source, out = tmp_path / "first", tmp_path / "second"
+    data_mod.main(["generate", "--prompts", str(prompts), "--out", str(source), "--max-new-tokens", "4"])
+    turn2 = ["follow-up", "--source", str(source), "--out", str(out), "--per-conversation", "2", "--max-new-tokens",
+             "4", "--shard-size", "4"]
+    data_mod.main(turn2)
+    firsts, seconds = load_sequences(source), load_sequences(out)
+    assert len(seconds) == 3 * 2 and json.loads((out / "domains.json").read_text()) == ["chat"] * 6
+    rows = data_mod.follow_up_rows(data_mod.read_prompt_rows([str(prompts)], None), firsts, tiny_target, ("chat",),
+                                   2, seed=0)
+    for i, first in enumerate(firsts[::2]):  # the chat rows: both follow-ups continue the conversation with its answer
+        for row, second in zip(rows[2 * i : 2 * i + 2], seconds[2 * i : 2 * i + 2]):
+            answer = tiny_target.decode(first.tokens[first.prompt_len:])
+            assert row["messages"][1] == {"role": "assistant", "content": answer}
+            prompt = second.tokens[:second.prompt_len]
+            assert prompt[:first.prompt_len] == first.tokens[:first.prompt_len] and len(prompt) > first.prompt_len
+    asked = [r["messages"][-1]["content"] for r in rows]
+    assert all(q in FOLLOW_UPS for q in asked) and all(asked[i] != asked[i + 1] for i in range(0, 6, 2))
+    data_mod.main(turn2)  # complete: resumes to nothing
+    with pytest.raises(SystemExit, match="other settings"):
+        data_mod.main([*turn2, "--seed", "1"])
+    with pytest.raises(ValueError, match="not the same run"):
+        data_mod.follow_up_rows([], firsts, tiny_target, ("chat",), 2, seed=0)
+
+
 def test_unused_vocabulary_slots_are_never_proposed(setup, tiny_target):
     """A draft vocabulary padded with placeholders (fewer distinct tokens than slots) stays valid."""
     from core.sampling import SamplingConfig
