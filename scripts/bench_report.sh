@@ -79,4 +79,14 @@ ab policy_ab_2step_t0 --prompts eval_math eval_code eval_chat --limit 4 --max-ne
 # nothing, GenerationConfig.charges_draft_cost, so on later commits both arms run alike)
 ab policy_ab_t1 --prompts eval_math eval_code eval_chat --limit 4 --max-new-tokens 96 --temperature 1 \
   --drafters flashmap --arms new before
+# session 11: the flow map distilled from the teacher trained on all three response sets, against session 10's
+# (its checkpoint kept in runs/prev10/flashmap with its own calibration.json: git show 2aeb217:weights/...)
+PREV=${PREV:-runs/prev10/flashmap}
+if [ -d "$PREV" ]; then
+  run defaults18_t0 --max-new-tokens 96 --prompts eval_math eval_code eval_chat --limit 4 \
+    --variants flashmap,scale=0,adaptive=1 "flashmap,scale=0,adaptive=1,weights=$PREV" flashmap,steps=2,scale=0,adaptive=1 \
+    dflash,adaptive=1
+  run defaults18_t1 --max-new-tokens 96 --prompts eval_math eval_code eval_chat --limit 4 --temperature 1 \
+    --variants flashmap,adaptive=1 "flashmap,adaptive=1,weights=$PREV"
+fi
 $PY -m scripts.report

@@ -399,6 +399,10 @@ def build(results: Path, out: Path) -> str:
     if calibration := load(results, "calibration.json"):
         doc += calibration_section(calibration, [run for name in ("policy_ab_t0.json", "policy_ab_2step_t0.json",
                                                                   "policy_ab_t1.json") if (run := load(results, name))])
+    runs = [run for name in ("defaults18_t0.json", "defaults18_t1.json") if (run := load(results, name))]
+    if runs:
+        doc += engine_defaults_section(runs, "Session 11: the flow map distilled from the teacher trained on all "
+                                             "three response sets, against session 10's, in the engine")
     return "\n".join(doc)
 
 
@@ -436,11 +440,11 @@ def calibration_section(calibration: dict, ab_runs: list[dict]) -> list[str]:
         return doc + [""]
     doc += ["", "`python -m scripts.policy_ab --prompts eval_math eval_code eval_chat --limit N --max-new-tokens 96 "
             "--drafters … [--temperature 1]` (app.suite's rotation, one plain baseline, background training paused; "
-            "the lines in scripts/bench_report.sh): the adaptive policy now (**new**: calibrated confidence at T = 0, "
-            "each draft charged for the drafter's call when deciding to skip the next) against **before** (raw "
-            "confidence, no drafter cost) and the two halves alone (calibrated: no drafter cost; charged: raw "
-            "confidence). Drafts verified = rounds whose draft reached the target (a cut to nothing or a skip makes a "
-            "plain step).", "",
+            "the lines in scripts/bench_report.sh; measured with session 10's checkpoints): the adaptive policy now "
+            "(**new**: calibrated confidence at T = 0, each draft charged for the drafter's call when deciding to "
+            "skip the next) against **before** (raw confidence, no drafter cost) and the two halves alone "
+            "(calibrated: no drafter cost; charged: raw confidence). Drafts verified = rounds whose draft reached the "
+            "target (a cut to nothing or a skip makes a plain step).", "",
             "| T | drafter | policy | math | code | chat | all | drafter cost | drafts verified / rounds | identical |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for run in ab_runs:
@@ -478,9 +482,11 @@ def engine_defaults_section(runs: list[dict], title: str = "In the engine: the a
            f"`python -m app.suite --prompts eval_math eval_code eval_chat --limit {runs[0]['limit']} --max-new-tokens "
            f"{runs[0]['max_new_tokens']} [--temperature 1] --variants …` (the variants below; one run per "
            "temperature): for every prompt plain decoding and each variant back to back, in rotated order, the "
-           "background training paused; the second T = 0 block is a later run of the default alone on the first 5 "
-           "math and code prompts (`--limit 5`). Speedup = tokens/s against the plain runs of the same prompts; "
-           "acceptance length = tokens per target forward.", "",
+           "background training paused"
+           + ("; the second T = 0 block is a later run of the default alone on the first 5 math and code prompts "
+              "(`--limit 5`)" if sum(run["temperature"] == 0 for run in runs) > 1 else "")
+           + ". Speedup = tokens/s against the plain runs of the same prompts; acceptance length = tokens per target "
+           "forward.", "",
            "| T | drafter | math | code | chat | all | acceptance length | identical to plain |",
            "|---|---|---|---|---|---|---|---|"]
     for run in runs:
