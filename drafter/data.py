@@ -362,6 +362,14 @@ def blocks_at(target: Target, seqs: list[Sequence], anchors: list[list[int]], bl
                   tokens, valid)
 
 
+def add_generation_args(parser: argparse.ArgumentParser) -> None:
+    """What generate and follow-up share: how the target answers, and the target."""
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="longest response (default 256)")
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts answered together (default 16)")
+    parser.add_argument("--shard-size", type=int, default=128, help="responses per shard file (default 128)")
+    add_target_args(parser)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -370,20 +378,14 @@ def main(argv=None) -> None:
     gen.add_argument("--out", required=True, help="data folder (an existing one resumes, same settings only)")
     gen.add_argument("--start", type=int, default=0, help="skip the first N prompts of each file")
     gen.add_argument("--limit", type=int, default=None, help="N prompts of each file (from --start)")
-    gen.add_argument("--max-new-tokens", type=int, default=256, help="longest response (default 256)")
-    gen.add_argument("--batch-size", type=int, default=16, help="prompts answered together (default 16)")
-    gen.add_argument("--shard-size", type=int, default=128, help="responses per shard file (default 128)")
-    add_target_args(gen)
+    add_generation_args(gen)
     turn2 = sub.add_parser("follow-up", help="the target answers follow-up questions to its own earlier answers")
     turn2.add_argument("--source", required=True, help="a data folder written by generate (its prompts and answers)")
     turn2.add_argument("--out", required=True, help="data folder (an existing one resumes, same settings only)")
     turn2.add_argument("--domains", nargs="+", default=["chat"], help="first turns of these domains (default chat)")
     turn2.add_argument("--per-conversation", type=int, default=2, help="follow-ups per first turn (default 2)")
     turn2.add_argument("--seed", type=int, default=0, help="which follow-ups each conversation draws")
-    turn2.add_argument("--max-new-tokens", type=int, default=256, help="longest response (default 256)")
-    turn2.add_argument("--batch-size", type=int, default=16, help="prompts answered together (default 16)")
-    turn2.add_argument("--shard-size", type=int, default=128, help="responses per shard file (default 128)")
-    add_target_args(turn2)
+    add_generation_args(turn2)
     feat = sub.add_parser("features", help="cache the target's hidden states at the drafter's layers")
     feat.add_argument("--data", required=True, help="a data folder written by generate")
     feat.add_argument("--layers", type=int, nargs="+", required=True, help="e.g. 1 10 20 29 for SmolLM2-135M")
