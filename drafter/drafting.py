@@ -60,17 +60,22 @@ def euler_path(net: FlowNet, ctx, mask, x: torch.Tensor, steps: int, diagonal: b
             x = flow_map_step(x, delta, s, t)  # (B, K, V)
 
 
-def flow_from_zero(teacher: FlowNet, ctx, mask, block: int, steps: int) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """The teacher's `steps` Euler steps from x0 = 0 on the grid t_n = tau^{-1}(n/N): its state at the midpoint
+def teacher_flow(teacher: FlowNet, ctx, mask, x0: torch.Tensor, steps: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The teacher's `steps` Euler steps from x0 (B, K, V) on the grid t_n = tau^{-1}(n/N): its state at the midpoint
     u = t_{N/2} = tau^{-1}(1/2), the 2-step sampler's split (None for an odd N), and its last denoiser (what
-    `jumps(..., diagonal=True, noise_scale=0)` returns). From x0 = 0 every state x_t is a mix of denoiser outputs
-    of total mass t per slot, so x_u / u is a distribution. -> x_u (B, K, V) or None, final (B, K, V)"""
-    x0 = torch.zeros(ctx.shape[0], block, teacher.cfg.draft_vocab, device=ctx.device)  # (B, K, V)
+    `jumps(..., diagonal=True)` returns from the same x0). Every state is (1 - t) x0 plus a mix of denoiser outputs
+    of total mass t per slot (eq. 5), so (x_u - (1 - u) x0) / u is a distribution. -> x_u (B, K, V) or None, final"""
     x_mid = None
     for n, (x, delta) in enumerate(euler_path(teacher, ctx, mask, x0, steps, diagonal=True)):
         if 2 * n == steps:
             x_mid = x  # x_{N/2}, the state the (N/2)-th step starts from
     return x_mid, delta
+
+
+def flow_from_zero(teacher: FlowNet, ctx, mask, block: int, steps: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """teacher_flow from x0 = 0, the zero-noise draft's start: x_u / u is then a distribution."""
+    x0 = torch.zeros(ctx.shape[0], block, teacher.cfg.draft_vocab, device=ctx.device)  # (B, K, V)
+    return teacher_flow(teacher, ctx, mask, x0, steps)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import torch
 from torch.nn import functional as F
 
 from drafter.blocks import Blocks
-from drafter.drafting import flow_from_zero
+from drafter.drafting import teacher_flow
 from drafter.flow import flow_map_step, interpolant, semigroup_weight, slot_weights, t_of_tau, time_grid
 from drafter.network import FlowNet
 
@@ -92,12 +92,13 @@ def semigroup_target(student: FlowNet, x_s, s, u, t, ctx, mask) -> torch.Tensor:
 
 
 def distill_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, generator=None, zero_noise_blocks: int = 0,
-                 zero_noise_steps: int = 16, zero_noise_path: bool = False) -> torch.Tensor:
+                 zero_noise_steps: int = 16, zero_noise_path: bool = False, noise_path_blocks: int = 0) -> torch.Tensor:
     """Semigroup flow-map distillation (eq. 7). Zero-length jumps match the frozen teacher D_s(I_s);
     longer jumps match the student's own split jump. Each block's target is computed only by the
     path it uses (teacher for s = t, two student jumps otherwise). With zero_noise_blocks, the first that many
     blocks also train the full jump from x0 = 0 onto the teacher's flow from 0 (zero_noise_loss; with
-    zero_noise_path, the 2-step sampler's two jumps along that flow too)."""
+    zero_noise_path, the 2-step sampler's two jumps along that flow too). With noise_path_blocks, the next that many
+    blocks fit their jumps from their own random x0 to the teacher's flow from it (teacher_path_loss)."""
     b, k = batch.tokens.shape
     v = student.cfg.draft_vocab
     device = batch.tokens.device
@@ -120,6 +121,10 @@ def distill_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, generator=No
     if zero_noise_blocks:
         loss = loss + zero_noise_loss(student, teacher, batch, ctx, mask, zero_noise_blocks, zero_noise_steps,
                                       zero_noise_path)
+    if noise_path_blocks:
+        rows = torch.arange(zero_noise_blocks, min(zero_noise_blocks + noise_path_blocks, b), device=device)  # (N,)
+        if len(rows):
+            loss = loss + teacher_path_loss(student, teacher, batch, ctx, mask, rows, x0[rows], zero_noise_steps)
     return loss
 
 
@@ -129,27 +134,34 @@ def zero_noise_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, ctx, mask
     delta_{0,1}(0) is the end D of the teacher's own flow from 0 (eq. 5; the teacher's `steps` Euler steps, the
     last denoiser as a soft target). From x0 = 0 the teacher's flow beats its one-pass t = 0 guess, where from
     random noise it loses to it (issue #15, the teacher gate): this trains the student on the path it drafts.
-    path: also the 2-step draft's two jumps along that flow (x_u its state at u = tau^-1(1/2)):
-    X_{0,u}(0) = u delta_{0,u}(0) = x_u and delta_{u,1}(x_u) = D, sharing one weight with the full jump. Every target
-    is the teacher's flow itself (a flow map is its solution operator), not the student's bootstrap.
-    ctx, mask: the student's context of every block (batch.context(student, pooled=True)), read for the first
-    n_blocks."""
+    path: also the 2-step draft's two jumps along that flow (teacher_path_loss). ctx, mask: the student's context
+    of every block (batch.context(student, pooled=True)), read for the first n_blocks."""
     rows = torch.arange(min(n_blocks, batch.tokens.shape[0]), device=batch.tokens.device)  # (Z,) the first blocks
-    k = batch.tokens.shape[1]
+    x0 = torch.zeros(len(rows), batch.tokens.shape[1], student.cfg.draft_vocab, device=rows.device)  # (Z, K, V)
+    return teacher_path_loss(student, teacher, batch, ctx, mask, rows, x0, steps, path)
+
+
+def teacher_path_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, ctx, mask, rows: torch.Tensor,
+                      x0: torch.Tensor, steps: int, path: bool = True) -> torch.Tensor:
+    """Fit the student's jumps from x0 (Z, K, V) to the teacher's own flow from that x0, for the blocks `rows`:
+    the full jump delta_{0,1}(x0) onto the flow's end D, and with path the 2-step sampler's two jumps, split at
+    u = tau^-1(1/2): X_{0,u}(x0) = (1 - u) x0 + u delta_{0,u}(x0) = x_u, so delta_{0,u} learns (x_u - (1 - u) x0) / u,
+    and delta_{u,1}(x_u) = D. Every target is the teacher's flow itself (a flow map is its solution operator),
+    not the student's bootstrap of eq. 7. From random x0 this is where the joint structure the shuffle test
+    measures (§6.2) lives: slot k's end depends on every slot's noise through the teacher's attention."""
     with torch.no_grad():
         t_ctx, t_mask = batch.context(teacher, rows=rows, pooled=True)
-        x_mid, final = flow_from_zero(teacher, t_ctx, t_mask, k, steps)  # (Z, K, V) x2
+        x_mid, final = teacher_flow(teacher, t_ctx, t_mask, x0, steps)  # (Z, K, V) x2
     ctx, mask, valid = ctx[rows], mask[rows], batch.valid[rows]
     z, dev, kappa = len(rows), rows.device, student.cfg.kappa
     zeros, ones = torch.zeros(z, device=dev), torch.ones(z, device=dev)
-    x0_embed = torch.zeros(z, k, student.cfg.target_hidden, device=dev)  # (Z, K, D_t) x0 E = 0
-    full = weighted_ce(student(student.noise_input(x0_embed, ones), zeros, ones, ctx, mask), final, valid, kappa)
+    full = weighted_ce(student(student.state_input(x0, zeros, ones), zeros, ones, ctx, mask), final, valid, kappa)
     if not path:
         return full
     if x_mid is None:
-        raise ValueError("the zero-noise path needs an even number of teacher steps (its midpoint)")
+        raise ValueError("the teacher's path needs an even number of teacher steps (its midpoint)")
     u = time_grid(2, student.cfg.draft_vocab)[1].to(dev).expand(z)  # (Z,) the 2-step split, t_{N/2} of the grid
-    first = weighted_ce(student(student.noise_input(x0_embed, u), zeros, u, ctx, mask), x_mid / u.view(-1, 1, 1),
-                        valid, kappa)
+    first_target = (x_mid - (1 - u.view(-1, 1, 1)) * x0) / u.view(-1, 1, 1)  # (Z, K, V) delta_{0,u}'s target
+    first = weighted_ce(student(student.state_input(x0, zeros, u), zeros, u, ctx, mask), first_target, valid, kappa)
     second = weighted_ce(student(student.state_input(x_mid, u, ones), u, ones, ctx, mask), final, valid, kappa)
     return full + (first + second) / 2

@@ -62,6 +62,7 @@ class TrainConfig:
     zero_noise_blocks: int = 0  # distill: blocks per step whose jump from x0 = 0 learns the teacher's flow from 0
     zero_noise_steps: int = 16  # distill: the teacher's Euler steps for that target
     zero_noise_path: bool = False  # distill: those blocks also train the 2-step draft's jumps along that flow
+    noise_path_blocks: int = 0  # distill: the next blocks fit their jumps from random x0 to the teacher's flow from it
     freeze_backbone: bool = False  # z-lab backbone: train only what the flow adds (fits a 24 GB GPU, issue #15)
     schedule: str = "auto"  # auto: cosine (teacher, dflash) / WSD (distill); constant: warmup then flat (drafter.loop)
 
@@ -78,6 +79,9 @@ class TrainConfig:
             raise ValueError("--zero-noise-blocks must be >= 0 and --zero-noise-steps >= 1")
         if self.zero_noise_path and (not self.zero_noise_blocks or self.zero_noise_steps % 2):
             raise ValueError("--zero-noise-path needs --zero-noise-blocks and an even --zero-noise-steps")
+        if self.noise_path_blocks and (self.stage != "distill" or self.noise_path_blocks < 0
+                                       or self.zero_noise_steps % 2):
+            raise ValueError("--noise-path-blocks applies to --stage distill, needs an even --zero-noise-steps")
         if self.student_init and self.stage != "distill":
             raise ValueError("--student-init applies to --stage distill only")
         if self.schedule not in ("auto", "constant"):
@@ -213,7 +217,8 @@ def loss_for(cfg: TrainConfig, net, teacher, blocks, gen):
         return teacher_loss(net, blocks, gen, cfg.t0_share)
     if cfg.stage == "dflash":
         return dflash_loss(net, blocks)
-    return distill_loss(net, teacher, blocks, gen, cfg.zero_noise_blocks, cfg.zero_noise_steps, cfg.zero_noise_path)
+    return distill_loss(net, teacher, blocks, gen, cfg.zero_noise_blocks, cfg.zero_noise_steps, cfg.zero_noise_path,
+                        cfg.noise_path_blocks)
 
 
 def make_optimizer(cfg: TrainConfig, net) -> tuple[list, torch.optim.Optimizer]:
@@ -348,10 +353,14 @@ def add_train_args(parser: argparse.ArgumentParser, with_steps: bool = True) -> 
     parser.add_argument("--zero-noise-blocks", type=int, default=0,
                         help="distill: blocks per step whose full jump from x0 = 0 learns the teacher's flow from 0 "
                              "(the zero-noise T = 0 draft, `flashmap,scale=0`)")
-    parser.add_argument("--zero-noise-steps", type=int, default=16, help="distill: the teacher's steps for it")
+    parser.add_argument("--zero-noise-steps", type=int, default=16,
+                        help="distill: the teacher's Euler steps for the zero-noise and noise-path targets")
     parser.add_argument("--zero-noise-path", action="store_true",
                         help="distill: those blocks also fit the 2-step draft's two jumps along the teacher's flow "
                              "from 0 (`flashmap,steps=2,scale=0`)")
+    parser.add_argument("--noise-path-blocks", type=int, default=0,
+                        help="distill: the next blocks per step fit their full jump and 2-step jumps from random x0 "
+                             "onto the teacher's flow from that x0 (`flashmap,steps=2`, the shuffle test's draft)")
     parser.add_argument("--freeze-backbone", action="store_true",
                         help="z-lab backbone: train only the time modulation and state input the flow adds")
     parser.add_argument("--t0-share", type=float, default=0.0,
@@ -373,7 +382,8 @@ def config_from_args(args, **overrides) -> TrainConfig:
                   save_every=args.save_every, seed=args.seed, threads=args.threads, precision=args.precision,
                   grad_checkpoint=args.grad_checkpoint, t0_share=args.t0_share, student_init=args.student_init,
                   freeze_backbone=args.freeze_backbone, zero_noise_blocks=args.zero_noise_blocks,
-                  zero_noise_steps=args.zero_noise_steps, zero_noise_path=args.zero_noise_path)
+                  zero_noise_steps=args.zero_noise_steps, zero_noise_path=args.zero_noise_path,
+                  noise_path_blocks=args.noise_path_blocks)
     return TrainConfig(**{**values, **overrides})
 
 

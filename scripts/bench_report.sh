@@ -89,4 +89,13 @@ if [ -d "$PREV" ]; then
   run defaults18_t1 --max-new-tokens 96 --prompts eval_math eval_code eval_chat --limit 4 --temperature 1 \
     --variants flashmap,adaptive=1 "flashmap,adaptive=1,weights=$PREV"
 fi
+# session 12: the flow map distilled with the noise path (--noise-path-blocks), against session 11's
+# (its checkpoint kept in runs/prev11/flashmap with its own calibration.json: git show e9ea232:weights/...)
+PREV11=${PREV11:-runs/prev11/flashmap}
+if [ -d "$PREV11" ]; then
+  run defaults19_t0 --max-new-tokens 96 --prompts eval_math eval_code eval_chat --limit 4 \
+    --variants flashmap,scale=0,adaptive=1 "flashmap,scale=0,adaptive=1,weights=$PREV11"
+  run defaults19_t1 --max-new-tokens 96 --prompts eval_math eval_code eval_chat --limit 4 --temperature 1 \
+    --variants flashmap,adaptive=1 "flashmap,adaptive=1,weights=$PREV11"
+fi
 $PY -m scripts.report

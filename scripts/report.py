@@ -403,6 +403,10 @@ def build(results: Path, out: Path) -> str:
     if runs:
         doc += engine_defaults_section(runs, "Session 11: the flow map distilled from the teacher trained on all "
                                              "three response sets, against session 10's, in the engine")
+    runs = [run for name in ("defaults19_t0.json", "defaults19_t1.json") if (run := load(results, name))]
+    if runs:
+        doc += engine_defaults_section(runs, "Session 12: the flow map distilled with the noise path, against "
+                                             "session 11's, in the engine")
     return "\n".join(doc)
 
 

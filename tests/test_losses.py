@@ -124,3 +124,54 @@ def test_zero_noise_path_loss_trains_both_zero_noise_drafts_onto_the_teachers_fl
         assert kl(two_step.probs(ctx, mask, 4, None)) < 0.5 * before
     with pytest.raises(ValueError, match="even"):
         losses.zero_noise_loss(student, teacher, batch, *batch.context(student, pooled=True), 5, 3, path=True)
+
+
+def test_teacher_path_loss_trains_the_noisy_2_step_draft_onto_the_teachers_flow_from_its_noise(tiny_target):
+    """From a random x0 the teacher's flow (drafting.teacher_flow) ends where `jumps` does from the same noise, its
+    midpoint minus the noise left over u is a distribution, and fitting the path moves the student's two exact
+    jumps from that x0 (the `flashmap,steps=2` draft) toward the teacher's end: the joint structure §6.2 tests."""
+    from drafter.drafting import jumps, teacher_flow
+
+    batch, teacher, student = teacher_student_batch(tiny_target)
+    rows = torch.arange(5)
+    x0 = torch.randn(5, 4, 16, generator=torch.Generator().manual_seed(3))  # (5, K, V)
+    u = time_grid(2, 16)[1]
+    with torch.no_grad():
+        t_ctx, t_mask = batch.context(teacher, rows=rows)
+        x_mid, final = teacher_flow(teacher, t_ctx, t_mask, x0, 4)
+        same = jumps(teacher, t_ctx, t_mask, 4, 4, torch.Generator().manual_seed(3), diagonal=True)
+        assert torch.allclose(final, same, atol=1e-6)
+        mid = (x_mid - (1 - u) * x0) / u
+        assert mid.min() >= -1e-5 and torch.allclose(mid.sum(-1), torch.ones(5, 4), atol=1e-4)
+        ctx, mask = batch.context(student, rows=rows)
+    two_jumps = lambda: jumps(student, ctx, mask, 4, 2, torch.Generator().manual_seed(3))  # noqa: E731
+    kl = lambda q: (final * (final.log() - q.log())).sum(-1).mean()  # noqa: E731
+    with torch.no_grad():
+        before = kl(two_jumps())
+    opt = torch.optim.Adam(student.parameters(), lr=3e-3)
+    for _ in range(30):
+        opt.zero_grad()
+        losses.teacher_path_loss(student, teacher, batch, *batch.context(student, pooled=True), rows, x0, 4).backward()
+        opt.step()
+    with torch.no_grad():
+        assert kl(two_jumps()) < 0.5 * before
+    with pytest.raises(ValueError, match="even"):
+        losses.teacher_path_loss(student, teacher, batch, *batch.context(student, pooled=True), rows, x0, 3)
+
+
+def test_distill_loss_adds_the_noise_path_of_the_blocks_after_the_zero_noise_ones(tiny_target):
+    batch, teacher, student = teacher_student_batch(tiny_target)
+    b, k = batch.tokens.shape
+    gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
+    g = gen()
+    losses.jump_times(b, 16, g)
+    x0 = losses.draw((b, k, 16), g, "cpu", normal=True)  # (B, K, V) the noise distill_loss draws
+    rows = torch.arange(2, 5)
+    with torch.no_grad():
+        plain = losses.distill_loss(student, teacher, batch, gen(), 2, 4, True)
+        ctx, mask = batch.context(student, pooled=True)
+        extra = losses.teacher_path_loss(student, teacher, batch, ctx, mask, rows, x0[rows], 4)
+        both = losses.distill_loss(student, teacher, batch, gen(), 2, 4, True, noise_path_blocks=3)
+        assert torch.allclose(both, plain + extra, atol=1e-5)
+        clipped = losses.distill_loss(student, teacher, batch, gen(), 2, 4, True, noise_path_blocks=10 * b)
+        assert torch.isfinite(clipped)

@@ -130,3 +130,11 @@ def test_distillation_can_start_from_an_earlier_flow_map(tiny_run, tiny_target):
                                       for k, v in net.state_dict().items() if k in start)
     with pytest.raises(ValueError, match="distill only"):
         train_mod.TrainConfig("teacher", "d", "o", student_init=str(earlier))
+
+
+def test_noise_path_blocks_are_a_distillation_option_with_an_even_teacher_path():
+    train_mod.TrainConfig("distill", "d", "o", init="t", noise_path_blocks=4)
+    with pytest.raises(ValueError, match="noise-path"):
+        train_mod.TrainConfig("teacher", "d", "o", noise_path_blocks=4)
+    with pytest.raises(ValueError, match="noise-path"):
+        train_mod.TrainConfig("distill", "d", "o", init="t", noise_path_blocks=4, zero_noise_steps=3)
