@@ -72,12 +72,6 @@ def teacher_flow(teacher: FlowNet, ctx, mask, x0: torch.Tensor, steps: int) -> t
     return x_mid, delta
 
 
-def flow_from_zero(teacher: FlowNet, ctx, mask, block: int, steps: int) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """teacher_flow from x0 = 0, the zero-noise draft's start: x_u / u is then a distribution."""
-    x0 = torch.zeros(ctx.shape[0], block, teacher.cfg.draft_vocab, device=ctx.device)  # (B, K, V)
-    return teacher_flow(teacher, ctx, mask, x0, steps)
-
-
 @dataclass(frozen=True)
 class NoiseBank:
     """App. B: for M noise draws x0, the parts of the second jump's input that depend only on x0 and

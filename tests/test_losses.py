@@ -96,16 +96,16 @@ def test_zero_noise_loss_trains_the_draft_the_zero_noise_jump_makes(tiny_target)
 
 
 def test_zero_noise_path_loss_trains_both_zero_noise_drafts_onto_the_teachers_flow(tiny_target):
-    """The teacher's flow from x0 = 0 (drafting.flow_from_zero) ends where `jumps` does, and its midpoint state
+    """The teacher's flow from x0 = 0 (drafting.teacher_flow from zeros) ends where `jumps` does, and its midpoint state
     over u is a distribution; fitting the path moves the 2-step zero-noise draft (`flashmap,steps=2,scale=0`)
     toward the teacher's flow, as the full jump alone moves the 1-step one."""
-    from drafter.drafting import BlockSampler, flow_from_zero, jumps
+    from drafter.drafting import BlockSampler, jumps, teacher_flow
 
     batch, teacher, student = teacher_student_batch(tiny_target)
     rows = torch.arange(5)
     with torch.no_grad():
         t_ctx, t_mask = batch.context(teacher, rows=rows)
-        x_mid, final = flow_from_zero(teacher, t_ctx, t_mask, 4, 4)
+        x_mid, final = teacher_flow(teacher, t_ctx, t_mask, torch.zeros(5, 4, 16), 4)  # x0 = 0 (5, K, V)
         assert torch.allclose(final, jumps(teacher, t_ctx, t_mask, 4, 4, None, diagonal=True, noise_scale=0.0))
         mid = x_mid / time_grid(2, 16)[1]
         assert mid.min() >= 0 and torch.allclose(mid.sum(-1), torch.ones(5, 4), atol=1e-5)
