@@ -23,6 +23,15 @@ DOMAINS = ("math", "code", "chat")
 MAIN_ORDER = ("ngram", "hf-prompt-lookup", "dflash", "flashmap,steps=1", "flashmap,steps=2",
               "flashmap,steps=1,adaptive=1,skip=0", "flashmap,steps=1,adaptive=1")
 SLOT_DRAFTERS = ("dflash", "flashmap,steps=1", "flashmap,steps=2")
+ENGINE_DEFAULTS = ("defaults16_t0.json", "defaults16_t0_rerun.json", "defaults16_t1.json")
+# Each later session's engine run of its shipped flow map against the previous one (scripts/bench_report.sh).
+SESSION_DEFAULTS = (
+    (("defaults18_t0.json", "defaults18_t1.json"),
+     "Session 11: the flow map distilled from the teacher trained on all three response sets, against session 10's, "
+     "in the engine"),
+    (("defaults19_t0.json", "defaults19_t1.json"),
+     "Session 12: the flow map distilled with the noise path, against session 11's, in the engine"),
+)
 
 
 def load(folder: Path, name: str) -> dict | None:
@@ -385,9 +394,7 @@ def build(results: Path, out: Path) -> str:
         doc += teacher_gate_section(gate)
     if final := load(results, "offline_issue15.json"):
         doc += issue15_section(final)
-    runs = [run for name in ("defaults16_t0.json", "defaults16_t0_rerun.json", "defaults16_t1.json")
-            if (run := load(results, name))]
-    if runs:
+    if runs := [run for name in ENGINE_DEFAULTS if (run := load(results, name))]:
         doc += engine_defaults_section(runs)
     if kernels := load(results, "verify_cost_kernels.json"):
         doc += cpu_linear_section(kernels, [run for name in ("defaults17_t0.json", "defaults17_t0_rerun.json",
@@ -399,14 +406,11 @@ def build(results: Path, out: Path) -> str:
     if calibration := load(results, "calibration.json"):
         doc += calibration_section(calibration, [run for name in ("policy_ab_t0.json", "policy_ab_2step_t0.json",
                                                                   "policy_ab_t1.json") if (run := load(results, name))])
-    runs = [run for name in ("defaults18_t0.json", "defaults18_t1.json") if (run := load(results, name))]
-    if runs:
-        doc += engine_defaults_section(runs, "Session 11: the flow map distilled from the teacher trained on all "
-                                             "three response sets, against session 10's, in the engine")
-    runs = [run for name in ("defaults19_t0.json", "defaults19_t1.json") if (run := load(results, name))]
-    if runs:
-        doc += engine_defaults_section(runs, "Session 12: the flow map distilled with the noise path, against "
-                                             "session 11's, in the engine")
+    if candidates := load(results, "offline_zero_weighted_s8.json"):
+        doc += candidates_section(candidates)
+    for names, title in SESSION_DEFAULTS:
+        if runs := [run for name in names if (run := load(results, name))]:
+            doc += engine_defaults_section(runs, title)
     return "\n".join(doc)
 
 
@@ -589,6 +593,24 @@ def issue15_section(run: dict) -> list[str]:
              f"`python -m drafter.evaluate --data data/smollm2-val --stride {run['stride']}` (T = 0, K = 16, "
              f"{run['results'][0]['all']['rounds']:,} rounds per drafter, the shipped checkpoints). The last row is "
              "the 2-step shuffle test (paper Table 2): one shared noise draw against each slot from its own draw.", ""]
+            + acceptance_rows(run) + delta_table(run, pairs))
+
+
+def candidates_section(run: dict) -> list[str]:
+    """Checkpoints of the flow map side by side (variants `…,weights=DIR`; the first DIR is the shipped one): per
+    checkpoint its 2-step draft against its 1-step draft, and each candidate's 1-step draft against the shipped."""
+    names = [r["variant"] for r in run["results"]]
+    dirs = list(dict.fromkeys(name.split("weights=")[1] for name in names if "weights=" in name))
+    one, two = "flashmap,scale=0,weights={}", "flashmap,steps=2,scale=0,weights={}"
+    pairs = [(f"2 jumps − 1 jump, `{d}`", two.format(d), one.format(d)) for d in dirs]
+    pairs += [(f"1 jump: `{d}` − `{dirs[0]}`", one.format(d), one.format(dirs[0])) for d in dirs[1:]]
+    return (["## Session 13: the zero-noise path weighted up, two candidates (issue #15)", "",
+             f"`python -m drafter.evaluate --data data/smollm2-val --stride {run['stride']} --variants "
+             "flashmap,scale=0,weights=DIR flashmap,steps=2,scale=0,weights=DIR …` for each DIR below "
+             f"({run['results'][0]['all']['rounds']:,} rounds, T = 0, K = 16, drafts from x0 = 0): the shipped flow "
+             f"map (`{dirs[0]}`, a copy of `weights/…/flashmap`) against one more distillation cycle from it with 48 "
+             "zero-noise and 16 noise-path blocks a step (800 steps, WSD, lr 5e-5, the shipped teacher): its best "
+             "checkpoint by the curve (`…/best`, step 400) and its decayed end (step 800).", ""]
             + acceptance_rows(run) + delta_table(run, pairs))
 
 

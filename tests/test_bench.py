@@ -167,3 +167,21 @@ def test_report_puts_the_engines_anchors_beside_the_uniform_ones():
     text = "\n".join(report.walk_section(run(1.738), run(2.034)))
     assert "9 rounds per drafter" in text and "| DFlash-style | 1.738 | 1.738 |" in text
     assert "DFlash-style: 2.034 → 1.738" in text
+
+
+def test_report_pairs_each_candidate_checkpoint_with_itself_and_the_shipped_one():
+    from scripts import report
+
+    def result(variant, accepted):
+        weights = variant.split("weights=")[1]
+        return {"variant": variant, "weights": weights, "rounds": {"sequence": [0, 0, 1], "n_accepted": accepted},
+                "all": {"acceptance_length": 1 + sum(accepted) / 3, "rounds": 3},
+                "math": {"acceptance_length": 2.0}}
+
+    run = {"stride": 8, "sequence_domains": ["math", "math"], "results": [
+        result("flashmap,scale=0,weights=old", [1, 2, 3]), result("flashmap,steps=2,scale=0,weights=old", [1, 2, 3]),
+        result("flashmap,scale=0,weights=new", [2, 2, 3]), result("flashmap,steps=2,scale=0,weights=new", [3, 3, 3])]}
+    text = "\n".join(report.candidates_section(run))
+    assert "| 2 jumps − 1 jump, `old` | +0.000 ± 0.000 | +0.000 ± 0.000 |" in text
+    assert "| 2 jumps − 1 jump, `new` | +0.667 ± 0.333 | +0.667 ± 0.333 |" in text
+    assert "| 1 jump: `new` − `old` | +0.333 ± 0.333 |" in text and "shipped flow map (`old`" in text
