@@ -79,23 +79,18 @@ ab policy_ab_2step_t0 --prompts eval_math eval_code eval_chat --limit 4 --max-ne
 # nothing, GenerationConfig.charges_draft_cost, so on later commits both arms run alike)
 ab policy_ab_t1 --prompts eval_math eval_code eval_chat --limit 4 --max-new-tokens 96 --temperature 1 \
   --drafters flashmap --arms new before
-# session 11: the flow map distilled from the teacher trained on all three response sets, against session 10's
-# (its checkpoint kept in runs/prev10/flashmap with its own calibration.json: git show 2aeb217:weights/...)
-PREV=${PREV:-runs/prev10/flashmap}
-if [ -d "$PREV" ]; then
-  run defaults18_t0 --max-new-tokens 96 --prompts eval_math eval_code eval_chat --limit 4 \
-    --variants flashmap,scale=0,adaptive=1 "flashmap,scale=0,adaptive=1,weights=$PREV" flashmap,steps=2,scale=0,adaptive=1 \
-    dflash,adaptive=1
-  run defaults18_t1 --max-new-tokens 96 --prompts eval_math eval_code eval_chat --limit 4 --temperature 1 \
-    --variants flashmap,adaptive=1 "flashmap,adaptive=1,weights=$PREV"
-fi
-# session 12: the flow map distilled with the noise path (--noise-path-blocks), against session 11's
-# (its checkpoint kept in runs/prev11/flashmap with its own calibration.json: git show e9ea232:weights/...)
-PREV11=${PREV11:-runs/prev11/flashmap}
-if [ -d "$PREV11" ]; then
-  run defaults19_t0 --max-new-tokens 96 --prompts eval_math eval_code eval_chat --limit 4 \
-    --variants flashmap,scale=0,adaptive=1 "flashmap,scale=0,adaptive=1,weights=$PREV11"
-  run defaults19_t1 --max-new-tokens 96 --prompts eval_math eval_code eval_chat --limit 4 --temperature 1 \
-    --variants flashmap,adaptive=1 "flashmap,adaptive=1,weights=$PREV11"
-fi
+# sessions 11-: the app's defaults in the engine with the shipped flow map against the one it replaced, kept with its
+# own calibration.json in a folder (git show COMMIT:weights/smollm2-135m-instruct/flashmap/FILE), T = 0 and T = 1;
+# skipped when the folder is missing. vs_prev NAME DIR [more T = 0 variants]
+vs_prev() {
+  local name=$1 prev=$2; shift 2
+  [ -d "$prev" ] || return 0
+  local E=(--max-new-tokens 96 --prompts eval_math eval_code eval_chat --limit 4)
+  run "${name}_t0" "${E[@]}" --variants flashmap,scale=0,adaptive=1 "flashmap,scale=0,adaptive=1,weights=$prev" "$@"
+  run "${name}_t1" "${E[@]}" --temperature 1 --variants flashmap,adaptive=1 "flashmap,adaptive=1,weights=$prev"
+}
+# session 11: distilled from the teacher trained on all three response sets, against session 10's (2aeb217)
+vs_prev defaults18 "${PREV:-runs/prev10/flashmap}" flashmap,steps=2,scale=0,adaptive=1 dflash,adaptive=1
+# session 12: distilled with the noise path (--noise-path-blocks), against session 11's (e9ea232)
+vs_prev defaults19 "${PREV11:-runs/prev11/flashmap}"
 $PY -m scripts.report

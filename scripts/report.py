@@ -33,6 +33,14 @@ SESSION_DEFAULTS = (
      "Session 12: the flow map distilled with the noise path, against session 11's, in the engine"),
 )
 
+# offline runs of flow-map checkpoints side by side before shipping one: (file, section title, what the shipped one
+# is measured against)
+CANDIDATE_RUNS = (
+    ("offline_zero_weighted_s8.json", "Session 13: the zero-noise path weighted up, two candidates (issue #15)",
+     "one more distillation cycle from it with 48 zero-noise and 16 noise-path blocks a step (800 steps, WSD, lr 5e-5, "
+     "the shipped teacher): its best checkpoint by the curve (`…/best`, step 400) and its decayed end (step 800)."),
+)
+
 
 def load(folder: Path, name: str) -> dict | None:
     path = folder / name
@@ -406,8 +414,9 @@ def build(results: Path, out: Path) -> str:
     if calibration := load(results, "calibration.json"):
         doc += calibration_section(calibration, [run for name in ("policy_ab_t0.json", "policy_ab_2step_t0.json",
                                                                   "policy_ab_t1.json") if (run := load(results, name))])
-    if candidates := load(results, "offline_zero_weighted_s8.json"):
-        doc += candidates_section(candidates)
+    for name, title, against in CANDIDATE_RUNS:
+        if candidates := load(results, name):
+            doc += candidates_section(candidates, title, against)
     for names, title in SESSION_DEFAULTS:
         if runs := [run for name in names if (run := load(results, name))]:
             doc += engine_defaults_section(runs, title)
@@ -596,7 +605,7 @@ def issue15_section(run: dict) -> list[str]:
             + acceptance_rows(run) + delta_table(run, pairs))
 
 
-def candidates_section(run: dict) -> list[str]:
+def candidates_section(run: dict, title: str, against: str) -> list[str]:
     """Checkpoints of the flow map side by side (variants `…,weights=DIR`; the first DIR is the shipped one): per
     checkpoint its 2-step draft against its 1-step draft, and each candidate's 1-step draft against the shipped."""
     names = [r["variant"] for r in run["results"]]
@@ -604,13 +613,11 @@ def candidates_section(run: dict) -> list[str]:
     one, two = "flashmap,scale=0,weights={}", "flashmap,steps=2,scale=0,weights={}"
     pairs = [(f"2 jumps − 1 jump, `{d}`", two.format(d), one.format(d)) for d in dirs]
     pairs += [(f"1 jump: `{d}` − `{dirs[0]}`", one.format(d), one.format(dirs[0])) for d in dirs[1:]]
-    return (["## Session 13: the zero-noise path weighted up, two candidates (issue #15)", "",
+    return (["## " + title, "",
              f"`python -m drafter.evaluate --data data/smollm2-val --stride {run['stride']} --variants "
              "flashmap,scale=0,weights=DIR flashmap,steps=2,scale=0,weights=DIR …` for each DIR below "
              f"({run['results'][0]['all']['rounds']:,} rounds, T = 0, K = 16, drafts from x0 = 0): the shipped flow "
-             f"map (`{dirs[0]}`, a copy of `weights/…/flashmap`) against one more distillation cycle from it with 48 "
-             "zero-noise and 16 noise-path blocks a step (800 steps, WSD, lr 5e-5, the shipped teacher): its best "
-             "checkpoint by the curve (`…/best`, step 400) and its decayed end (step 800).", ""]
+             f"map (`{dirs[0]}`, a copy of `weights/…/flashmap`) against {against}", ""]
             + acceptance_rows(run) + delta_table(run, pairs))
 
 
