@@ -93,4 +93,6 @@ vs_prev() {
 vs_prev defaults18 "${PREV:-runs/prev10/flashmap}" flashmap,steps=2,scale=0,adaptive=1 dflash,adaptive=1
 # session 12: distilled with the noise path (--noise-path-blocks), against session 11's (e9ea232)
 vs_prev defaults19 "${PREV11:-runs/prev11/flashmap}"
+# session 14: distilled from the teacher trained on the chat follow-ups too, against session 12's (7c703d9)
+vs_prev defaults20 "${PREV12:-runs/prev12/flashmap}" flashmap,steps=2,scale=0,adaptive=1
 $PY -m scripts.report

@@ -31,6 +31,8 @@ SESSION_DEFAULTS = (
      "in the engine"),
     (("defaults19_t0.json", "defaults19_t1.json"),
      "Session 12: the flow map distilled with the noise path, against session 11's, in the engine"),
+    (("defaults20_t0.json", "defaults20_t1.json", "defaults20_t1_zero.json"),
+     "Session 14: the flow map distilled from the chat-trained teacher, against session 12's, in the engine"),
 )
 
 # offline runs of flow-map checkpoints side by side before shipping one: (file, section title, what the shipped one
@@ -39,6 +41,9 @@ CANDIDATE_RUNS = (
     ("offline_zero_weighted_s8.json", "Session 13: the zero-noise path weighted up, two candidates (issue #15)",
      "one more distillation cycle from it with 48 zero-noise and 16 noise-path blocks a step (800 steps, WSD, lr 5e-5, "
      "the shipped teacher): its best checkpoint by the curve (`…/best`, step 400) and its decayed end (step 800)."),
+    ("offline_warm5_copy_s8.json", "Session 14: the flow map distilled from the chat-trained teacher (issue #15)",
+     "the flow map distilled from session 13's teacher, starting as a copy of it (800 steps, WSD, lr 5e-5, 32 "
+     "zero-noise-path blocks a step, all four data sets; its decayed end, also its best by the curve), shipped since."),
 )
 
 
