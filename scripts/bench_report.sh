@@ -94,5 +94,11 @@ vs_prev defaults18 "${PREV:-runs/prev10/flashmap}" flashmap,steps=2,scale=0,adap
 # session 12: distilled with the noise path (--noise-path-blocks), against session 11's (e9ea232)
 vs_prev defaults19 "${PREV11:-runs/prev11/flashmap}"
 # session 14: distilled from the teacher trained on the chat follow-ups too, against session 12's (7c703d9)
-vs_prev defaults20 "${PREV12:-runs/prev12/flashmap}" flashmap,steps=2,scale=0,adaptive=1
+PREV12=${PREV12:-runs/prev12/flashmap}
+vs_prev defaults20 "$PREV12" flashmap,steps=2,scale=0,adaptive=1
+# and at T = 1 its draft from noise (the app's) against from x0 = 0, beside session 12's
+if [ -d "$PREV12" ]; then
+  run defaults20_t1_zero --max-new-tokens 96 --prompts eval_math eval_code eval_chat --limit 4 --temperature 1 \
+    --variants flashmap,adaptive=1 flashmap,scale=0,adaptive=1 "flashmap,adaptive=1,weights=$PREV12"
+fi
 $PY -m scripts.report

@@ -621,8 +621,8 @@ def candidates_section(run: dict, title: str, against: str) -> list[str]:
     return (["## " + title, "",
              f"`python -m drafter.evaluate --data data/smollm2-val --stride {run['stride']} --variants "
              "flashmap,scale=0,weights=DIR flashmap,steps=2,scale=0,weights=DIR …` for each DIR below "
-             f"({run['results'][0]['all']['rounds']:,} rounds, T = 0, K = 16, drafts from x0 = 0): the shipped flow "
-             f"map (`{dirs[0]}`, a copy of `weights/…/flashmap`) against {against}", ""]
+             f"({run['results'][0]['all']['rounds']:,} rounds, T = 0, K = 16, drafts from x0 = 0): the flow map "
+             f"shipped at the time (`{dirs[0]}`, then a copy of `weights/…/flashmap`) against {against}", ""]
             + acceptance_rows(run) + delta_table(run, pairs))
 
 

@@ -184,4 +184,4 @@ def test_report_pairs_each_candidate_checkpoint_with_itself_and_the_shipped_one(
     text = "\n".join(report.candidates_section(run, "Candidates", "a newer cycle."))
     assert "| 2 jumps − 1 jump, `old` | +0.000 ± 0.000 | +0.000 ± 0.000 |" in text
     assert "| 2 jumps − 1 jump, `new` | +0.667 ± 0.333 | +0.667 ± 0.333 |" in text
-    assert "| 1 jump: `new` − `old` | +0.333 ± 0.333 |" in text and "shipped flow map (`old`" in text
+    assert "| 1 jump: `new` − `old` | +0.333 ± 0.333 |" in text and "shipped at the time (`old`" in text
