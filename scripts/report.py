@@ -605,8 +605,9 @@ def issue15_section(run: dict) -> list[str]:
             pairs.append((f"{label(base)}: shipped − `{name.split('weights=')[1]}`", base, name))
     return (["## Issue #15 targets, offline", "",
              f"`python -m drafter.evaluate --data data/smollm2-val --stride {run['stride']}` (T = 0, K = 16, "
-             f"{run['results'][0]['all']['rounds']:,} rounds per drafter, the shipped checkpoints). The last row is "
-             "the 2-step shuffle test (paper Table 2): one shared noise draw against each slot from its own draw.", ""]
+             f"{run['results'][0]['all']['rounds']:,} rounds per drafter, the checkpoints shipped when it ran). The "
+             "last row is the 2-step shuffle test (paper Table 2): one shared noise draw against each slot from its "
+             "own draw.", ""]
             + acceptance_rows(run) + delta_table(run, pairs))
 
 
