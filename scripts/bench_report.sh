@@ -82,12 +82,12 @@ ab policy_ab_t1 --prompts eval_math eval_code eval_chat --limit 4 --max-new-toke
 # sessions 11-: the app's defaults in the engine with the shipped flow map against the one it replaced, kept with its
 # own calibration.json in a folder (git show COMMIT:weights/smollm2-135m-instruct/flashmap/FILE), T = 0 and T = 1;
 # skipped when the folder is missing. vs_prev NAME DIR [more T = 0 variants]
+VS=(--max-new-tokens 96 --prompts eval_math eval_code eval_chat --limit 4)
 vs_prev() {
   local name=$1 prev=$2; shift 2
   [ -d "$prev" ] || return 0
-  local E=(--max-new-tokens 96 --prompts eval_math eval_code eval_chat --limit 4)
-  run "${name}_t0" "${E[@]}" --variants flashmap,scale=0,adaptive=1 "flashmap,scale=0,adaptive=1,weights=$prev" "$@"
-  run "${name}_t1" "${E[@]}" --temperature 1 --variants flashmap,adaptive=1 "flashmap,adaptive=1,weights=$prev"
+  run "${name}_t0" "${VS[@]}" --variants flashmap,scale=0,adaptive=1 "flashmap,scale=0,adaptive=1,weights=$prev" "$@"
+  run "${name}_t1" "${VS[@]}" --temperature 1 --variants flashmap,adaptive=1 "flashmap,adaptive=1,weights=$prev"
 }
 # session 11: distilled from the teacher trained on all three response sets, against session 10's (2aeb217)
 vs_prev defaults18 "${PREV:-runs/prev10/flashmap}" flashmap,steps=2,scale=0,adaptive=1 dflash,adaptive=1
@@ -98,7 +98,7 @@ PREV12=${PREV12:-runs/prev12/flashmap}
 vs_prev defaults20 "$PREV12" flashmap,steps=2,scale=0,adaptive=1
 # and at T = 1 its draft from noise (the app's) against from x0 = 0, beside session 12's
 if [ -d "$PREV12" ]; then
-  run defaults20_t1_zero --max-new-tokens 96 --prompts eval_math eval_code eval_chat --limit 4 --temperature 1 \
+  run defaults20_t1_zero "${VS[@]}" --temperature 1 \
     --variants flashmap,adaptive=1 flashmap,scale=0,adaptive=1 "flashmap,adaptive=1,weights=$PREV12"
 fi
 $PY -m scripts.report
