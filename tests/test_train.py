@@ -138,3 +138,17 @@ def test_noise_path_blocks_are_a_distillation_option_with_an_even_teacher_path()
         train_mod.TrainConfig("teacher", "d", "o", noise_path_blocks=4)
     with pytest.raises(ValueError, match="noise-path"):
         train_mod.TrainConfig("distill", "d", "o", init="t", noise_path_blocks=4, zero_noise_steps=3)
+
+
+def test_precision_auto_picks_bf16_only_where_the_hardware_has_it():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    avx2 = frozenset({"avx", "avx2", "fma"})
+    assert train_mod.resolve_precision("auto", cpu, avx2) == "fp32"  # emulated bf16: ~25x slower (measured)
+    assert train_mod.resolve_precision("auto", cpu, avx2 | {"avx512_bf16"}) == "bf16"
+    assert train_mod.resolve_precision("auto", cpu, avx2 | {"amx_bf16"}) == "bf16"
+    assert train_mod.resolve_precision("auto", cpu, frozenset()) == "fp32"  # no /proc/cpuinfo: the safe answer
+    assert train_mod.resolve_precision("auto", gpu, frozenset()) == "bf16"
+    assert train_mod.resolve_precision("bf16", cpu, avx2) == "bf16"  # an explicit choice stands
+    assert train_mod.resolve_precision("fp32", gpu, frozenset()) == "fp32"
+    args = train_mod.parse_args(["--stage", "dflash", "--data", "d", "--out", "o", "--device", "cpu"])
+    assert train_mod.config_from_args(args).precision in ("bf16", "fp32")  # resolved before the config is saved
