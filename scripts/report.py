@@ -46,7 +46,8 @@ CANDIDATE_RUNS = (
      "zero-noise-path blocks a step, all four data sets; its decayed end, also its best by the curve), shipped since."),
     ("offline_warm6_copy_s8.json", "Session 15: the flow map distilled from the teacher of one more cycle (issue #15)",
      "the flow map distilled from session 14's teacher, starting as a copy of it (520 steps, WSD, lr 5e-5, fp32, 32 "
-     "zero-noise-path blocks a step, responses and chat follow-ups; its decayed end), not shipped: below on both drafts."),
+     "zero-noise-path blocks a step, responses and chat follow-ups; its decayed end), not shipped: below on both "
+     "drafts."),
 )
 
 
