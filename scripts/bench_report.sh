@@ -101,4 +101,6 @@ if [ -d "$PREV12" ]; then
   run defaults20_t1_zero "${VS[@]}" --temperature 1 \
     --variants flashmap,adaptive=1 flashmap,scale=0,adaptive=1 "flashmap,adaptive=1,weights=$PREV12"
 fi
+# session 16: distilled at full length from session 14's teacher (the shipped one), against session 14's (681cb5b)
+vs_prev defaults21 "${PREV14:-runs/prev14/flashmap}" flashmap,steps=2,scale=0,adaptive=1
 $PY -m scripts.report

@@ -33,6 +33,8 @@ SESSION_DEFAULTS = (
      "Session 12: the flow map distilled with the noise path, against session 11's, in the engine"),
     (("defaults20_t0.json", "defaults20_t1.json", "defaults20_t1_zero.json"),
      "Session 14: the flow map distilled from the chat-trained teacher, against session 12's, in the engine"),
+    (("defaults21_t0.json", "defaults21_t1.json"),
+     "Session 16: the flow map distilled in full from session 14's teacher, against session 14's, in the engine"),
 )
 
 # offline runs of flow-map checkpoints side by side before shipping one: (file, section title, what the shipped one
@@ -48,6 +50,10 @@ CANDIDATE_RUNS = (
      "the flow map distilled from session 14's teacher, starting as a copy of it (520 steps, WSD, lr 5e-5, fp32, 32 "
      "zero-noise-path blocks a step, responses and chat follow-ups; its decayed end), not shipped: below on both "
      "drafts."),
+    ("offline_warm6_full_s8.json", "Session 16: the same distillation at full length (issue #15)",
+     "the flow map distilled from session 14's teacher at full length (800 steps, WSD, lr 5e-5, fp32, 32 "
+     "zero-noise-path blocks a step, responses, responses-2 and chat follow-ups): its best checkpoint by the curve "
+     "(`…/best`, step 400) and its decayed end (`runs/s16/final`, step 800), shipped since."),
 )
 
 
