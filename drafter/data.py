@@ -244,8 +244,9 @@ def load_sequences(folder, layers: tuple[int, ...] | None = None) -> list[Sequen
 
 def extract_features(args) -> None:
     """Cache target features for every shard (bf16, ~2 bytes x F per token), resumable per shard. Sequences are
-    batched by length (little padding); --autocast bf16 runs the target's matmuls in bf16 (2x faster on a CPU with
-    AVX512-BF16; features within ~0.8% of fp32's, against 0.2% for storing them in bf16), recorded per shard."""
+    batched by length (little padding); --autocast bf16 runs the target's matmuls in bf16 (2x faster on an earlier
+    session's CPU, not timed on one without AMX; features within ~0.8% of fp32's, against 0.2% for storing them in
+    bf16), recorded per shard."""
     target = load_target(target_config_from_args(args))
     layers = tuple(args.layers)
     out = features_dir(args.data, layers)
@@ -391,7 +392,8 @@ def main(argv=None) -> None:
     feat.add_argument("--layers", type=int, nargs="+", required=True, help="e.g. 1 10 20 29 for SmolLM2-135M")
     feat.add_argument("--batch-size", type=int, default=8, help="sequences per target forward (default 8)")
     feat.add_argument("--autocast", default="none", choices=["none", "bf16"],
-                      help="bf16: the target's matmuls in bf16 (2x faster on AVX512-BF16 CPUs, features within ~0.8%%)")
+                      help="bf16: the target's matmuls in bf16 (2x faster where measured, not timed without AMX; "
+                           "features within ~0.8%%)")
     add_target_args(feat)
     args = parser.parse_args(argv)
     if args.cmd == "generate":
