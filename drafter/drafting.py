@@ -23,24 +23,29 @@ def noise_embedding_factor(net: FlowNet) -> torch.Tensor:
 
 
 def one_jump(net: FlowNet, ctx, mask, block: int, generator, factor: torch.Tensor,
-             noise_scale: float = 1.0) -> torch.Tensor:
+             noise_scale: float = 1.0, noise: torch.Tensor | None = None) -> torch.Tensor:
     """The full jump (0, 1) from x0 ~ N(0, noise_scale^2 I), read through x0 E. noise_scale 0: the jump from
-    x0 = 0, the centre of the noise, whose draft is deterministic (issue #15: the T = 0 path)."""
+    x0 = 0, the centre of the noise, whose draft is deterministic (issue #15: the T = 0 path).
+    noise: the standard normal g (B, K, D_t) to use instead of drawing it (coupled draws, BlockSampler)."""
     b, dt = ctx.shape[0], net.cfg.target_hidden
-    x0_embed = noise_scale * torch.randn(b, block, dt, generator=generator).to(ctx.device) @ factor.T  # (B, K, D_t)
+    g = torch.randn(b, block, dt, generator=generator) if noise is None else noise  # (B, K, D_t)
+    x0_embed = noise_scale * g.to(ctx.device) @ factor.T  # (B, K, D_t)
     zeros, ones = torch.zeros(b, device=ctx.device), torch.ones(b, device=ctx.device)
     return net.probs(net.noise_input(x0_embed, ones), zeros, ones, ctx, mask)
 
 
 def jumps(net: FlowNet, ctx, mask, block: int, steps: int, generator, diagonal: bool = False,
-          noise_scale: float = 1.0) -> torch.Tensor:
+          noise_scale: float = 1.0, noise: torch.Tensor | None = None) -> torch.Tensor:
     """Compose `steps` jumps on the grid t_n = tau^{-1}(n/N). With diagonal=True the network is used
     as the teacher denoiser D_s (s = t), and each jump is an Euler step (eq. 3 rewritten as eq. 5).
     noise_scale < 1 starts from shrunken noise (a lower-temperature trajectory); 0 from x0 = 0, the teacher's flow
-    the zero-noise FlashMap draft is distilled onto (losses.zero_noise_loss)."""
+    the zero-noise FlashMap draft is distilled onto (losses.zero_noise_loss). noise: the standard normal (B, K, V)
+    to use instead of drawing it."""
     if steps < 1:
         raise ValueError("steps must be >= 1")
-    x0 = noise_scale * torch.randn(ctx.shape[0], block, net.cfg.draft_vocab, generator=generator)  # (B, K, V)
+    if noise is None:
+        noise = torch.randn(ctx.shape[0], block, net.cfg.draft_vocab, generator=generator)  # (B, K, V)
+    x0 = noise_scale * noise  # (B, K, V)
     for _x, delta in euler_path(net, ctx, mask, x0.to(ctx.device), steps, diagonal):
         pass
     return delta
@@ -97,21 +102,34 @@ def build_noise_bank(net: FlowNet, size: int, generator, keep_noise: bool = Fals
     return NoiseBank(u, x0_embed, weighted, log_s, x0 if keep_noise else None)
 
 
+def banked_noise(bank: NoiseBank, b: int, block: int, vocab: int, generator, top: int = 16,
+                 redraw: bool = True) -> tuple[torch.Tensor, ...]:
+    """two_jumps_banked's noise, drawn in its order: each slot's bank entry (B, K) and, with redraw, the noise
+    of its top tokens (B, K, T)."""
+    idx = torch.randint(len(bank.log_s), (b, block), generator=generator)  # (B, K)
+    if not redraw:
+        return (idx,)
+    return idx, torch.randn(b, block, min(top, vocab), generator=generator)  # (B, K, T)
+
+
 def two_jumps_banked(net: FlowNet, ctx, mask, block: int, bank: NoiseBank, generator, top: int = 16,
-                     redraw: bool = True) -> torch.Tensor:
+                     redraw: bool = True, noise: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
     """Two jumps (0 -> u -> 1) reading only `top` rows of E per slot in the second jump (App. B).
 
     Each slot picks a bank entry; the first jump needs only x0 E. The second jump's posterior
     pi_u(x_u) ∝ exp(alpha x0 + alpha^2 delta) is the bank's W/S plus a correction on the top tokens
-    of delta (eq. 10), whose noise is redrawn (or, redraw=False, read from a bank that kept it)."""
+    of delta (eq. 10), whose noise is redrawn (or, redraw=False, read from a bank that kept it).
+    noise: banked_noise's draw to use instead of drawing it."""
     b, u = ctx.shape[0], bank.u
     alpha = u / (1 - u)
-    idx = torch.randint(len(bank.log_s), (b, block), generator=generator)  # (B, K)
+    if noise is None:
+        noise = banked_noise(bank, b, block, net.cfg.draft_vocab, generator, top, redraw)
+    idx = noise[0]  # (B, K)
     x0_embed, weighted, log_s = bank.x0_embed[idx], bank.weighted_embed[idx], bank.log_s[idx]  # (B,K,D_t) x2, (B,K)
     zeros, us, ones = (torch.full((b,), value) for value in (0.0, u, 1.0))
     delta = net.probs(net.noise_input(x0_embed, us), zeros, us, ctx, mask)  # (B, K, V)
     d_top, top_ids = delta.topk(min(top, delta.shape[-1]), dim=-1)  # (B, K, T)
-    z_top = torch.randn(d_top.shape, generator=generator) if redraw else bank.x0[idx].gather(-1, top_ids)
+    z_top = noise[1] if redraw else bank.x0[idx].gather(-1, top_ids)  # (B, K, T)
     e_top = net.embed_matrix()[top_ids]  # (B, K, T, D_t)
     r_over_s = torch.exp(alpha * z_top - log_s[..., None]) * torch.expm1(alpha**2 * d_top)  # (B, K, T)
     posterior_embed = (weighted + (r_over_s[..., None] * e_top).sum(-2)) / (1 + r_over_s.sum(-1, keepdim=True))
@@ -138,7 +156,8 @@ class BlockSampler:
 
     mode: flowmap (distilled two-time denoiser, `steps` jumps; 2 jumps use the App. B noise bank),
     teacher (`steps` Euler steps of the flow teacher, for analysis) or dflash (one masked pass).
-    shared_noise=False is the shuffle test (§6.2): slot k comes from the k-th of K independent draws.
+    shared_noise=False is the shuffle test (§6.2): slot k comes from the k-th of K independent draws, coupled to
+    the shared draft of the same generator (_shuffled).
     best_of=M drafts M blocks from independent noise in one batched pass (as App. D does for trees)
     and keeps, per context, the one with the largest expected accepted length under its own per-slot
     confidence. The choice reads only the distributions, never a sampled token, so the kept block's
@@ -154,6 +173,7 @@ class BlockSampler:
     bank_size: int = 2048  # 2-step noise bank (the paper uses 8,192 on a GPU)
     _factor: torch.Tensor | None = field(default=None, repr=False)
     _bank: NoiseBank | None = field(default=None, repr=False)
+    _fresh: tuple | None = field(default=None, repr=False)  # (generator, the shuffle test's second stream)
 
     def __post_init__(self):
         if self.mode not in ("flowmap", "teacher", "dflash"):
@@ -179,25 +199,66 @@ class BlockSampler:
 
     def _noise_probs(self, ctx, mask, block: int, generator) -> torch.Tensor:
         if self.shared_noise or self.mode == "dflash":
-            return self._one_draw(ctx, mask, block, generator)
+            return self._from_noise(ctx, mask, block, self._draw_noise(ctx.shape[0], block, generator))
+        return self._shuffled(ctx, mask, block, generator)
+
+    def _shuffled(self, ctx, mask, block: int, generator) -> torch.Tensor:
+        """The shuffle test's draft (§6.2), coupled to the shared-noise draft of the same generator: slot k comes from
+        draw k, whose slot-k noise is the noise the shared draft gives slot k (drawn from `generator` exactly as the
+        shared draft draws it) and whose other slots' noise is fresh (a second stream). The K draws stay independent,
+        so the shuffled draft's distribution is the test's; but with one seed the two drafts differ only through the
+        other slots' noise, the joint structure the test measures, and their paired difference loses the variance of
+        each slot's own draw (common random numbers). ctx (B, C, D) -> (B, K, V)."""
         b = ctx.shape[0]
+        own = self._draw_noise(b, block, generator)  # each (B, K, ...)
+        fresh = self._draw_noise(b * block, block, self._fresh_stream(generator))  # each (B*K, K, ...), draw-major
+        noise = tuple(couple(o, f, block) for o, f in zip(own, fresh))  # each (B*K, K, ...)
         rep_ctx, rep_mask = ctx.repeat_interleave(block, 0), mask.repeat_interleave(block, 0)  # (B*K, C, D): K draws
-        probs = self._one_draw(rep_ctx, rep_mask, block, generator).view(b, block, block, -1)  # (B, draw, K, V)
+        probs = self._from_noise(rep_ctx, rep_mask, block, noise).view(b, block, block, -1)  # (B, draw, K, V)
         return probs.diagonal(dim1=1, dim2=2).permute(0, 2, 1)  # (B, K, V): slot k from draw k
 
-    def _one_draw(self, ctx, mask, block: int, generator) -> torch.Tensor:
+    def _fresh_stream(self, generator):
+        if generator is None:
+            return None
+        if self._fresh is None or self._fresh[0] is not generator:
+            self._fresh = (generator, torch.Generator().manual_seed(generator.initial_seed() + 1))
+        return self._fresh[1]
+
+    def _banked(self) -> bool:
+        return self.mode == "flowmap" and self.steps == 2 and self.noise_scale == 1.0  # the bank holds unit noise
+
+    def _draw_noise(self, b: int, block: int, generator) -> tuple[torch.Tensor, ...]:
+        """The noise one draft of B blocks reads, per slot (each tensor (B, K, ...)); () for dflash."""
+        if self.mode == "dflash":
+            return ()
+        if self.mode == "flowmap" and self.steps == 1:
+            return (torch.randn(b, block, self.net.cfg.target_hidden, generator=generator),)  # (B, K, D_t)
+        if self._banked():
+            if self._bank is None:
+                self._bank = build_noise_bank(self.net, self.bank_size, torch.Generator().manual_seed(0))
+            return banked_noise(self._bank, b, block, self.net.cfg.draft_vocab, generator)
+        return (torch.randn(b, block, self.net.cfg.draft_vocab, generator=generator),)  # (B, K, V)
+
+    def _from_noise(self, ctx, mask, block: int, noise: tuple[torch.Tensor, ...]) -> torch.Tensor:
         if self.mode == "dflash":
             return masked(self.net, ctx, mask, block)
         if self.mode == "flowmap" and self.steps == 1:
             if self._factor is None:
                 self._factor = noise_embedding_factor(self.net)
-            return one_jump(self.net, ctx, mask, block, generator, self._factor, self.noise_scale)
-        if self.mode == "flowmap" and self.steps == 2 and self.noise_scale == 1.0:  # the bank holds unit noise
-            if self._bank is None:
-                self._bank = build_noise_bank(self.net, self.bank_size, torch.Generator().manual_seed(0))
-            return two_jumps_banked(self.net, ctx, mask, block, self._bank, generator)
-        return jumps(self.net, ctx, mask, block, self.steps, generator, diagonal=self.mode == "teacher",
-                     noise_scale=self.noise_scale)
+            return one_jump(self.net, ctx, mask, block, None, self._factor, self.noise_scale, noise=noise[0])
+        if self._banked():
+            return two_jumps_banked(self.net, ctx, mask, block, self._bank, None, noise=noise)
+        return jumps(self.net, ctx, mask, block, self.steps, None, diagonal=self.mode == "teacher",
+                     noise_scale=self.noise_scale, noise=noise[0])
+
+
+def couple(own: torch.Tensor, fresh: torch.Tensor, block: int) -> torch.Tensor:
+    """Fresh noise of K draws per block with draw k's slot k replaced by that slot's own noise.
+    own (B, K, ...), fresh (B*K, K, ...) draw-major -> (B*K, K, ...)."""
+    mixed = fresh.reshape(own.shape[0], block, *fresh.shape[1:]).clone()  # (B, draw, K, ...)
+    k = torch.arange(block)
+    mixed[:, k, k] = own  # draw k, slot k: the shared draft's noise for slot k
+    return mixed.flatten(0, 1)  # (B*K, K, ...)
 
 
 def fold_unused(probs: torch.Tensor, real: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,9 @@ block after them), batched, from the cached features: thousands of rounds in min
 tens that the engine bench affords here. It differs from the engine's figure only in which anchors
 count (the engine's rounds sit one accepted block apart) and in the K slots it can see (the engine
 also meets the end of the response). Same data = same anchors for every variant: a paired comparison.
+With one --seed, `noise=shuffled` (the shuffle test, §6.2) is coupled to the shared-noise draft of the same drafter:
+each slot's own noise is the same in both, only the other slots' noise differs (BlockSampler._shuffled), so their
+paired difference measures the joint structure without the variance of each slot's own draw.
 --walk visits the engine's anchors instead (walk_rounds): rounds crowd where drafts fail, so its tokens per
 round is lower than the uniform average and is what the engine's acceptance length is without a cut.
 """
@@ -306,7 +309,9 @@ def main(argv=None) -> None:
                for v, net_vocab in zip(variants, loaded)]
     report = {"data": str(folder), "stride": None if args.walk else args.stride, "walk": args.walk,
               "block_size": args.block_size, "sequences": len(seqs),
-              "sequence_domains": domains, "results": results}
+              "sequence_domains": domains,
+              "shuffled_noise": "coupled",  # per-slot draws keep each slot's own shared-draft noise (session 17 on)
+              "results": results}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, separators=(",", ":")))  # compact: per-round lists

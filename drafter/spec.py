@@ -4,7 +4,8 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
 `flashmap,steps=2,tree=4,k=8`. Options:
 
   steps=N      flow drafters: FlashMap jumps (1 or 2), or the teacher's Euler steps (e.g. 16)
-  noise=shared|shuffled   shuffled: independent noise per slot (the shuffle test, paper §6.2)
+  noise=shared|shuffled   shuffled: independent noise per slot (the shuffle test, paper §6.2), each slot's own
+               noise the shared draft's (drafting.BlockSampler._shuffled)
   best_of=M    flow drafters: draft M blocks from independent noise, keep the most confident
   tree=M       flow drafters, T = 0 only: M drafts verified together as a trie (paper App. D)
   scale=S      the initial noise scale (>= 0): the teacher's Euler integration or FlashMap's jumps

@@ -57,6 +57,14 @@ CANDIDATE_RUNS = (
 )
 
 
+# the 2-step shuffle test (§6.2) of the shipped flow map, paired two ways: (file, which flow map, which session)
+SHUFFLE_RUNS = (
+    ("offline_shuffle_s8.json", "session 16's flow map"),
+    ("offline_shuffle_coupled_s16.json", "session 16's flow map"),
+    ("offline_shuffle_coupled_s8.json", "session 16's flow map"),
+)
+
+
 def load(folder: Path, name: str) -> dict | None:
     path = folder / name
     return json.loads(path.read_text()) if path.exists() else None
@@ -417,6 +425,8 @@ def build(results: Path, out: Path) -> str:
         doc += teacher_gate_section(gate)
     if final := load(results, "offline_issue15.json"):
         doc += issue15_section(final)
+    if shuffles := [(run, which) for name, which in SHUFFLE_RUNS if (run := load(results, name))]:
+        doc += shuffle_section(shuffles)
     if runs := [run for name in ENGINE_DEFAULTS if (run := load(results, name))]:
         doc += engine_defaults_section(runs)
     if kernels := load(results, "verify_cost_kernels.json"):
@@ -601,6 +611,35 @@ def teacher_gate_section(gate: dict) -> list[str]:
             + acceptance_rows(gate, with_ce=True) + delta_table(gate, pairs))
 
 
+def shuffle_section(runs: list[tuple[dict, str]]) -> list[str]:
+    """The shuffle test's Δ with each run's pairing of the noise: independent draws, then (session 17) coupled ones."""
+    domains = [d for d in DOMAINS if d in runs[0][0]["results"][0]] + ["all"]
+    lines = ["## The shuffle test, paired two ways (issue #15)", "",
+             "`python -m drafter.evaluate --data data/smollm2-val --stride N --variants flashmap,steps=2 "
+             "flashmap,steps=2,noise=shuffled`: the 2-step draft from one shared noise draw against each slot from its "
+             "own draw (paper §6.2), T = 0, K = 16, paired on the same anchors. Until session 16 the per-slot draws were "
+             "independent of the shared draw; from session 17 draw k keeps slot k's noise of the shared draft and only "
+             "the other slots' noise is fresh (`drafting.BlockSampler._shuffled`). Both estimate the same Δ (each "
+             "variant's own distribution is unchanged); the coupled one leaves out the variance of each slot's own "
+             "draw, which is not the joint structure the test is about.", "",
+             "| Δ = shared − shuffled (accepted tokens per round) | " + " | ".join(domains) + " | rounds |",
+             "|---|" + "---|" * (len(domains) + 1)]
+    for run, which in runs:
+        pairing = "coupled" if run.get("shuffled_noise") == "coupled" else "independent"
+        label = f"{which}, every {run['stride']}th anchor, {pairing}"
+        rows = delta_rows(run, [(label, "flashmap,steps=2", "flashmap,steps=2,noise=shuffled")])
+        lines += [row + f" {run['results'][0]['all']['rounds']:,} |" for row in rows]
+    return lines + [""]
+
+
+def shuffle_pairing(run: dict) -> str:
+    """How a run's shuffled draws were paired with the shared ones (drafter.evaluate records it from session 17)."""
+    if run.get("shuffled_noise") == "coupled":
+        return (", coupled: each slot's own noise is the shared draft's, only the other slots' noise differs "
+                "(common random numbers; the same expectation, less variance)")
+    return ", independent of the shared draft's noise (before session 17)"
+
+
 def issue15_section(run: dict) -> list[str]:
     """The issue's offline targets, paired on the same anchors."""
     names = [r["variant"] for r in run["results"]]
@@ -617,7 +656,7 @@ def issue15_section(run: dict) -> list[str]:
              f"`python -m drafter.evaluate --data data/smollm2-val --stride {run['stride']}` (T = 0, K = 16, "
              f"{run['results'][0]['all']['rounds']:,} rounds per drafter, the checkpoints shipped when it ran). The "
              "last row is the 2-step shuffle test (paper Table 2): one shared noise draw against each slot from its "
-             "own draw.", ""]
+             "own draw" + shuffle_pairing(run) + ".", ""]
             + acceptance_rows(run) + delta_table(run, pairs))
 
 

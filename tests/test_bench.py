@@ -185,3 +185,18 @@ def test_report_pairs_each_candidate_checkpoint_with_itself_and_the_shipped_one(
     assert "| 2 jumps − 1 jump, `old` | +0.000 ± 0.000 | +0.000 ± 0.000 |" in text
     assert "| 2 jumps − 1 jump, `new` | +0.667 ± 0.333 | +0.667 ± 0.333 |" in text
     assert "| 1 jump: `new` − `old` | +0.333 ± 0.333 |" in text and "shipped at the time (`old`" in text
+
+
+def test_report_names_how_each_shuffle_test_paired_its_noise():
+    from scripts import report
+
+    def run(shuffled, coupled):
+        rows = [{"variant": v, "rounds": {"sequence": [0, 0, 1], "n_accepted": n},
+                 "all": {"acceptance_length": 1 + sum(n) / 3, "rounds": 3}, "math": {"acceptance_length": 2.0}}
+                for v, n in (("flashmap,steps=2", [2, 2, 2]), ("flashmap,steps=2,noise=shuffled", shuffled))]
+        return {"stride": 8, "sequence_domains": ["math", "math"], "results": rows,
+                **({"shuffled_noise": "coupled"} if coupled else {})}
+
+    text = "\n".join(report.shuffle_section([(run([1, 2, 3], False), "old"), (run([2, 2, 1], True), "new")]))
+    assert "| old, every 8th anchor, independent | +0.000 ± 0.577 | +0.000 ± 0.577 | 3 |" in text
+    assert "| new, every 8th anchor, coupled | +0.333 ± 0.333 | +0.333 ± 0.333 | 3 |" in text

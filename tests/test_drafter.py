@@ -256,6 +256,35 @@ def test_banked_two_step_equals_the_exact_two_jumps(setup, tiny_target):
         assert cheap.shape == (1, 4, 16) and torch.allclose(cheap.sum(-1), torch.ones(1, 4))
 
 
+def test_couple_keeps_each_draws_own_slot_and_fresh_noise_elsewhere():
+    own, fresh = torch.randn(2, 3, 5), torch.randn(6, 3, 5)  # (B, K, X), (B*K, K, X) draw-major
+    mixed = drafting.couple(own, fresh, 3).view(2, 3, 3, 5)  # (B, draw, K, X)
+    for draw in range(3):
+        for slot in range(3):
+            want = own[:, slot] if draw == slot else fresh.view(2, 3, 3, 5)[:, draw, slot]
+            assert torch.equal(mixed[:, draw, slot], want)
+
+
+def test_the_shuffle_tests_draft_is_coupled_to_the_shared_one(setup, tiny_target):
+    """Per-slot draws share each slot's own noise with the shared draft of the same seed and consume that generator
+    exactly as it does (so the next batch is paired too); only the other slots' noise differs."""
+    _seqs, vocab_ids, blocks = setup
+    for drafter in [flow_drafters(tiny_target, vocab_ids)[i] for i in (0, 1, 2)]:  # 1 jump, 2 banked jumps, teacher
+        ctx, mask = blocks.context(drafter.net)
+        shared, shuffled = (drafting.BlockSampler(drafter.net, drafter.sampler.mode, drafter.sampler.steps, flag)
+                            for flag in (True, False))
+        g_shared, g_shuffled = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+        with torch.no_grad():
+            for block in (1, 4):
+                a = shared.probs(ctx[:3], mask[:3], block, g_shared)  # (3, K, V)
+                b = shuffled.probs(ctx[:3], mask[:3], block, g_shuffled)
+                if block == 1:  # a lone slot has no other slots: the two drafts are the same draft
+                    assert torch.allclose(a, b, atol=1e-6), drafter.name
+                else:
+                    assert not torch.allclose(a, b, atol=1e-4), drafter.name
+                assert torch.equal(g_shared.get_state(), g_shuffled.get_state())
+
+
 def test_tiny_qwen3_through_the_engine_with_flow_drafters(tiny_qwen3_target):
     seqs = tiny_seqs(vocab=64, seed=1)
     vocab_ids = draft_vocabulary(seqs, 16)
