@@ -59,9 +59,12 @@ CANDIDATE_RUNS = (
 
 # the 2-step shuffle test (§6.2) of the shipped flow map, paired two ways: (file, which flow map, which session)
 SHUFFLE_RUNS = (
-    ("offline_shuffle_s8.json", "session 16's flow map"),
+    ("offline_issue15_s16.json", "session 16's flow map"),
     ("offline_shuffle_coupled_s16.json", "session 16's flow map"),
+    ("offline_shuffle_s8.json", "session 16's flow map"),
     ("offline_shuffle_coupled_s8.json", "session 16's flow map"),
+    ("offline_shuffle_coupled_s4.json", "session 16's flow map"),
+    ("offline_shuffle_coupled_teacher_s32.json", "session 16's flow map"),
 )
 
 
@@ -264,6 +267,22 @@ def paired_delta(a: dict, b: dict, domain: str, run: dict) -> tuple[float, float
     mean = sum(diffs) / n
     var = sum((d - mean) ** 2 for d in diffs) / max(1, n - 1)
     return mean, (var / n) ** 0.5, n
+
+
+def clustered_delta(a: dict, b: dict, run: dict) -> tuple[float, float, int] | None:
+    """paired_delta over all rounds with the standard error clustered by response: rounds of one response share its
+    text and are not independent (the ratio estimator's variance over responses, with the g / (g - 1) correction).
+    -> (mean, standard error, responses)"""
+    ra, rb = a["rounds"], b["rounds"]
+    if ra["sequence"] != rb["sequence"]:
+        return None
+    sums, counts = {}, {}
+    for s, x, y in zip(ra["sequence"], ra["n_accepted"], rb["n_accepted"]):
+        sums[s], counts[s] = sums.get(s, 0) + x - y, counts.get(s, 0) + 1
+    n, g = sum(counts.values()), len(sums)
+    mean = sum(sums.values()) / n
+    var = sum((sums[s] - counts[s] * mean) ** 2 for s in sums) / n**2 * g / max(1, g - 1)
+    return mean, var**0.5, g
 
 
 def offline_table(runs: list[dict]) -> list[str]:
@@ -611,24 +630,33 @@ def teacher_gate_section(gate: dict) -> list[str]:
             + acceptance_rows(gate, with_ce=True) + delta_table(gate, pairs))
 
 
+def ordinal(n: int) -> str:
+    """4 -> '4th', 32 -> '32nd', 21 -> '21st', 13 -> '13th'."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
 def shuffle_section(runs: list[tuple[dict, str]]) -> list[str]:
     """The shuffle test's Δ with each run's pairing of the noise: independent draws, then (session 17) coupled ones."""
     domains = [d for d in DOMAINS if d in runs[0][0]["results"][0]] + ["all"]
     lines = ["## The shuffle test, paired two ways (issue #15)", "",
              "`python -m drafter.evaluate --data data/smollm2-val --stride N --variants flashmap,steps=2 "
              "flashmap,steps=2,noise=shuffled`: the 2-step draft from one shared noise draw against each slot from its "
-             "own draw (paper §6.2), T = 0, K = 16, paired on the same anchors. Until session 16 the per-slot draws were "
-             "independent of the shared draw; from session 17 draw k keeps slot k's noise of the shared draft and only "
-             "the other slots' noise is fresh (`drafting.BlockSampler._shuffled`). Both estimate the same Δ (each "
-             "variant's own distribution is unchanged); the coupled one leaves out the variance of each slot's own "
-             "draw, which is not the joint structure the test is about.", "",
-             "| Δ = shared − shuffled (accepted tokens per round) | " + " | ".join(domains) + " | rounds |",
-             "|---|" + "---|" * (len(domains) + 1)]
+             "own draw (paper §6.2), T = 0, K = 16, paired on the same anchors. Until session 16 the per-slot draws "
+             "were independent of the shared draw; from session 17 draw k keeps slot k's noise of the shared draft "
+             "and only the other slots' noise is fresh (`drafting.BlockSampler._shuffled`). Both estimate the same Δ "
+             "(each variant's own distribution is unchanged); the coupled one leaves out the variance of each slot's "
+             "own draw, which is not the joint structure the test is about.", "",
+             "| Δ = shared − shuffled (accepted tokens per round) | " + " | ".join(domains)
+             + " | all, standard error clustered by response | rounds |", "|---|" + "---|" * (len(domains) + 2)]
     for run, which in runs:
         pairing = "coupled" if run.get("shuffled_noise") == "coupled" else "independent"
-        label = f"{which}, every {run['stride']}th anchor, {pairing}"
-        rows = delta_rows(run, [(label, "flashmap,steps=2", "flashmap,steps=2,noise=shuffled")])
-        lines += [row + f" {run['results'][0]['all']['rounds']:,} |" for row in rows]
+        rows = by_variant(run)
+        for shared, drafter in (("flashmap,steps=2", which), ("flashmap-teacher,steps=16", "its teacher, 16 steps")):
+            label = f"{drafter}, every {ordinal(run['stride'])} anchor, {pairing}"
+            for row in delta_rows(run, [(label, shared, shared + ",noise=shuffled")]):
+                mean, se, g = clustered_delta(rows[shared], rows[shared + ",noise=shuffled"], run)
+                lines.append(row + f" {mean:+.3f} ± {se:.3f} ({g} responses) | {rows[shared]['all']['rounds']:,} |")
     return lines + [""]
 
 

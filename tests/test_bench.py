@@ -197,6 +197,9 @@ def test_report_names_how_each_shuffle_test_paired_its_noise():
         return {"stride": 8, "sequence_domains": ["math", "math"], "results": rows,
                 **({"shuffled_noise": "coupled"} if coupled else {})}
 
+    assert [report.ordinal(n) for n in (4, 8, 13, 21, 32, 112)] == ["4th", "8th", "13th", "21st", "32nd", "112th"]
     text = "\n".join(report.shuffle_section([(run([1, 2, 3], False), "old"), (run([2, 2, 1], True), "new")]))
-    assert "| old, every 8th anchor, independent | +0.000 ± 0.577 | +0.000 ± 0.577 | 3 |" in text
-    assert "| new, every 8th anchor, coupled | +0.333 ± 0.333 | +0.333 ± 0.333 | 3 |" in text
+    # clustered by response (sequences 0, 0, 1): old per-response sums +1, -1 -> var (1 + 1) / 9 * 2 / 1 = 4/9;
+    # new sums 0, +1 around 1/3 a round -> ((0 - 2/3)^2 + (1 - 1/3)^2) / 9 * 2 = 16/81
+    assert "| old, every 8th anchor, independent | +0.000 ± 0.577 | +0.000 ± 0.577 | +0.000 ± 0.667 (2 " in text
+    assert "| new, every 8th anchor, coupled | +0.333 ± 0.333 | +0.333 ± 0.333 | +0.333 ± 0.444 (2 responses) |" in text
