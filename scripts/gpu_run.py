@@ -12,8 +12,8 @@ Here, without a GPU:
   python -m scripts.gpu_run --cpu-sim      every stage of both commands at tiny sizes, then OUT's limits checked
   python -m scripts.gpu_run --dry-run      each command's stages, time budgets and transfer size (refuses > 64 MiB)
   python -m scripts.gpu_run --prepare      stage .gpu/a and .gpu/b (GGUF halves, manifest, gguf wheel, prompts)
-                                           and take the drafter checkpoints out of git's index
-  python -m scripts.gpu_run --restore      put the checkpoints back in the index; prints git status
+                                           and take the drafter checkpoints and docs/ out of git's index
+  python -m scripts.gpu_run --restore      put them back in the index; prints git status
   python -m scripts.gpu_run --rehearse     reassemble the halves, check the hash, load with this transformers
                                            and compare its logits with the wheel's own file
 """
@@ -136,8 +136,8 @@ def main(argv=None) -> None:
     mode.add_argument("--command", choices=sorted(COMMANDS), help="run one command's stages (on the GPU machine)")
     mode.add_argument("--cpu-sim", action="store_true", help="every stage of both commands at tiny sizes, here")
     mode.add_argument("--dry-run", action="store_true", help="stages, budgets and transfer sizes of each command")
-    mode.add_argument("--prepare", action="store_true", help="stage .gpu/a, .gpu/b and withhold the checkpoints")
-    mode.add_argument("--restore", action="store_true", help="put the checkpoints back into git's index")
+    mode.add_argument("--prepare", action="store_true", help="stage .gpu/a, .gpu/b; withhold checkpoints, docs/")
+    mode.add_argument("--restore", action="store_true", help="put the checkpoints and docs/ back into git's index")
     mode.add_argument("--rehearse", action="store_true", help="reassemble, hash-check and load the staged GGUF here")
     mode.add_argument("--check-greedy", metavar="RESULTS_JSON", help="after command 2: its target's greedy "
                       "continuations against this CPU's")

@@ -69,7 +69,17 @@ def test_out_limits_name_every_problem(tmp_path):
 def test_dry_run_sizes_count_tracked_untracked_and_carried(tmp_path):
     size = transfer.transfer_size([])
     assert size["total"] == size["tracked"] + size["untracked"] + size["carried"]
-    assert size["tracked"] < 20 * 2**20  # without the three checkpoints the tree is small
-    weights = sum((transfer.ROOT / p).stat().st_size for p in transfer.WITHHELD)
+    assert size["tracked"] < 20 * 2**20  # without the three checkpoints and docs/ the tree is small
+    weights = sum((transfer.ROOT / p).stat().st_size for p in transfer.CHECKPOINTS)
     assert weights > 40 * 2**20  # the checkpoints are what must stay behind
+    assert transfer.is_withheld("docs/results/offline_issue15.json") and not transfer.is_withheld("docsx/a")
+
+
+def test_each_command_still_fits_with_its_gguf_half():
+    """What a command sends: the tracked tree (less what is withheld) + one GGUF half + the staged prompts, wheel and
+    manifest (3.5 MiB when measured in session 17; 4 allowed). Session 17's docs/ growth had pushed it to 64.1 MiB."""
+    from core.target import embedded_gguf_path
+
+    half = -(-embedded_gguf_path().stat().st_size // 2)
+    assert transfer.transfer_size([])["tracked"] + half + 4 * 2**20 <= transfer.LIMIT
     assert transfer.transfer_size([".git/HEAD"])["carried"] == (transfer.ROOT / ".git/HEAD").stat().st_size

@@ -117,8 +117,15 @@ def download_wheel(dest: Path) -> list[Path]:
 
 # ---- what travels ----------------------------------------------------------------------------------
 
-WITHHELD = tuple(f"weights/smollm2-135m-instruct/{name}/model.safetensors"
-                 for name in ("flashmap", "flashmap-teacher", "dflash"))  # out of the index for the run
+CHECKPOINTS = tuple(f"weights/smollm2-135m-instruct/{name}/model.safetensors"
+                    for name in ("flashmap", "flashmap-teacher", "dflash"))
+# out of the index for the run: the checkpoints (the run trains its own) and docs/ (the measurement records, 7 MiB by
+# session 17, read by nothing there; with them the two GGUF halves no longer fit)
+WITHHELD = (*CHECKPOINTS, "docs")
+
+
+def is_withheld(path: str, withheld: tuple[str, ...] = WITHHELD) -> bool:
+    return any(path == w or path.startswith(w + "/") for w in withheld)
 
 
 def git_files(*args: str) -> list[str]:
@@ -135,8 +142,8 @@ def folder_size(path: Path) -> int:
 def transfer_size(carry: list[str], withheld: tuple[str, ...] = WITHHELD) -> dict:
     """Bytes one command sends: tracked files (less the withheld ones) + untracked files git does not
     ignore + the carried paths."""
-    tracked = [p for p in git_files() if p not in withheld and (ROOT / p).is_file()]
-    untracked = [p for p in git_files("--others", "--exclude-standard") if p not in withheld]
+    tracked = [p for p in git_files() if not is_withheld(p, withheld) and (ROOT / p).is_file()]
+    untracked = [p for p in git_files("--others", "--exclude-standard") if not is_withheld(p, withheld)]
     sizes = {"tracked": sum((ROOT / p).stat().st_size for p in tracked),
              "untracked": sum((ROOT / p).stat().st_size for p in untracked),
              "carried": sum(folder_size(ROOT / c) for c in carry if (ROOT / c).exists())}
@@ -146,8 +153,8 @@ def transfer_size(carry: list[str], withheld: tuple[str, ...] = WITHHELD) -> dic
 
 
 def withhold_weights() -> None:
-    """Before the commands: the checkpoints leave git's index (not the commit) and are excluded locally."""
-    subprocess.run(["git", "-C", str(ROOT), "rm", "-q", "--cached", *WITHHELD], check=True)
+    """Before the commands: the checkpoints and docs/ leave git's index (not the commit) and are excluded locally."""
+    subprocess.run(["git", "-C", str(ROOT), "rm", "-q", "-r", "--cached", "--", *WITHHELD], check=True)
     exclude = ROOT / ".git/info/exclude"
     lines = exclude.read_text().splitlines() if exclude.exists() else []
     exclude.write_text("\n".join(lines + [f"/{p}" for p in WITHHELD if f"/{p}" not in lines]) + "\n")
