@@ -166,12 +166,12 @@ def main(argv=None) -> None:
 
         gguf = Path(args.gguf) if args.gguf else embedded_gguf_path()
         manifest = transfer.stage_embedded(gguf, Path(args.wheels) if args.wheels else None)
-        transfer.withhold_weights()
+        transfer.withhold_from_index()
         print(json.dumps(manifest, indent=1))
     elif args.check_greedy:
         print(json.dumps(check_greedy(Path(args.check_greedy))))
     elif args.restore:
-        status = transfer.restore_weights()
+        status = transfer.restore_index()
         print(status or "git status: clean")
     else:
         if not args.gguf:

@@ -57,7 +57,7 @@ CANDIDATE_RUNS = (
 )
 
 
-# the 2-step shuffle test (§6.2) of the shipped flow map, paired two ways: (file, which flow map, which session)
+# the 2-step shuffle test (§6.2), paired two ways (shuffle_section): (file, which flow map it measured)
 SHUFFLE_RUNS = (
     ("offline_issue15_s16.json", "session 16's flow map"),
     ("offline_shuffle_coupled_s16.json", "session 16's flow map"),
@@ -630,6 +630,12 @@ def teacher_gate_section(gate: dict) -> list[str]:
             + acceptance_rows(gate, with_ce=True) + delta_table(gate, pairs))
 
 
+def coupled(run: dict) -> bool:
+    """Whether a run's shuffled draws kept each slot's own noise of the shared draft (drafter.evaluate records it
+    from session 17; before, they were independent of it)."""
+    return run.get("shuffled_noise") == "coupled"
+
+
 def ordinal(n: int) -> str:
     """4 -> '4th', 32 -> '32nd', 21 -> '21st', 13 -> '13th'."""
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
@@ -650,7 +656,7 @@ def shuffle_section(runs: list[tuple[dict, str]]) -> list[str]:
              "| Δ = shared − shuffled (accepted tokens per round) | " + " | ".join(domains)
              + " | all, standard error clustered by response | rounds |", "|---|" + "---|" * (len(domains) + 2)]
     for run, which in runs:
-        pairing = "coupled" if run.get("shuffled_noise") == "coupled" else "independent"
+        pairing = "coupled" if coupled(run) else "independent"
         rows = by_variant(run)
         for shared, drafter in (("flashmap,steps=2", which), ("flashmap-teacher,steps=16", "its teacher, 16 steps")):
             label = f"{drafter}, every {ordinal(run['stride'])} anchor, {pairing}"
@@ -661,8 +667,8 @@ def shuffle_section(runs: list[tuple[dict, str]]) -> list[str]:
 
 
 def shuffle_pairing(run: dict) -> str:
-    """How a run's shuffled draws were paired with the shared ones (drafter.evaluate records it from session 17)."""
-    if run.get("shuffled_noise") == "coupled":
+    """How a run's shuffled draws were paired with the shared ones, for the issue's table."""
+    if coupled(run):
         return (", coupled: each slot's own noise is the shared draft's, only the other slots' noise differs "
                 "(common random numbers; the same expectation, less variance)")
     return ", independent of the shared draft's noise (before session 17)"

@@ -152,7 +152,7 @@ def transfer_size(carry: list[str], withheld: tuple[str, ...] = WITHHELD) -> dic
     return sizes
 
 
-def withhold_weights() -> None:
+def withhold_from_index() -> None:
     """Before the commands: the checkpoints and docs/ leave git's index (not the commit) and are excluded locally."""
     subprocess.run(["git", "-C", str(ROOT), "rm", "-q", "-r", "--cached", "--", *WITHHELD], check=True)
     exclude = ROOT / ".git/info/exclude"
@@ -160,7 +160,7 @@ def withhold_weights() -> None:
     exclude.write_text("\n".join(lines + [f"/{p}" for p in WITHHELD if f"/{p}" not in lines]) + "\n")
 
 
-def restore_weights() -> str:
+def restore_index() -> str:
     """After the commands: the index and the exclude file as they were; returns `git status --short`."""
     subprocess.run(["git", "-C", str(ROOT), "reset", "-q", "--", *WITHHELD], check=True)
     exclude = ROOT / ".git/info/exclude"
