@@ -125,6 +125,7 @@ def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: li
     k, d = runner.block_size, runner.spec
     return {
         "target": target.name,
+        "precision": target.precision,
         "drafter": d.name,
         "spec": d.text(),
         "steps": d.steps,

@@ -91,8 +91,9 @@ def conversation(req: ChatRequest) -> tuple[list[dict], str]:
     return turns[:-1], turns[-1]["content"]
 
 
-def speculative(name: str, stats: AcceptanceStats, speed) -> dict:
-    return {"drafter": name, "acceptance_length": stats.acceptance_length, "rounds": stats.rounds,
+def speculative(name: str, stats: AcceptanceStats, speed, precision: str) -> dict:
+    return {"drafter": name, "precision": precision, "acceptance_length": stats.acceptance_length,
+            "rounds": stats.rounds,
             "tokens_per_s": speed.tokens_per_s, "plain_tokens_per_s": speed.plain_tokens_per_s,
             "speedup_vs_plain": speed.ratio if name != "none" else 1.0}
 
@@ -145,7 +146,7 @@ class Completion:
         return {**self.base("chat.completion"), "usage": self.usage(),
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": self.text},
                              "finish_reason": self.finish}],
-                "speculative": speculative(self.name, self.stats, self.speed)}
+                "speculative": speculative(self.name, self.stats, self.speed, self.service.target.precision)}
 
     def chunks(self, events):
         """Server-sent events: a role chunk, a content delta per round, a last chunk with the finish reason, usage
@@ -158,8 +159,8 @@ class Completion:
             if self.text != sent and self.text.startswith(sent):
                 yield sse(chunk({"content": self.text[len(sent):]}))
                 sent = self.text
-        yield sse(chunk({}, self.finish, usage=self.usage(), speculative=speculative(self.name, self.stats,
-                                                                                      self.speed)))
+        spec = speculative(self.name, self.stats, self.speed, self.service.target.precision)
+        yield sse(chunk({}, self.finish, usage=self.usage(), speculative=spec))
         yield "data: [DONE]\n\n"
 
 

@@ -308,7 +308,8 @@ def api_functions(service: ChatService, default: str):
 
 
 def status_text(service: ChatService) -> str:
-    return f"Verify-cost curve: {service.curve_status} · CPU threads: {service.threads()}"
+    return (f"Forward: {service.target.precision} · Verify-cost curve: {service.curve_status} · "
+            f"CPU threads: {service.threads()}")
 
 
 def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Blocks:

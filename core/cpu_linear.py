@@ -22,7 +22,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
 PACK_HINT_ROWS = 17  # oneDNN picks its weight layout for this many rows (K + 1 at K = 16); it serves 1..64 well
+# bf16: oneDNN gives every row the same result for 1..17 rows only while the inner dimension stays within this
+# (measured on AVX512-BF16: 1,024 invariant, 1,536 not, from 2 rows on); wider weights are split into equal slices
+# along it, each multiplied on its own, and the slices' products summed in fp32 in a fixed order
+INVARIANT_INNER = 1024
+
+
+def inner_slices(in_features: int, limit: int = INVARIANT_INNER) -> int:
+    """The fewest equal slices of the inner dimension, each at most `limit` wide (1 when none is needed)."""
+    for n in range(1, in_features + 1):
+        if in_features % n == 0 and in_features // n <= limit:
+            return n
+    return in_features
 
 
 def available() -> bool:
@@ -40,19 +53,31 @@ class PackedLinear(torch.nn.Linear):
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # the same Parameters: ties and state_dict unchanged
+        n_slices = inner_slices(self.in_features) if self.weight.dtype == torch.bfloat16 else 1
         with torch.no_grad():
-            # (O, I) in oneDNN's blocked layout, chosen for PACK_HINT_ROWS rows
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_HINT_ROWS)
+            # (O, I / n_slices) each, in oneDNN's blocked layout, chosen for PACK_HINT_ROWS rows
+            self.packed_slices = [torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACK_HINT_ROWS)
+                                  for w in self.weight.detach().chunk(n_slices, dim=1)]
+
+    def drop_packed(self) -> None:
+        """Free the packed copy (another holds these weights packed, core.lean); forward then uses F.linear."""
+        self.packed_slices = None
 
     def _packed_applies(self, x: torch.Tensor) -> bool:
-        return (x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
-                and not torch.is_autocast_enabled("cpu"))
+        return (self.packed_slices is not None and x.device.type == "cpu" and x.dtype == self.weight.dtype
+                and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._packed_applies(x):
             return F.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, self.in_features)  # (..., I) -> (N, I)
-        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")  # (N, O)
+        if len(self.packed_slices) == 1:
+            out = torch.ops.mkldnn._linear_pointwise(rows, self.packed_slices[0], self.bias, "none", [], "")  # (N, O)
+        else:
+            parts = rows.chunk(len(self.packed_slices), dim=1)  # (N, I / n_slices) each
+            out = sum(torch.ops.mkldnn._linear_pointwise(part.contiguous(), w, None, "none", [], "").float()
+                      for part, w in zip(parts, self.packed_slices))  # (N, O) fp32, summed left to right
+            out = (out if self.bias is None else out + self.bias).to(x.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)  # (N, O) -> (..., O)
 
 
@@ -60,10 +85,59 @@ def pack_linears(model: torch.nn.Module) -> int:
     """Swap every nn.Linear of an fp32 CPU model for a PackedLinear in place; returns how many were packed
     (0 when oneDNN is unavailable, or the model is not fp32 on the CPU)."""
     first = next(model.parameters())
-    if not available() or first.device.type != "cpu" or first.dtype != torch.float32:
+    if not available() or first.device.type != "cpu" or first.dtype not in PACKED_DTYPES:
         return 0
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
              if type(child) is torch.nn.Linear]
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child))
     return len(swaps)
+
+
+Q4_GROUP = 32  # weights per quantisation block along the inner dimension, as GGUF's Q4_0/Q4_1
+
+
+def int4_available() -> bool:
+    ops = torch.ops.aten
+    return hasattr(ops, "_convert_weight_to_int4pack_for_cpu") and hasattr(ops, "_weight_int4pack_mm_for_cpu")
+
+
+def quantize_q4(weight: torch.Tensor, group: int = Q4_GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GGUF's Q4_1 scheme: per block of `group` inner weights, w ~= scale * code + minimum with 4-bit codes,
+    minimum = the block's smallest weight and scale = its range / 15. On weights that were Q4_1 to begin with (the
+    embedded GGUF, dequantised by transformers) this recovers the file's own codes. Returns codes (O, I) int32 in
+    0..15, scale (O, I/group) and minimum (O, I/group), fp32."""
+    out_f, in_f = weight.shape
+    blocks = weight.detach().float().reshape(out_f, in_f // group, group)  # (O, I/g, g)
+    minimum, maximum = blocks.amin(-1), blocks.amax(-1)  # (O, I/g) each
+    scale = ((maximum - minimum) / 15).clamp(min=torch.finfo(torch.float32).tiny)  # (O, I/g)
+    codes = torch.round((blocks - minimum[..., None]) / scale[..., None]).clamp(0, 15)  # (O, I/g, g)
+    return codes.to(torch.int32).reshape(out_f, in_f), scale, minimum
+
+
+class Int4Linear(torch.nn.Module):
+    """A linear layer computed from 4-bit weight codes (quantize_q4) with bf16 activations by torch's CPU int4
+    kernel. Inference only; the kernel's dequantisation is w = (code - 8) * scale + zero, so zero = minimum + 8 *
+    scale. Each output row is computed independently of the others (core.exactness checks it on the machine)."""
+
+    def __init__(self, linear: torch.nn.Linear, group: int = Q4_GROUP):
+        super().__init__()
+        self.in_features, self.out_features, self.group = linear.in_features, linear.out_features, group
+        codes, scale, minimum = quantize_q4(linear.weight, group)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # (O, I/2) uint8
+        zero = minimum + 8 * scale  # (O, I/g)
+        self.scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)  # (I/g, O, 2)
+        self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (..., I) -> (N, I)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group, self.scales_zeros)  # (N, O)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)  # (N, O) -> (..., O)
+
+
+def q4_fits(linear: torch.nn.Linear, group: int = Q4_GROUP) -> bool:
+    """The int4 kernel's shape rules: whole blocks along the inner dimension, outputs in multiples of 16."""
+    return (linear.in_features % group == 0 and linear.out_features % 16 == 0
+            and linear.weight.device.type == "cpu" and linear.weight.is_floating_point())

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
-from transformers import DynamicCache
 
 from core.drafting import MAX_BLOCK_SIZE, Draft, Drafter
+from core.forward import keep_positions, target_forward
 from core.sampling import SamplingConfig, target_probs, verify_greedy, verify_sampled
 from core.target import Target
-from core.tree import Trie, build_trie, followed_branch, greedy_path, is_chain, tree_inputs
+from core.tree import Trie, build_trie, followed_branch, greedy_path
 
 
 class PromptError(ValueError):
@@ -172,42 +172,6 @@ class DraftPolicy:
         return draft
 
 
-def target_forward(target: Target, ids: list[int], cache: DynamicCache, layers: tuple[int, ...], keep: int = 0,
-                   trie: Trie | None = None):
-    """Feed ids (T,) after the cache; return logits (T or keep, V) and features (T, F) or None.
-    With a trie that is not a chain, ids are [anchor, *trie.tokens] and attend along the tree."""
-    input_ids = torch.tensor([ids], device=target.device)  # (1, T)
-    tree = {}
-    if trie is not None and not is_chain(trie):
-        mask, positions = tree_inputs(trie, cache.get_seq_length(), input_ids.device)  # (1,1,T,P+T), (1,T)
-        additive = torch.zeros(mask.shape, dtype=target.model.dtype, device=mask.device)
-        tree = {"attention_mask": additive.masked_fill(~mask, torch.finfo(additive.dtype).min),
-                "position_ids": positions}  # an additive mask works for both sdpa and eager attention
-    out = target.model(
-        input_ids=input_ids, past_key_values=cache, use_cache=True, output_hidden_states=bool(layers),
-        logits_to_keep=keep, **tree,  # keep=0 keeps all; prefill keeps only the last position's logits
-    )
-    logits = out.logits[0]  # (T, V)
-    if not layers:
-        return logits, None
-    features = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)  # (T, F)
-    return logits, features
-
-
-def keep_positions(cache: DynamicCache, fed: int, kept: list[int]) -> None:
-    """After a forward over `fed` positions, keep only those at indices `kept` (increasing, 0 = the
-    anchor) in the cache. A chain keeps a prefix: a crop (transformers 5 crops by a negative count);
-    a tree path is gathered into place first, touching only this round's positions."""
-    if kept != list(range(len(kept))):
-        past = cache.get_seq_length() - fed
-        src = torch.tensor(kept, device=cache.layers[0].keys.device) + past  # (N_kept,)
-        for layer in cache.layers:  # keys, values (B, H, P+T, D_h)
-            layer.keys[..., past : past + len(kept), :] = layer.keys[..., src, :]
-            layer.values[..., past : past + len(kept), :] = layer.values[..., src, :]
-    if fed > len(kept):
-        cache.crop(-(fed - len(kept)))
-
-
 def best_draft_length(confidence: torch.Tensor, verify_cost: tuple[float, ...]) -> int:
     """The prefix length n maximising expected committed tokens per unit of verify cost,
     (1 + sum_{k<=n} prod_{j<=k} c_j) / cost(n + 1 positions), with the drafter's per-slot confidence c
@@ -328,7 +292,7 @@ def generate(
     verify_gen = torch.Generator(device=target.device).manual_seed(gen.seed)
     state = _State(len(prompt_ids))
     policy = DraftPolicy.for_run(gen)
-    cache = DynamicCache(config=target.model.config)
+    cache = target.new_cache(len(prompt_ids) + gen.max_new_tokens + block_size + 1)
     with torch.inference_mode():
         t0 = clock()
         logits, features = target_forward(target, prompt_ids, cache, layers, keep=1)

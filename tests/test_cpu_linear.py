@@ -77,11 +77,11 @@ def test_greedy_drafting_with_a_packed_target_equals_plain_decoding():
         assert any(ev.drafted for ev in events)  # verify forwards over several positions happened
 
 
-def test_load_target_packs_fp32_on_the_cpu_unless_asked_not_to_or_short_of_memory(tmp_path, monkeypatch):
+def test_load_target_packs_on_the_cpu_unless_asked_not_to_or_short_of_memory(tmp_path, monkeypatch):
     tiny_qwen3().save_pretrained(tmp_path)
     tiny_tokenizer(64, QWEN3_TEMPLATE).save_pretrained(tmp_path)
-    assert load_target(TargetConfig(str(tmp_path), device="cpu")).extra["packed_linears"] > 0
-    assert load_target(TargetConfig(str(tmp_path), device="cpu", dtype="bf16")).extra["packed_linears"] == 0
+    assert load_target(TargetConfig(str(tmp_path), device="cpu", dtype="fp32")).extra["packed_linears"] > 0
+    assert load_target(TargetConfig(str(tmp_path), device="cpu", dtype="bf16")).extra["packed_linears"] > 0
     unpacked = load_target(TargetConfig(str(tmp_path), device="cpu", cpu_linear="torch"))
     assert "packed_linears" not in unpacked.extra
     monkeypatch.setattr(target_mod, "free_memory_bytes", lambda device: 2 * 10**4)  # room for no second copy

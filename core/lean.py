@@ -1,0 +1,377 @@
+"""A lean forward over a static KV cache for the decoder architectures the engine serves (Llama, Qwen2, Qwen3,
+Mistral without sliding windows): the target's own modules and weights, called without transformers' per-call
+machinery (mask builders, cache objects, output records).
+
+Why: on a 2-core CPU a decode step of the 135M embedded target spent more time in transformers' per-call Python
+(mask creation, DynamicCache updates and crops, hidden-state records, ~25 dispatches a layer) than in its weights;
+this module keeps only the tensor ops of the forward (gpt-fast is the model) and a cache rewound by moving an index.
+
+Shape letters: T = positions fed in one forward, P = positions already cached, S = capacity of the static cache,
+E = hidden size, H = query heads, G = key/value heads, D = head dim, V = vocabulary, F = concatenated features.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def lean_supported(model) -> str | None:
+    """None when the lean forward computes this model's forward exactly as transformers does; else why not."""
+    cfg = model.config
+    if cfg.model_type not in LEAN_MODEL_TYPES:
+        return f"architecture {cfg.model_type!r} (lean forward serves {', '.join(LEAN_MODEL_TYPES)})"
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", cfg.model_type == "mistral"):
+        return "sliding-window attention"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"activation {cfg.hidden_act!r}"
+    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1"
+    return None
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x (T, N, D) with cos, signed_sin (T, 1, D): rotary position embedding, transformers' x * cos +
+    rotate_half(x) * sin written as x * cos + roll(x, D/2) * signed_sin (signed_sin = [-sin_1, sin_2]): the same
+    products and sums, three ops fewer."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
+
+
+KEY_BLOCK = 64  # keys are summed in blocks of this many, aligned to absolute positions (fixed_order_attention)
+
+
+def round_up(n: int, block: int = KEY_BLOCK) -> int:
+    return -(-n // block) * block
+
+
+def ancestor_columns(past: int, block_visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Where each fed row finds its keys in chain order. block_visible (T, T) bool says which fed positions row i
+    sees (a lower triangle for a chain, the ancestors for a tree). Returns, for the tail of the context from the
+    last whole KEY_BLOCK before `past` (base) on: index (T, L_t) into [cache base..past, fed 0..T), valid (T, L_t)
+    bool, and base. Row i's visible fed positions sit at offsets past - base + depth, in increasing order, which is
+    exactly where they would be after a chain of accepted tokens: the same absolute position in the same block."""
+    fed = block_visible.shape[0]
+    base = past // KEY_BLOCK * KEY_BLOCK
+    width = round_up(past - base + fed)
+    cached = past - base
+    index = torch.zeros(fed, width, dtype=torch.long, device=block_visible.device)  # (T, L_t)
+    valid = torch.zeros(fed, width, dtype=torch.bool, device=block_visible.device)  # (T, L_t)
+    index[:, :cached] = torch.arange(cached, device=block_visible.device)
+    valid[:, :cached] = True
+    depth = block_visible.sum(1)  # (T,) positions seen in the block, itself included
+    order = torch.argsort((~block_visible).int(), dim=1, stable=True)  # (T, T) visible columns first, in order
+    offsets = torch.arange(fed, device=block_visible.device)  # (T,)
+    seen = offsets[None] < depth[:, None]  # (T, T)
+    index[:, cached:cached + fed] = torch.where(seen, cached + order, 0)
+    valid[:, cached:cached + fed] = seen
+    return index, valid, base
+
+
+def fixed_order_attention(q: torch.Tensor, keys: torch.Tensor, values_1: torch.Tensor, plan: "AttentionPlan",
+                          scale: float) -> torch.Tensor:
+    """Attention whose every output row is bit for bit the same whether its query is fed alone or among others,
+    in a chain or a tree (batch-invariant). q (H, T, D); keys (G, S, D) and values_1 (G, S, D + 1) (a column of
+    ones after each value) hold plan.past cached positions and then the T fed ones.
+
+    Why this shape of computation: oneDNN's bf16 matrix products give each output element the same value whatever
+    the number of rows and however many zero terms trail its sum (core.exactness checks it on the machine at hand),
+    but they pair and group the terms of a sum by their index, and sdpa's kernels and fp32 GEMV/GEMM pick their
+    reduction order by shape. So every row's weighted sum is cut into KEY_BLOCK-long pieces aligned to absolute
+    positions, each piece a bf16 matmul over keys laid out as a chain would lay them out (a tree row's ancestors
+    gathered into place), and the pieces are added one after the other (cumsum); the softmax's max is exact in any
+    order, its exponentials elementwise over whole vectors, and its denominator comes out of the same matmuls as the
+    numerator, from the ones column, instead of a shape-dependent sum."""
+    heads, fed, dim = q.shape
+    groups = keys.shape[0]
+    rep = heads // groups
+    q = (q * scale).view(groups, rep, fed, dim)  # (H, T, D) -> (G, rep, T, D)
+    if plan.chain_valid is not None:
+        return _chain_attention(q, keys, values_1, plan.chain_valid).view(heads, fed, dim)
+    past = plan.past
+    index, valid, base = plan.columns  # (T, L_t) each
+    # the whole blocks before base: the same keys for every row
+    head_scores = torch.matmul(q.reshape(groups, rep * fed, dim), keys[:, :base].transpose(1, 2))  # (G, rep*T, B)
+    head_scores = head_scores.view(groups, rep, fed, base).float()
+    # the tail from base on: each row's own layout
+    tail_keys = keys[:, base:past + fed][:, index]  # (G, T, L_t, D)
+    tail_values = values_1[:, base:past + fed][:, index]  # (G, T, L_t, D+1)
+    tail_scores = torch.matmul(q.transpose(1, 2), tail_keys.transpose(2, 3))  # (G, T, rep, L_t)
+    tail_scores = tail_scores.float().masked_fill(~valid[None, :, None], float("-inf"))
+    top = torch.maximum(head_scores.amax(-1), tail_scores.amax(-1).transpose(1, 2)) if base else \
+        tail_scores.amax(-1).transpose(1, 2)  # (G, rep, T)
+    head_w = torch.exp(head_scores - top[..., None]).to(keys.dtype)  # (G, rep, T, B) unnormalised weights
+    tail_w = torch.exp(tail_scores - top.transpose(1, 2)[..., None]).to(keys.dtype)  # (G, T, rep, L_t)
+    n_head, n_tail = base // KEY_BLOCK, index.shape[1] // KEY_BLOCK
+    head_w = head_w.view(groups, rep * fed, n_head, KEY_BLOCK).transpose(1, 2)  # (G, n_h, rep*T, C)
+    head_v = values_1[:, :base].view(groups, n_head, KEY_BLOCK, dim + 1)  # (G, n_h, C, D+1)
+    head_parts = torch.matmul(head_w, head_v).view(groups, n_head, rep, fed, dim + 1)  # (G, n_h, rep, T, D+1)
+    tail_w = tail_w.view(groups, fed, rep, n_tail, KEY_BLOCK).permute(0, 1, 3, 2, 4)  # (G, T, n_t, rep, C)
+    tail_v = tail_values.view(groups, fed, n_tail, KEY_BLOCK, dim + 1)  # (G, T, n_t, C, D+1)
+    tail_parts = torch.matmul(tail_w, tail_v).permute(0, 2, 3, 1, 4)  # (G, n_t, rep, T, D+1)
+    parts = torch.cat([head_parts, tail_parts], dim=1).float()  # (G, n_h + n_t, rep, T, D+1)
+    summed = parts.cumsum(1)[:, -1]  # (G, rep, T, D+1): the blocks added in order of position
+    out = summed[..., :dim] / summed[..., dim:]  # (G, rep, T, D)
+    return out.to(keys.dtype).view(heads, fed, dim)  # (G, rep, T, D) -> (H, T, D)
+
+
+@dataclass
+class StaticCache:
+    """Keys and values of every layer in preallocated (G, S, D) tensors; `length` positions are valid.
+    Rolling back is moving `length`; nothing is cropped or reallocated."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int = 0
+
+    @classmethod
+    def empty(cls, n_layers: int, kv_heads: int, capacity: int, head_dim: int, dtype, device,
+              ones_column: bool = False) -> "StaticCache":
+        """Zeroed keys (G, S, D) and values (G, S, D), or (G, S, D + 1) with a column of ones after each value
+        (fixed_order_attention); S is rounded up to whole KEY_BLOCKs."""
+        capacity = -(-capacity // KEY_BLOCK) * KEY_BLOCK
+        keys = [torch.zeros(kv_heads, capacity, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
+        values = [torch.zeros(kv_heads, capacity, head_dim + ones_column, dtype=dtype, device=device)
+                  for _ in range(n_layers)]
+        if ones_column:
+            for v in values:
+                v[..., head_dim] = 1
+        return cls(keys, values)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[1]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store keys, values (G, T, D) after the valid positions; return all of them (G, P+T, D) (no advance)."""
+        end = self.length + keys.shape[1]
+        if end > self.capacity:
+            raise RuntimeError(f"static KV cache full: {end} positions asked of {self.capacity}")
+        self.keys[layer][:, self.length:end] = keys
+        self.values[layer][:, self.length:end, : values.shape[-1]] = values
+        return self.keys[layer][:, :end], self.values[layer][:, :end]
+
+    def keep(self, fed: int, kept: list[int]) -> None:
+        """After a forward over the last `fed` positions, keep those at indices `kept` (increasing, 0 = the first
+        fed): a prefix only moves the index back; a tree path is first gathered into place. Positions past the
+        new length are overwritten by the next forward and never attended before that."""
+        past = self.length - fed
+        if kept != list(range(len(kept))):
+            src = torch.tensor(kept, device=self.keys[0].device) + past  # (N_kept,)
+            span = slice(past, past + len(kept))
+            for keys, values in zip(self.keys, self.values):  # (G, S, D)
+                keys[:, span] = keys[:, src]
+                values[:, span] = values[:, src]
+        self.length = past + len(kept)
+
+
+def _chain_attention(q: torch.Tensor, keys: torch.Tensor, values_1: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """fixed_order_attention for a chain, where every row's keys already sit in chain order: one layout for all
+    rows, so no gather. Bit for bit the tree path's result on a chain (the same blocks, the same products).
+    q (G, rep, T, D) scaled; valid (T, L) bool over whole key blocks -> (G, rep, T, D)."""
+    groups, rep, fed, dim = q.shape
+    length = valid.shape[1]
+    scores = torch.matmul(q.reshape(groups, rep * fed, dim), keys[:, :length].transpose(1, 2))  # (G, rep*T, L)
+    scores = scores.view(groups, rep, fed, length).float().masked_fill(~valid, float("-inf"))
+    weights = torch.exp(scores - scores.amax(-1, keepdim=True)).to(keys.dtype)  # (G, rep, T, L) unnormalised
+    blocks = length // KEY_BLOCK
+    weights = weights.view(groups, rep * fed, blocks, KEY_BLOCK).transpose(1, 2)  # (G, n, rep*T, C)
+    parts = torch.matmul(weights, values_1[:, :length].view(groups, blocks, KEY_BLOCK, dim + 1))  # (G, n, rep*T, D+1)
+    summed = parts.float().cumsum(1)[:, -1]  # (G, rep*T, D+1): the blocks added in order of position
+    out = summed[..., :dim] / summed[..., dim:]  # (G, rep*T, D)
+    return out.to(keys.dtype).view(groups, rep, fed, dim)
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """What every layer's attention needs of one forward's shape, computed once per forward."""
+
+    past: int
+    block_visible: torch.Tensor  # (T, T) bool: fed position j visible to fed row i
+    mask: torch.Tensor | None = None  # sdpa: (T, P+T) bool, None when every position is visible (one row)
+    columns: tuple | None = None  # fixed order, a tree: ancestor_columns(past, block_visible)
+    chain_valid: torch.Tensor | None = None  # fixed order, a chain: (T, L) bool over whole key blocks
+
+
+def _is_chain(block_visible: torch.Tensor) -> bool:
+    return bool(torch.equal(block_visible, torch.ones_like(block_visible).tril()))
+
+
+def fuse(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
+    """One linear layer computing the given ones side by side on the same input (their weights concatenated)."""
+    weight = torch.cat([m.weight.detach() for m in linears])  # (sum O, I)
+    fused = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=linears[0].bias is not None,
+                            device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(weight)
+        if fused.bias is not None:
+            fused.bias.copy_(torch.cat([m.bias.detach() for m in linears]))
+    return fused.requires_grad_(False)
+
+
+@dataclass(frozen=True)
+class LayerLinears:
+    """A decoder layer's products as the lean forward calls them: q, k, v as one, gate and up as one."""
+
+    qkv: torch.nn.Module
+    o: torch.nn.Module
+    gate_up: torch.nn.Module
+    down: torch.nn.Module
+
+
+def layer_linears(layer, weights: str) -> LayerLinears | None:
+    """weights "packed": on the CPU with prepacked linears (core.cpu_linear), q, k, v and gate, up fused and
+    prepacked, the modules' own packed copies dropped (they fall back to their weights), so memory stays one packed
+    copy; "q4": every product from 4-bit codes (core.cpu_linear.Int4Linear); "modules" (a GPU, quantised modules):
+    None, the modules are called as they are."""
+    from core.cpu_linear import Int4Linear, PackedLinear
+
+    attn, mlp = layer.self_attn, layer.mlp
+    fusable = [attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj]
+    if weights == "q4":
+        return LayerLinears(Int4Linear(fuse(fusable[:3])), Int4Linear(attn.o_proj), Int4Linear(fuse(fusable[3:])),
+                            Int4Linear(mlp.down_proj))
+    if weights != "packed" or not all(isinstance(m, PackedLinear) for m in fusable):
+        return None
+    linears = LayerLinears(PackedLinear(fuse(fusable[:3])), attn.o_proj, PackedLinear(fuse(fusable[3:])), mlp.down_proj)
+    for m in fusable:
+        m.drop_packed()
+    return linears
+
+
+class LeanForward:
+    """The target's forward on a StaticCache, with its own weights and modules (norms, projections, MLP)."""
+
+    def __init__(self, model, fixed_order: bool | None = None, weights: str = "packed"):
+        """fixed_order: attend with fixed_order_attention (None: in bf16 on the CPU, where it makes every
+        position's logits independent of how many are fed; elsewhere sdpa). weights: see layer_linears."""
+        why = lean_supported(model)
+        if why is not None:
+            raise ValueError(f"lean forward does not serve this model: {why}")
+        self.model = model
+        self.base = model.model
+        cfg = model.config
+        self.n_heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.scale = self.head_dim ** -0.5
+        self._rope = (0, None, None)  # (positions covered, cos (S, 1, D), signed sin (S, 1, D))
+        if fixed_order is None:
+            fixed_order = self.device.type == "cpu" and self.dtype == torch.bfloat16
+        self.fixed_order = fixed_order
+        self.weights = weights
+        self.linears = [layer_linears(layer, weights) for layer in self.base.layers]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.base.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.base.embed_tokens.weight.device
+
+    def new_cache(self, capacity: int) -> StaticCache:
+        return StaticCache.empty(len(self.base.layers), self.kv_heads, capacity, self.head_dim, self.dtype,
+                                 self.device, ones_column=self.fixed_order)
+
+    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, signed sin (T, 1, D) at these positions, from the model's own rotary module (its scaling type included),
+        computed once for a range of positions and then looked up."""
+        need = int(positions.max()) + 1
+        if need > self._rope[0]:
+            covered = max(need, 2 * self._rope[0], 1024)
+            ids = torch.arange(covered, device=self.device)[None]  # (1, S)
+            probe = torch.empty(1, dtype=self.dtype, device=self.device)
+            cos, sin = self.base.rotary_emb(probe, ids)  # (1, S, D) each
+            half = sin.shape[-1] // 2
+            signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)  # (S, D)
+            self._rope = (covered, cos[0, :, None], signed[:, None])  # (S, 1, D) each
+        return self._rope[1][positions], self._rope[2][positions]
+
+    def plan(self, past: int, block_visible: torch.Tensor) -> AttentionPlan:
+        fed = block_visible.shape[0]
+        if self.fixed_order and _is_chain(block_visible):
+            valid = torch.zeros(fed, round_up(past + fed), dtype=torch.bool, device=block_visible.device)  # (T, L)
+            valid[:, :past + fed] = torch.cat([valid.new_ones(fed, past), block_visible], dim=1)
+            return AttentionPlan(past, block_visible, chain_valid=valid)
+        if self.fixed_order:
+            return AttentionPlan(past, block_visible, columns=ancestor_columns(past, block_visible))
+        if fed == 1:
+            return AttentionPlan(past, block_visible)
+        seen = torch.ones(fed, past, dtype=torch.bool, device=block_visible.device)  # (T, P)
+        return AttentionPlan(past, block_visible, mask=torch.cat([seen, block_visible], dim=1))  # (T, P+T)
+
+    def project(self, index: int, attn, x: torch.Tensor):
+        """x (T, E) -> q (T, H, D), k (T, G, D), v (T, G, D)."""
+        fed = x.shape[0]
+        if self.linears[index] is None:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        else:
+            q, k, v = self.linears[index].qkv(x).split(
+                [self.n_heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
+        q = q.view(fed, self.n_heads, self.head_dim)  # (T, H*D) -> (T, H, D)
+        k = k.view(fed, self.kv_heads, self.head_dim)  # (T, G, D)
+        v = v.view(fed, self.kv_heads, self.head_dim)  # (T, G, D)
+        return q, k, v
+
+    def attention(self, index: int, attn, x: torch.Tensor, cos, sin, cache: StaticCache,
+                  plan: AttentionPlan) -> torch.Tensor:
+        """x (T, E) -> attention output (T, E) of layer `index`, its keys and values written to the cache."""
+        fed = x.shape[0]
+        q, k, v = self.project(index, attn, x)
+        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before the rotation
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q = apply_rope(q, cos, sin).transpose(0, 1)  # (H, T, D)
+        k = apply_rope(k, cos, sin).transpose(0, 1)  # (G, T, D)
+        keys, values = cache.write(index, k, v.transpose(0, 1))  # (G, P+T, D) each, or D+1 for values
+        if self.fixed_order:
+            out = fixed_order_attention(q, cache.keys[index], cache.values[index], plan, self.scale)  # (H, T, D)
+        else:
+            out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=plan.mask,
+                                                 scale=self.scale, enable_gqa=self.kv_heads != self.n_heads)[0]
+        o_proj = attn.o_proj if self.linears[index] is None else self.linears[index].o
+        return o_proj(out.transpose(0, 1).reshape(fed, self.n_heads * self.head_dim))  # (T, H*D) -> (T, E)
+
+    def mlp(self, index: int, mlp, x: torch.Tensor) -> torch.Tensor:
+        linears = self.linears[index]
+        if linears is None:
+            return mlp(x)
+        gate, up = linears.gate_up(x).chunk(2, dim=-1)  # (T, 2 * I_mlp) -> (T, I_mlp) each
+        return linears.down(mlp.act_fn(gate) * up)  # (T, E)
+
+    def __call__(self, ids: torch.Tensor, cache: StaticCache, layers: tuple[int, ...] = (), keep: int = 0,
+                 block_visible: torch.Tensor | None = None, positions: torch.Tensor | None = None):
+        """Feed ids (T,) after the cache's valid positions and advance it by T; return logits (T or keep, V) and
+        the hidden states at `layers` (T, F) or None (index 0 = embeddings, i = after decoder layer i, the last
+        one normalised as in transformers). block_visible (T, T) bool (which fed positions each fed row sees:
+        a tree's ancestors) and positions (T,) default to a causal chain."""
+        fed, past = ids.shape[0], cache.length
+        if positions is None:
+            positions = torch.arange(past, past + fed, device=ids.device)  # (T,)
+        if block_visible is None:
+            block_visible = torch.ones(fed, fed, dtype=torch.bool, device=ids.device).tril()  # (T, T)
+        plan = self.plan(past, block_visible)
+        cos, sin = self.rope_tables(positions)  # (T, 1, D) each
+        x = self.base.embed_tokens(ids)  # (T, E)
+        states = [x] if 0 in layers else []
+        last = len(self.base.layers)
+        for index, layer in enumerate(self.base.layers):
+            x = x + self.attention(index, layer.self_attn, layer.input_layernorm(x), cos, sin, cache, plan)
+            x = x + self.mlp(index, layer.mlp, layer.post_attention_layernorm(x))
+            if index + 1 in layers and index + 1 < last:
+                states.append(x)
+        cache.length = past + fed
+        if last in layers:  # transformers' last hidden state is the normalised one
+            x = self.base.norm(x)  # (T, E)
+            states.append(x)
+            x = x if keep == 0 else x[-keep:]
+        else:
+            x = self.base.norm(x if keep == 0 else x[-keep:])  # (T or keep, E)
+        logits = self.model.lm_head(x)  # (T or keep, V)
+        features = torch.cat(states, dim=-1) if layers else None  # (T, F)
+        return logits, features

@@ -1,0 +1,133 @@
+"""The lean forward (core.lean) and its static cache, against transformers' forward; its batch invariance
+(core.exactness) for each precision it offers as exact; and the engine through it."""
+import copy
+
+import pytest
+import torch
+
+from core.cpu_linear import pack_linears
+from core.engine import GenerationConfig, generate_all
+from core.exactness import check_invariance, cpu_flags, probe_prompt
+from core.forward import keep_positions, target_forward
+from core.lean import KEY_BLOCK, LeanForward, StaticCache, ancestor_columns, lean_supported
+from core.target import NATIVE_BF16_CPU_FLAGS, pick_dtype
+from core.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
+from core.tree import ancestor_mask, build_trie
+from tests.test_engine import NoisyOracle
+
+NATIVE_BF16 = bool(NATIVE_BF16_CPU_FLAGS & cpu_flags())
+
+
+def lean_target(model, weights: str = "packed", dtype=torch.float32, template=None):
+    """A tiny target served by the lean forward: dtype, prepacked CPU linears, weights "packed" or "q4"."""
+    model = copy.deepcopy(model).to(dtype)
+    pack_linears(model)
+    kwargs = {"template": template} if template else {}
+    target = make_target(model, **kwargs)
+    target.lean = LeanForward(model, weights=weights)
+    return target
+
+
+def models():
+    return [("llama", tiny_llama(vocab_size=64, layers=2)), ("qwen3", tiny_qwen3(vocab_size=64, layers=2))]
+
+
+@pytest.mark.parametrize("name,model", models())
+def test_lean_fp32_matches_transformers_prefill_steps_chain_and_tree(name, model):
+    hf = make_target(model)
+    lean = lean_target(model)
+    layers = (0, 1, 2)  # embeddings, a middle layer and the last (normalised, as transformers records it)
+    prompt, steps, chain = [5, 9, 12, 7, 30], [11, 40], [3, 8, 8, 21]
+    trie = build_trie([[17, 4, 9], [17, 6], [25]], 8)
+    with torch.inference_mode():
+        hf_cache, lean_cache = hf.new_cache(64), lean.new_cache(64)
+        for ids, kw in [(prompt, {}), *[([s], {}) for s in steps], (chain, {}), ([2, *trie.tokens], {"trie": trie})]:
+            want = target_forward(hf, ids, hf_cache, layers, **kw)
+            got = target_forward(lean, ids, lean_cache, layers, **kw)
+            torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
+        assert lean_cache.length == hf_cache.get_seq_length() == len(prompt) + 2 + 4 + 1 + len(trie)
+
+
+def test_static_cache_rewinds_by_moving_its_index_and_gathers_a_tree_path():
+    cache = StaticCache.empty(n_layers=1, kv_heads=1, capacity=10, head_dim=2, dtype=torch.float32, device="cpu")
+    assert cache.capacity == KEY_BLOCK  # whole key blocks
+    fed = torch.arange(5.0)[None, :, None].expand(1, 5, 2)  # (G, T, D): position i holds i
+    cache.write(0, fed, fed)
+    cache.length = 5
+    keep_positions(cache, 3, [0, 1])  # a chain: keep the anchor and one draft of the last 3
+    assert cache.length == 4 and cache.keys[0][0, :4, 0].tolist() == [0, 1, 2, 3]
+    cache.write(0, fed[:, :3] + 10, fed[:, :3] + 10)
+    cache.length = 7
+    keep_positions(cache, 3, [0, 2])  # a tree path: position 2 of the round moves next to the anchor
+    assert cache.length == 6 and cache.keys[0][0, :6, 0].tolist() == [0, 1, 2, 3, 10, 12]
+    with pytest.raises(RuntimeError, match="full"):
+        cache.write(0, torch.zeros(1, KEY_BLOCK, 2), torch.zeros(1, KEY_BLOCK, 2))
+
+
+def test_ancestor_columns_lay_out_each_tree_row_as_its_chain():
+    trie = build_trie([[1, 2, 3], [1, 5], [6]], 8)  # nodes: 1, 2, 5, 3, 6 (parents first)
+    visible = ancestor_mask(trie)  # (T, T) with the anchor as row 0
+    index, valid, base = ancestor_columns(70, visible)
+    assert base == KEY_BLOCK and index.shape[1] % KEY_BLOCK == 0
+    cached = 70 - KEY_BLOCK
+    for row in range(visible.shape[0]):
+        seen = visible[row].nonzero().flatten().tolist()
+        assert index[row, cached:cached + len(seen)].tolist() == [cached + j for j in seen]
+        assert valid[row].sum() == cached + len(seen)
+
+
+def test_unsupported_architectures_are_named():
+    model = tiny_llama(vocab_size=64)
+    model.config.hidden_act = "gelu"
+    assert "activation" in lean_supported(model)
+    with pytest.raises(ValueError, match="lean forward does not serve"):
+        LeanForward(model)
+
+
+def invariance_cases():
+    cases = []
+    for name, model in models():
+        cases.append((f"{name}-bf16", model, "packed"))
+        cases.append((f"{name}-q4", model, "q4"))
+    return cases
+
+
+@pytest.mark.skipif(not NATIVE_BF16, reason="bf16 is offered on CPUs with native bf16 only (pick_dtype); fp32 here")
+@pytest.mark.parametrize("label,model,weights", invariance_cases())
+def test_offered_low_precisions_are_batch_invariant(label, model, weights):
+    """One position alone = the same position among K + 1 chain positions = in a tree, bit for bit: what makes
+    drafted output equal plain decoding in that precision whatever the near-ties."""
+    target = lean_target(model, weights, torch.bfloat16)
+    report = check_invariance(target, probe_prompt(target.vocab_size, 70), steps=80)  # crosses a key block
+    assert report.exact, report.describe()
+
+
+def test_fp32_is_reported_honestly():
+    """fp32 stays the reference; whether it is batch-invariant depends on the CPU's kernels, and the report says
+    which (its largest difference is small either way)."""
+    target = lean_target(tiny_llama(vocab_size=64), "packed", torch.float32)
+    report = check_invariance(target, probe_prompt(64), steps=20)
+    assert report.max_abs_diff < 1e-4
+    assert ("not batch-invariant" in report.describe()) == (not report.exact)
+
+
+@pytest.mark.skipif(not NATIVE_BF16, reason="bf16 is offered on CPUs with native bf16 only")
+@pytest.mark.parametrize("weights", ["packed", "q4"])
+def test_speculative_equals_plain_through_the_lean_forward_in_low_precision(weights):
+    target = lean_target(tiny_qwen3(vocab_size=64, layers=2), weights, torch.bfloat16, QWEN3_TEMPLATE)
+    for seed, prompt in enumerate([[5, 6, 7, 8], [9, 30, 31], [12] * 7]):
+        plain, _ = generate_all(target, prompt, GenerationConfig(max_new_tokens=40))
+        oracle = NoisyOracle(plain, corrupt=0.3, vocab=64, seed=seed)
+        oracle.prompt_len, oracle.feature_layers = len(prompt), (1, 2)
+        for k in (1, 4, 16):
+            out, _ = generate_all(target, prompt, GenerationConfig(max_new_tokens=40, block_size=k), oracle)
+            assert out == plain
+
+
+def test_pick_dtype_takes_bf16_only_where_the_cpu_multiplies_it():
+    cpu = torch.device("cpu")
+    assert pick_dtype("auto", cpu, {"avx2", "fma"}) == torch.float32
+    assert pick_dtype("auto", cpu, {"avx2", "avx512_bf16"}) == torch.bfloat16
+    assert pick_dtype("auto", cpu, {"amx_bf16"}) == torch.bfloat16
+    assert pick_dtype("fp32", cpu, {"amx_bf16"}) == torch.float32
