@@ -46,6 +46,7 @@ class RunConfig:
 @dataclass(frozen=True, kw_only=True)
 class BenchConfig(RunConfig):
     spec: DrafterSpec
+    vs: str | None = None  # "llama.cpp": also run llama.cpp on the same GGUF, prompts and budget (app/llamacpp.py)
 
     def __post_init__(self):
         self.spec.validate(self.sampling)
@@ -183,17 +184,35 @@ def bench(cfg: BenchConfig) -> dict:
     warm_up(target)
     curve = relative_curve(target) if cfg.spec.adaptive else ()
     runner = runner.with_draft_cost(target)
-    base, spec = [], []
+    anchor = llama_cpp(cfg, target)
+    base, spec, anchored = [], [], []
     for i, prompt in enumerate(tqdm(prompts, desc=f"bench {cfg.spec.text()}", unit="prompt")):
         ids = target.chat_ids([{"role": "user", "content": prompt}])
         gen = runner.generation(GenerationConfig(cfg.max_new_tokens, sampling=cfg.sampling, seed=cfg.seed + i), curve)
-        if i % 2 == 0:  # alternate the order so drift on a noisy machine hits both sides alike
-            base.append(run_engine(target, ids, gen, None))
-            spec.append(runner.run(ids, gen))
-        else:
-            spec.append(runner.run(ids, gen))
-            base.append(run_engine(target, ids, gen, None))
-    return summarize(runner, cfg.sampling, target, base, spec)
+        runs = [lambda: base.append(run_engine(target, ids, gen, None)), lambda: spec.append(runner.run(ids, gen))]
+        if anchor is not None:
+            runs.append(lambda: anchored.append(anchor.run(ids, cfg.max_new_tokens)))
+        for k in range(len(runs)):  # rotate the order so drift on a noisy machine hits every side alike
+            runs[(i + k) % len(runs)]()
+    result = summarize(runner, cfg.sampling, target, base, spec)
+    if anchor is not None:
+        from app.llamacpp import summary
+
+        texts = [target.decode(run.tokens) for run in base]
+        result["llama_cpp"] = summary(anchored, texts, result["baseline_tokens_per_s"], result["tokens_per_s"])
+    return result
+
+
+def llama_cpp(cfg: BenchConfig, target: Target):
+    """The llama.cpp runner when --vs llama.cpp asks for it (SystemExit saying why when it cannot run), else None."""
+    if cfg.vs is None:
+        return None
+    from app.llamacpp import LlamaCpp, LlamaCppUnavailable
+
+    try:
+        return LlamaCpp(target)
+    except LlamaCppUnavailable as err:
+        raise SystemExit(f"--vs llama.cpp: {err}") from err
 
 
 def add_spec_args(parser: argparse.ArgumentParser) -> None:
@@ -265,11 +284,14 @@ def parse_args(argv=None) -> tuple[BenchConfig, str]:
     parser.add_argument("--drafter", required=True,
                         help=f"one of {', '.join(ENGINE_DRAFTERS + HF_BASELINES)}, optionally with options, "
                              "e.g. flashmap,steps=2")
+    parser.add_argument("--vs", default=None, choices=["llama.cpp"],
+                        help="also run llama.cpp (llama-cpp-python, an optional extra) on the same GGUF, prompt "
+                             "tokens, threads and budget, in turn with this engine's runs; its tokens/s beside ours")
     add_spec_args(parser)
     add_run_args(parser)
     args = parser.parse_args(argv)
     try:
-        cfg = BenchConfig(spec=spec_from_args(args.drafter, args), **run_fields(args))
+        cfg = BenchConfig(spec=spec_from_args(args.drafter, args), vs=args.vs, **run_fields(args))
     except SpecError as err:
         raise SystemExit(str(err)) from err
     return cfg, args.out

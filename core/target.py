@@ -280,8 +280,28 @@ def _finish(model, tokenizer, name: str, device: torch.device) -> Target:
     return Target(model, tokenizer, name, device, tuple(sorted(eos_ids)))
 
 
+def cpu_quant(cfg: TargetConfig, device: torch.device, flags: set[str] | None = None) -> str:
+    """--quant auto on the CPU: q4 for the embedded default, whose GGUF holds Q4_1 blocks (q4 computes from those
+    4-bit codes, the fastest exact precision measured here: docs/engine.md), where the CPU multiplies bf16 natively
+    and torch has its int4 kernels; none otherwise (an HF checkpoint keeps its weights unless asked)."""
+    from core.cpu_linear import int4_available
+    from core.exactness import cpu_flags
+
+    if cfg.quant != "auto" or device.type != "cpu" or cfg.target != EMBEDDED_ID or cfg.engine == "transformers":
+        return cfg.quant
+    native = NATIVE_BF16_CPU_FLAGS & (cpu_flags() if flags is None else flags)
+    return "q4" if native and cfg.dtype in ("auto", "bf16") and int4_available() else "auto"
+
+
 def load_target(cfg: TargetConfig) -> Target:
     device = pick_device(cfg.device)
+    chosen = cpu_quant(cfg, device)
+    if chosen != cfg.quant:  # auto took q4; fall back to the dense precisions if it is not exact here
+        try:
+            return load_target(replace(cfg, quant=chosen))
+        except TargetLoadError as err:
+            print(f"note: {err}; trying the dense precisions", flush=True)
+            return load_target(replace(cfg, quant="none"))
     dtype = pick_dtype(cfg.dtype, device)
     if cfg.quant == "q4":
         if cfg.dtype not in ("auto", "bf16"):
