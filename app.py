@@ -8,17 +8,30 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
+import sys
 import threading
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP: see core/threads.py
-
-from core.target import TargetLoadError, add_target_args, load_target, target_config_from_args  # noqa: E402
-from core.threads import apply_thread_policy  # noqa: E402
+from core.threads import load_policy, set_wait_policy
 
 DEFAULT_DATA_DIR = Path.home() / ".flashmap-chat"
+
+
+def early_thread_policy(argv: list[str]):
+    """This machine's thread policy (core.threads), its wait policy set before torch starts OpenMP."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
+    known, _ = early.parse_known_args(argv)
+    policy, source = load_policy(Path(known.data_dir) / "cache")
+    set_wait_policy(policy)
+    return policy, source
+
+
+THREAD_POLICY = early_thread_policy(sys.argv[1:])
+
+from core.target import TargetLoadError, add_target_args, load_target, target_config_from_args  # noqa: E402
+from core.threads import apply_thread_policy, wait_policy  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -31,8 +44,9 @@ def parse_args(argv=None):
     parser.add_argument("--port", type=int, default=7860, help="port of the UI and the /v1 API")
     parser.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR),
                         help="saved conversations and cached measurements (default ~/.flashmap-chat)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads (0: the default policy, core.threads; shown in the UI)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: this machine's measured policy, core.threads; 0: one per "
+                             "core; shown in the UI)")
     parser.add_argument("--no-measure", action="store_true",
                         help="do not re-measure the verify-cost curve in the background (use the cached one)")
     return parser.parse_args(argv)
@@ -55,10 +69,12 @@ def serve(app, host: str, port: int) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    print(f"CPU threads: {apply_thread_policy(args.threads)}", flush=True)
+    policy, source = THREAD_POLICY
+    threads = apply_thread_policy(policy.threads if args.threads is None else args.threads)
+    print(f"CPU threads: {threads}, OpenMP wait: {wait_policy()} ({source})", flush=True)
     print(f"Loading target {args.target} …", flush=True)
     try:
-        target = load_target(target_config_from_args(args))
+        target = load_target(target_config_from_args(args, cache_dir=str(Path(args.data_dir) / "cache")))
     except TargetLoadError as err:
         raise SystemExit(f"error: {err}") from err
 
@@ -73,6 +89,7 @@ def main(argv=None) -> None:
                           data_dir=Path(args.data_dir))
     for name, why in service.unavailable.items():
         print(f"note: {name} drafter unavailable ({why})", flush=True)
+    print(f"Forward: {target.precision}", flush=True)
     print(f"Verify-cost curve: {service.curve_status}", flush=True)  # before the re-measurement changes it
     if not args.no_measure:
         service.measure_in_background()

@@ -16,19 +16,27 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-import torch
-from tqdm import tqdm
+from core.threads import load_policy, set_wait_policy
 
-from core.drafting import MAX_BLOCK_SIZE
-from core.engine import GenerationConfig, RoundEvent, block_size_for, generate
-from core.prompts import read_prompt_file, resolve_prompt_file
-from core.sampling import SamplingConfig
-from core.stats import AcceptanceStats
-from core.target import Target, TargetConfig, add_target_args, load_target, target_config_from_args
-from core.verify_cost import draft_cost as measure_draft_cost
-from core.verify_cost import relative_curve
-from drafter.registry import DrafterUnavailable, build_drafter
-from drafter.spec import ENGINE_DRAFTERS, HF_BASELINES, DrafterSpec, SpecError
+# the app's thread policy on this machine (core.threads), its wait policy set before torch starts OpenMP, so that
+# the bench measures what `python app.py` runs
+THREAD_POLICY = load_policy(Path.home() / ".flashmap-chat" / "cache")
+set_wait_policy(THREAD_POLICY[0])
+
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from core.drafting import MAX_BLOCK_SIZE  # noqa: E402
+from core.engine import GenerationConfig, RoundEvent, block_size_for, generate  # noqa: E402
+from core.prompts import read_prompt_file, resolve_prompt_file  # noqa: E402
+from core.sampling import SamplingConfig  # noqa: E402
+from core.stats import AcceptanceStats  # noqa: E402
+from core.target import Target, TargetConfig, add_target_args, load_target, target_config_from_args  # noqa: E402
+from core.threads import apply_thread_policy, wait_policy  # noqa: E402
+from core.verify_cost import draft_cost as measure_draft_cost  # noqa: E402
+from core.verify_cost import relative_curve  # noqa: E402
+from drafter.registry import DrafterUnavailable, build_drafter  # noqa: E402
+from drafter.spec import ENGINE_DRAFTERS, HF_BASELINES, DrafterSpec, SpecError  # noqa: E402
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +55,7 @@ class RunConfig:
 class BenchConfig(RunConfig):
     spec: DrafterSpec
     vs: str | None = None  # "llama.cpp": also run llama.cpp on the same GGUF, prompts and budget (app/llamacpp.py)
+    threads: int | None = None  # torch threads; None: the app's policy on this machine (core.threads)
 
     def __post_init__(self):
         self.spec.validate(self.sampling)
@@ -127,6 +136,7 @@ def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: li
     return {
         "target": target.name,
         "precision": target.precision,
+        "threads": f"{torch.get_num_threads()} (OpenMP wait: {wait_policy()})",
         "drafter": d.name,
         "spec": d.text(),
         "steps": d.steps,
@@ -178,6 +188,7 @@ def warm_up(target: Target) -> None:
 
 
 def bench(cfg: BenchConfig) -> dict:
+    apply_thread_policy(cfg.threads if cfg.threads is not None else THREAD_POLICY[0].threads)
     target = load_target(cfg.target)
     prompts = [p for path in cfg.prompts for p in read_prompts(path, cfg.limit)]
     runner = make_runner(cfg.spec, target, cfg.target.allow_download)
@@ -198,8 +209,10 @@ def bench(cfg: BenchConfig) -> dict:
     if anchor is not None:
         from app.llamacpp import summary
 
+        anchor.close()
         texts = [target.decode(run.tokens) for run in base]
-        result["llama_cpp"] = summary(anchored, texts, result["baseline_tokens_per_s"], result["tokens_per_s"])
+        result["llama_cpp"] = summary(anchored, texts, result["baseline_tokens_per_s"], result["tokens_per_s"],
+                                      anchor.threads)
     return result
 
 
@@ -284,6 +297,8 @@ def parse_args(argv=None) -> tuple[BenchConfig, str]:
     parser.add_argument("--drafter", required=True,
                         help=f"one of {', '.join(ENGINE_DRAFTERS + HF_BASELINES)}, optionally with options, "
                              "e.g. flashmap,steps=2")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: the app's thread policy on this machine, core.threads)")
     parser.add_argument("--vs", default=None, choices=["llama.cpp"],
                         help="also run llama.cpp (llama-cpp-python, an optional extra) on the same GGUF, prompt "
                              "tokens, threads and budget, in turn with this engine's runs; its tokens/s beside ours")
@@ -291,7 +306,8 @@ def parse_args(argv=None) -> tuple[BenchConfig, str]:
     add_run_args(parser)
     args = parser.parse_args(argv)
     try:
-        cfg = BenchConfig(spec=spec_from_args(args.drafter, args), vs=args.vs, **run_fields(args))
+        cfg = BenchConfig(spec=spec_from_args(args.drafter, args), vs=args.vs, threads=args.threads,
+                          **run_fields(args))
     except SpecError as err:
         raise SystemExit(str(err)) from err
     return cfg, args.out

@@ -5,10 +5,12 @@ app's requirements: `bash scripts/install_llamacpp.sh` installs it into .venv wi
 """
 from __future__ import annotations
 
-import time
+import importlib.util
+import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
-
-import torch
 
 from core.target import EMBEDDED_ID, Target, embedded_gguf_path
 
@@ -24,34 +26,66 @@ class LlamaCppRun:
     text: str
 
 
+WORKER = """
+import json, sys, time
+from llama_cpp import Llama
+model, threads, context = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+llm = Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=context, verbose=False)
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    ask = json.loads(line)
+    llm.reset()  # no prompt cache carried over: every run evaluates its prompt, as the engine's runs do
+    start = time.perf_counter()
+    out = llm.create_completion(prompt=ask["ids"], max_tokens=ask["max_tokens"], temperature=0.0)
+    seconds = time.perf_counter() - start
+    print(json.dumps({"tokens": out["usage"]["completion_tokens"], "seconds": seconds,
+                      "text": out["choices"][0]["text"]}), flush=True)
+"""
+
+
 class LlamaCpp:
-    """One llama.cpp model on the target's GGUF file, run greedily on token ids the engine's tokenizer made."""
+    """llama.cpp on the target's GGUF file in a process of its own, run greedily on token ids the engine's tokenizer
+    made. Its own process keeps it out of this one's thread settings: an OpenMP wait policy set for this engine
+    (core.threads) would slow llama.cpp's OpenMP threads too (to a third of their speed, measured), and llama.cpp
+    is measured as people run it, with its defaults."""
 
     def __init__(self, target: Target, threads: int | None = None, context: int = 4096):
+        """threads: llama.cpp's threads (default: one per core, as llama.cpp is run)."""
         if target.name != EMBEDDED_ID:
             raise LlamaCppUnavailable(f"--vs llama.cpp needs the target's GGUF file; {target.name!r} is not one "
                                       f"(the embedded {EMBEDDED_ID} is)")
-        try:
-            from llama_cpp import Llama
-        except ImportError as err:
-            raise LlamaCppUnavailable(f"llama-cpp-python is not installed ({err}); bash scripts/install_llamacpp.sh"
-                                      ) from err
-        self.threads = threads or torch.get_num_threads()
-        self.llm = Llama(model_path=str(embedded_gguf_path()), n_threads=self.threads, n_threads_batch=self.threads,
-                         n_ctx=context, verbose=False)
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise LlamaCppUnavailable("llama-cpp-python is not installed; bash scripts/install_llamacpp.sh")
+        self.threads = threads or os.cpu_count() or 1
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
+        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, str(embedded_gguf_path()), str(self.threads),
+                                      str(context)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        if not self._reply().get("ready"):
+            raise LlamaCppUnavailable("llama.cpp did not start")
+
+    def _reply(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise LlamaCppUnavailable(f"llama.cpp's process ended (exit code {self.proc.wait()})")
+        return json.loads(line)
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> LlamaCppRun:
-        self.llm.reset()  # no prompt cache carried over from the previous run: every run evaluates its prompt
-        start = time.perf_counter()
-        out = self.llm.create_completion(prompt=list(prompt_ids), max_tokens=max_new_tokens, temperature=0.0)
-        seconds = time.perf_counter() - start
-        return LlamaCppRun(int(out["usage"]["completion_tokens"]), seconds, out["choices"][0]["text"])
+        self.proc.stdin.write(json.dumps({"ids": list(prompt_ids), "max_tokens": max_new_tokens}) + "\n")
+        self.proc.stdin.flush()
+        out = self._reply()
+        return LlamaCppRun(int(out["tokens"]), float(out["seconds"]), out["text"])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
 
 
-def summary(runs: list[LlamaCppRun], plain_texts: list[str], plain_tps: float, drafter_tps: float) -> dict:
+def summary(runs: list[LlamaCppRun], plain_texts: list[str], plain_tps: float, drafter_tps: float,
+            threads: int = 0) -> dict:
     """llama.cpp's tokens/s beside this engine's plain and drafted tokens/s, and whether the texts agree (the two
     engines round differently, so greedy texts may part at a near-tie)."""
     tps = sum(r.tokens for r in runs) / sum(r.seconds for r in runs)
     same = sum(r.text.strip() == text.strip() for r, text in zip(runs, plain_texts))
-    return {"tokens_per_s": tps, "texts_identical_to_plain": same, "prompts": len(runs),
+    return {"tokens_per_s": tps, "threads": threads, "texts_identical_to_plain": same, "prompts": len(runs),
             "plain_vs_llama_cpp": plain_tps / tps, "drafter_vs_llama_cpp": drafter_tps / tps}

@@ -114,7 +114,7 @@ def speed_lines(speed: ReplySpeed | None, drafting: bool) -> list[str]:
 
 
 def render_stats(stats: AcceptanceStats, speed: ReplySpeed | None, drafter: str, context: tuple[int, int],
-                 curve_status: str, threads: int) -> str:
+                 curve_status: str, threads: str) -> str:
     lines = [f"**Drafter:** {DRAFTER_LABELS.get(drafter, drafter)}"]
     lines += speed_lines(speed, drafter != "none")
     if stats.acceptance_length:

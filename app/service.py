@@ -212,5 +212,7 @@ class ChatService:
             self.curve_status = "measurement failed (see the server log)"
             log.exception("verify cost measurement failed")
 
-    def threads(self) -> int:
-        return torch.get_num_threads()
+    def threads(self) -> str:
+        from core.threads import wait_policy
+
+        return f"{torch.get_num_threads()} (OpenMP wait: {wait_policy()})"

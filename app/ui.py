@@ -359,22 +359,26 @@ def settings_controls(service: ChatService, choices, default: str, k_max: int) -
 
 def chat_tab(service: ChatService, choices, default: str, k_max: int) -> None:
     with gr.Row():
-        with gr.Column(scale=1, min_width=220):
-            saved = gr.Dropdown(conversation_choices(service), value=None, label="Saved conversations",
-                                elem_id="saved-conversations", visible=service.conversations is not None)
-            title = gr.Textbox(label="Title", elem_id="conversation-title", visible=service.conversations is not None)
-            with gr.Row(visible=service.conversations is not None):
-                rename = gr.Button("Rename", size="sm")
-                delete = gr.Button("Delete", size="sm", variant="stop")
         with gr.Column(scale=3):
             chatbot = gr.Chatbot(label="Chat", height=460, elem_id="chatbot")
-            message = gr.Textbox(label="Message", placeholder="Ask something…", lines=2, elem_id="message")
+            # one line that grows: Enter sends, Shift+Enter starts a new line (gradio's rule for lines=1); the page
+            # opens with the cursor here, the first field in keyboard order
+            message = gr.Textbox(label="Message", placeholder="Ask something… (Enter sends, Shift+Enter: new line)",
+                                 lines=1, max_lines=12, autofocus=True, elem_id="message")
             with gr.Row():
                 send = gr.Button("Send", variant="primary", elem_id="send")
                 stop = gr.Button("Stop", elem_id="stop")
                 regen = gr.Button("Regenerate", elem_id="regenerate")
                 edit = gr.Button("Edit last", elem_id="edit-last")
                 new = gr.Button("New chat", elem_id="new-chat")
+            with gr.Accordion("Conversations", open=True, visible=service.conversations is not None):
+                with gr.Row():
+                    saved = gr.Dropdown(conversation_choices(service), value=None, label="Saved conversations",
+                                        elem_id="saved-conversations")
+                    title = gr.Textbox(label="Title", elem_id="conversation-title")
+                with gr.Row():
+                    rename = gr.Button("Rename", size="sm")
+                    delete = gr.Button("Delete", size="sm", variant="stop")
             controls = settings_controls(service, choices, default, k_max)
         with gr.Column(scale=2):
             panel = gr.HTML(render_panel(None, []), label="Draft panel", elem_id="draft-panel")

@@ -1,23 +1,108 @@
-"""The CPU thread policy: how many threads torch uses, and how idle OpenMP threads wait.
+"""The CPU thread policy: how many threads torch uses, and how idle OpenMP threads wait — measured per machine.
 
-On a 2-core machine shared with another busy process, OpenMP threads that spin while they wait for each other
-(the default, OMP_WAIT_POLICY=ACTIVE) take turns with the other process and plain decoding collapses; threads
-that sleep while they wait (PASSIVE) degrade gracefully. The wait policy is read once, when the OpenMP runtime
-starts, so `python app.py` sets it before torch is imported (app.py); docs and numbers: README, "Threads".
+OpenMP threads that spin while they wait (libgomp's default) are fastest on an idle machine and collapse beside
+another busy process, which takes turns with them; threads that sleep at once (OMP_WAIT_POLICY=PASSIVE) degrade
+gracefully but pay a wake-up at every parallel region. Which compromise wins depends on the CPU and on how much of a
+decode step is parallel work at all, so `python -m scripts.thread_policy --save` measures every candidate alone and
+beside a busy process and caches the choice (choose); `python app.py` reads it before torch starts OpenMP (the
+wait policy is read once, at start). Until a machine has been measured, DEFAULT_POLICY applies (the choice on the
+machines measured so far; numbers in docs/engine.md).
+
+This module does not import torch at its top: app.py calls it before torch may start.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
-import torch
+# how idle OpenMP threads wait, as the environment that sets it before OpenMP starts: spin (libgomp's default,
+# ~300,000 spins before sleeping), passive (sleep at once) and a short spin (10,000 spins, then sleep)
+WAIT_POLICIES = {"spin": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "short-spin": {"GOMP_SPINCOUNT": "10000"}}
+BUSY_SLOWDOWN_LIMIT = 1.5  # beside one busy process, a policy may be at most this much slower than alone
+
+
+@dataclass(frozen=True)
+class ThreadPolicy:
+    threads: int  # torch threads; 0: one per core
+    wait: str  # a WAIT_POLICIES key
+
+    def describe(self) -> str:
+        return f"{self.threads or os.cpu_count()} thread(s), {self.wait} wait"
+
+
+DEFAULT_POLICY = ThreadPolicy(threads=1, wait="passive")
+
+
+def choose(rows: list[dict]) -> ThreadPolicy:
+    """The fastest policy alone among those that stay within BUSY_SLOWDOWN_LIMIT of it beside a busy process (the
+    most robust one when none does). rows: {"threads", "wait_policy", "busy_neighbour", "tokens_per_s"}, several
+    runs of a configuration averaged."""
+    speed: dict[tuple[int, str, bool], list[float]] = {}
+    for row in rows:
+        speed.setdefault((row["threads"], row["wait_policy"], row["busy_neighbour"]), []).append(row["tokens_per_s"])
+    mean = {key: sum(v) / len(v) for key, v in speed.items()}
+    candidates = {(t, w) for t, w, _ in mean if (t, w, False) in mean and (t, w, True) in mean}
+    if not candidates:
+        raise ValueError("no configuration was measured both alone and beside a busy process")
+    robust = [c for c in candidates if mean[(*c, False)] <= BUSY_SLOWDOWN_LIMIT * mean[(*c, True)]]
+    best = max(robust, key=lambda c: mean[(*c, False)]) if robust else max(
+        candidates, key=lambda c: mean[(*c, True)] / mean[(*c, False)])
+    return ThreadPolicy(*best)
+
+
+def machine_key() -> str:
+    """What the choice depends on: the number of cores and the CPU (model and flags)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        cpu = [line for line in info.splitlines() if line.startswith(("model name", "flags"))][:2]
+    except OSError:
+        cpu = []
+    return hashlib.sha1(json.dumps([os.cpu_count(), cpu]).encode()).hexdigest()[:12]
+
+
+def policy_file(cache_dir: Path) -> Path:
+    return Path(cache_dir) / f"thread-policy-{machine_key()}.json"
+
+
+def save_policy(cache_dir: Path, policy: ThreadPolicy, rows: list[dict]) -> Path:
+    path = policy_file(cache_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"policy": asdict(policy), "rows": rows}, indent=2))
+    return path
+
+
+def load_policy(cache_dir: Path | None) -> tuple[ThreadPolicy, str]:
+    """(policy, where it came from): this machine's measured choice, or DEFAULT_POLICY."""
+    if cache_dir is not None:
+        try:
+            data = json.loads(policy_file(cache_dir).read_text())["policy"]
+            policy = ThreadPolicy(int(data["threads"]), str(data["wait"]))
+            if policy.wait in WAIT_POLICIES:
+                return policy, "measured on this machine"
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return DEFAULT_POLICY, "default (not measured here: python -m scripts.thread_policy --save)"
+
+
+def set_wait_policy(policy: ThreadPolicy) -> None:
+    """Set the wait policy's environment unless the user set one; before torch starts OpenMP."""
+    if not any(name in os.environ for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):
+        os.environ.update(WAIT_POLICIES[policy.wait])
 
 
 def apply_thread_policy(threads: int = 0) -> int:
     """Use `threads` torch threads (0: torch's default, one per core); returns the number in effect."""
+    import torch
+
     if threads:
         torch.set_num_threads(threads)
     return torch.get_num_threads()
 
 
 def wait_policy() -> str:
+    if "GOMP_SPINCOUNT" in os.environ:
+        return f"GOMP_SPINCOUNT={os.environ['GOMP_SPINCOUNT']}"
     return os.environ.get("OMP_WAIT_POLICY", "default (spinning)")

@@ -1,11 +1,11 @@
 """Plain decoding speed under each CPU thread policy, alone and beside one busy process (issue #14).
 
-python -m scripts.thread_policy [--tokens 64] [--out docs/results/thread_policy.json]
+python -m scripts.thread_policy [--tokens 128] [--repeats 2] [--out FILE.json] [--save [--data-dir DIR]]
 
 Every configuration runs in a fresh process (OpenMP reads its wait policy once, at start): torch threads 1 or
-all cores, OMP_WAIT_POLICY unset (threads spin while they wait) or PASSIVE (they sleep), each measured alone
-and with one other process keeping a core busy (a single-threaded matmul loop, like a training job or a
-browser). Run it on an otherwise idle machine.
+all cores, each wait policy of core.threads.WAIT_POLICIES, each measured alone and with one other process keeping a
+core busy (a single-threaded matmul loop, like a training job or a browser), `--repeats` times in turn. Run it on an
+otherwise idle machine. --save caches the choice (core.threads.choose) where `python app.py` reads it.
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from core.threads import WAIT_POLICIES, choose, save_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASURE = """
@@ -35,9 +37,8 @@ BUSY = "import torch\ntorch.set_num_threads(1)\na = torch.randn(512, 512)\nwhile
 
 
 def measure(threads: int, policy: str | None, busy: bool, tokens: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
-    if policy:
-        env["OMP_WAIT_POLICY"] = policy
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")}
+    env.update(WAIT_POLICIES[policy])
     hog = subprocess.Popen([sys.executable, "-c", BUSY]) if busy else None
     try:
         done = subprocess.run([sys.executable, "-c", MEASURE, str(threads), str(tokens)], cwd=ROOT, env=env,
@@ -47,22 +48,32 @@ def measure(threads: int, policy: str | None, busy: bool, tokens: int) -> dict:
             hog.kill()
             hog.wait()
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"wait_policy": policy or "default (spin)", "busy_neighbour": busy, **result}
+    return {"wait_policy": policy, "busy_neighbour": busy, **result}
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=64, help="new tokens per measurement")
-    parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "thread_policy.json"))
+    parser.add_argument("--tokens", type=int, default=128, help="new tokens per measurement")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each configuration (averaged)")
+    parser.add_argument("--out", default=None, help="also write every run as JSON here")
+    parser.add_argument("--save", action="store_true", help="cache the choice for `python app.py` on this machine")
+    parser.add_argument("--data-dir", default=str(Path.home() / ".flashmap-chat"), help="the app's --data-dir")
     args = parser.parse_args(argv)
     rows = []
-    for busy in (False, True):
-        for threads in (0, 1):
-            for policy in (None, "PASSIVE"):
-                rows.append(measure(threads, policy, busy, args.tokens))
-                print(json.dumps(rows[-1]), flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"cpus": os.cpu_count(), "tokens": args.tokens, "rows": rows}, indent=2))
+    for _ in range(args.repeats):
+        for busy in (False, True):
+            for threads in (0, 1):
+                for policy in WAIT_POLICIES:
+                    rows.append(measure(threads, policy, busy, args.tokens))
+                    print(json.dumps(rows[-1]), flush=True)
+    chosen = choose(rows)
+    print(f"chosen: {chosen.describe()}", flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"cpus": os.cpu_count(), "tokens": args.tokens, "chosen": chosen.wait,
+                                              "chosen_threads": chosen.threads, "rows": rows}, indent=2))
+    if args.save:
+        print(f"saved: {save_policy(Path(args.data_dir) / 'cache', chosen, rows)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -141,16 +141,26 @@ def test_saved_conversation_reopens_after_a_restart(app, data_dir):
 
     with sync_playwright() as pw:
         browser, page = open_page(pw, app[1])
-        send(page, "Name a planet.")
+        # the page opens with the cursor in the message box; Shift+Enter starts a new line, Enter sends
+        assert page.evaluate("() => document.activeElement.closest('#message') !== null")
+        box = page.locator("#message textarea")
+        box.type("Name a")
+        box.press("Shift+Enter")
+        box.type("planet.")
+        assert box.input_value() == "Name a\nplanet." and page.locator("[data-testid='user']").count() == 0
+        box.press("Enter")
+        page.wait_for_function("() => document.querySelectorAll('[data-testid=bot]').length > 0", timeout=300_000)
+        page.wait_for_function("() => !document.querySelector('.generating, .pending')", timeout=300_000)
+        assert box.input_value() == ""
         browser.close()
     proc, url = start_app(free_port(), "ngram", "--data-dir", str(data_dir), "--no-measure")  # a second server
     try:
         with sync_playwright() as pw:
             browser, page = open_page(pw, url)
             page.locator("#saved-conversations input").click()
-            page.get_by_role("option", name=re.compile("Name a planet")).first.click()
+            page.get_by_role("option", name=re.compile("Name a")).first.click()
             page.wait_for_function("() => document.querySelectorAll('[data-testid=user]').length > 0")
-            assert "Name a planet" in page.locator("[data-testid='user']").first.inner_text()
+            assert "planet." in page.locator("[data-testid='user']").first.inner_text()
             assert page.locator("[data-testid='bot']").first.inner_text().strip()
             browser.close()
     finally:

@@ -1,6 +1,5 @@
 """The bench's llama.cpp anchor (app/llamacpp.py): clear refusals, and one real run where llama-cpp-python is
 installed (an optional extra: bash scripts/install_llamacpp.sh)."""
-import builtins
 import importlib.util
 import json
 
@@ -19,14 +18,9 @@ def test_a_target_without_a_gguf_file_is_refused_with_the_reason():
 def test_a_missing_llama_cpp_says_how_to_install_it(monkeypatch):
     target = make_target(tiny_llama())
     target.name = "smollm2-135m-instruct"
-    real_import = builtins.__import__
-
-    def no_llama(name, *args, **kwargs):
-        if name == "llama_cpp":
-            raise ImportError("No module named 'llama_cpp'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_llama)
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llama_cpp" else real_find(name, *a))
     with pytest.raises(LlamaCppUnavailable, match="install_llamacpp.sh"):
         LlamaCpp(target)
 

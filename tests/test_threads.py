@@ -1,0 +1,51 @@
+"""The thread policy (core.threads): the choice rule, its per-machine cache, and the environment it sets."""
+import os
+
+import pytest
+
+from core import threads as threads_mod
+from core.threads import DEFAULT_POLICY, ThreadPolicy, choose, load_policy, save_policy, set_wait_policy
+
+
+def rows(table):
+    return [{"threads": t, "wait_policy": w, "busy_neighbour": busy, "tokens_per_s": tps}
+            for (t, w, busy), tps in table.items()]
+
+
+def test_choose_takes_the_fastest_policy_that_survives_a_busy_neighbour():
+    measured = rows({(2, "spin", False): 80, (2, "spin", True): 15,  # fastest alone, collapses beside a busy process
+                     (1, "passive", False): 65, (1, "passive", True): 64,
+                     (2, "passive", False): 35, (2, "passive", True): 50})
+    assert choose(measured) == ThreadPolicy(1, "passive")
+    robust_spin = rows({(2, "spin", False): 80, (2, "spin", True): 60, (1, "passive", False): 65,
+                        (1, "passive", True): 64})
+    assert choose(robust_spin) == ThreadPolicy(2, "spin")
+    none_robust = rows({(2, "spin", False): 80, (2, "spin", True): 10, (2, "passive", False): 40,
+                        (2, "passive", True): 20})
+    assert choose(none_robust) == ThreadPolicy(2, "passive")  # the smallest slowdown
+    with pytest.raises(ValueError):
+        choose(rows({(2, "spin", False): 80}))
+
+
+def test_choose_averages_repeated_runs():
+    table = rows({(2, "spin", False): 80, (2, "spin", True): 50})
+    table += rows({(2, "spin", False): 40, (2, "spin", True): 50})
+    assert choose(table) == ThreadPolicy(2, "spin")  # mean alone 60 <= 1.5 x 50
+
+
+def test_the_measured_choice_is_cached_per_machine(tmp_path):
+    assert load_policy(tmp_path)[0] == DEFAULT_POLICY and "default" in load_policy(tmp_path)[1]
+    save_policy(tmp_path, ThreadPolicy(2, "short-spin"), [])
+    assert load_policy(tmp_path) == (ThreadPolicy(2, "short-spin"), "measured on this machine")
+    threads_mod.policy_file(tmp_path).write_text("{not json")
+    assert load_policy(tmp_path)[0] == DEFAULT_POLICY  # unreadable: the default, no crash
+
+
+def test_a_wait_policy_the_user_set_is_kept(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    set_wait_policy(ThreadPolicy(1, "passive"))
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    set_wait_policy(ThreadPolicy(1, "short-spin"))
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in os.environ
