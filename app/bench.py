@@ -36,7 +36,7 @@ from core.threads import apply_thread_policy, wait_policy  # noqa: E402
 from core.verify_cost import draft_cost as measure_draft_cost  # noqa: E402
 from core.verify_cost import relative_curve  # noqa: E402
 from drafter.registry import DrafterUnavailable, build_drafter  # noqa: E402
-from drafter.spec import ENGINE_DRAFTERS, HF_BASELINES, DrafterSpec, SpecError  # noqa: E402
+from drafter.spec import APP_DEFAULT, ENGINE_DRAFTERS, HF_BASELINES, DrafterSpec, SpecError, app_default  # noqa: E402
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,7 +251,10 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(text: str, args) -> DrafterSpec:
-    """The spec text (a name, or name,option=value...) with the flags that were given filled in."""
+    """The spec text (a name, or name,option=value...) with the flags that were given filled in; `default` is the
+    app's own drafter settings at this temperature (drafter.spec.app_default)."""
+    if text == APP_DEFAULT:
+        return app_default(args.temperature)
     flags = {"steps": args.steps, "noise": args.noise, "block_size": args.block_size, "best_of": args.best_of,
              "tree": args.tree, "adaptive": args.adaptive, "max_skip": args.max_skip, "weights": args.weights}
     try:
@@ -295,8 +298,9 @@ def run_fields(args) -> dict:
 def parse_args(argv=None) -> tuple[BenchConfig, str]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", required=True,
-                        help=f"one of {', '.join(ENGINE_DRAFTERS + HF_BASELINES)}, optionally with options, "
-                             "e.g. flashmap,steps=2")
+                        help=f"'{APP_DEFAULT}': the app's own drafter settings at this temperature (what a chat reply "
+                             f"drafts with); or one of {', '.join(ENGINE_DRAFTERS + HF_BASELINES)}, optionally with "
+                             "options, e.g. flashmap,steps=2 (a bare name: that drafter's plain settings)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: the app's thread policy on this machine, core.threads)")
     parser.add_argument("--vs", default=None, choices=["llama.cpp"],

@@ -24,7 +24,7 @@ from core.target import Target
 from core.verify_cost import draft_cost as measure_draft_cost
 from core.verify_cost import load_cached, relative_from, save_cached, timed_passes
 from drafter.registry import DrafterUnavailable, build_drafter
-from drafter.spec import DrafterSpec
+from drafter.spec import DrafterSpec, app_default
 
 APP_DRAFTERS = ("flashmap", "dflash", "ngram", "none")  # what the UI offers (the teacher is for analysis)
 PLAIN_PROBE_EVERY = 16  # a drafting reply's plain steps: at most 1 round in 16 (< 3% of its speed) for its ratio
@@ -75,11 +75,8 @@ class ChatSettings:
         return SamplingConfig(self.temperature, self.top_p)
 
     def spec(self) -> DrafterSpec:
-        """At T = 0 FlashMap's jumps (one or two) start from x0 = 0, the zero-noise draft (issue #15: it accepts more
-        than a draft from random noise, docs/benchmarks.md); a tree needs its drafts' noise, T > 0 keeps it."""
-        zero = self.drafter == "flashmap" and self.tree == 1 and self.temperature == 0
-        return DrafterSpec(self.drafter, steps=self.steps, tree=self.tree, block_size=self.block_size,
-                           adaptive=self.adaptive, noise_scale=0.0 if zero else 1.0)
+        """The app's drafter settings for these choices (drafter.spec.app_default, shared with the bench)."""
+        return app_default(self.temperature, self.drafter, self.steps, self.tree, self.block_size, self.adaptive)
 
     def generation(self, verify_cost: tuple[float, ...] = (), drafting: bool = False) -> GenerationConfig:
         """The engine's settings; a drafting reply makes a plain step at least every PLAIN_PROBE_EVERY rounds, so

@@ -148,6 +148,20 @@ class DrafterSpec:
         return cls(name=name, **values)
 
 
+APP_DEFAULT = "default"  # the bench's name for the app's default drafter settings (app_default)
+
+
+def app_default(temperature: float, name: str = "flashmap", steps: int = 1, tree: int = 1,
+                block_size: int | None = None, adaptive: bool = True) -> DrafterSpec:
+    """The drafter settings the app drafts with, one definition for the UI, the API and the bench: adaptive K under
+    the measured verify cost, skips after drafts that did not pay; at T = 0 FlashMap's jumps start from x0 = 0 (the
+    zero-noise draft accepts more than a draft from random noise, docs/drafter.md), while a tree needs its drafts'
+    noise and T > 0 keeps the paper's sampler."""
+    zero = name == "flashmap" and tree == 1 and temperature == 0
+    return DrafterSpec(name, steps=steps, tree=tree, block_size=block_size, adaptive=adaptive,
+                       noise_scale=0.0 if zero else 1.0)
+
+
 def _cast(field: str, raw: str, text: str):
     try:
         if field in ("noise", "weights"):

@@ -204,3 +204,14 @@ def test_report_names_how_each_shuffle_test_paired_its_noise():
     # new sums 0, +1 around 1/3 a round -> ((0 - 2/3)^2 + (1 - 1/3)^2) / 9 * 2 = 16/81
     assert "| old, every 8th anchor, independent | +0.000 ± 0.577 | +0.000 ± 0.577 | +0.000 ± 0.667 (2 " in text
     assert "| new, every 8th anchor, coupled | +0.333 ± 0.333 | +0.333 ± 0.333 | +0.333 ± 0.444 (2 responses) |" in text
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_bench_default_runs_what_the_app_runs(tmp_path, temperature):
+    from app.service import ChatSettings
+
+    prompts = prompts_file(tmp_path, 1)
+    cfg, _ = bench.parse_args(["--prompts", str(prompts), "--drafter", "default", "--temperature", str(temperature),
+                               "--out", str(tmp_path / "r.json")])
+    assert cfg.spec == ChatSettings(temperature=temperature).spec()
+    assert cfg.spec.adaptive and cfg.spec.noise_scale == (0.0 if temperature == 0 else 1.0)
