@@ -20,7 +20,7 @@ from typing import Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.service import ChatService, ChatSettings
 from core.engine import PromptError
@@ -32,9 +32,24 @@ log = logging.getLogger("flashmap")
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
 
 
+def part_text(part) -> str:
+    """The text of one part of a message's content in OpenAI's list form; this server's models read text only."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind != "text":
+        raise ValueError(f"content parts of type {kind!r} are not supported: the model reads text only")
+    if not isinstance(part.get("text"), str):
+        raise ValueError("a text part needs its `text`, a string")
+    return part["text"]
+
+
 class Message(BaseModel):
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: str  # a string, or a list of text parts (joined), as OpenAI accepts
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def joined(cls, content):
+        return "".join(part_text(part) for part in content) if isinstance(content, list) else content
 
 
 class ChatRequest(BaseModel):

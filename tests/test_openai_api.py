@@ -67,3 +67,16 @@ def test_bad_requests_get_4xx_with_a_message(client):
         with pytest.raises(error, match=words) as caught:
             client.chat.completions.create(**kwargs)
         assert 400 <= caught.value.status_code < 500
+
+
+def test_content_as_a_list_of_text_parts_is_read_as_their_text(client, service):
+    parts = [{"type": "text", "text": "w10 w11 "}, {"type": "text", "text": "w12"}]
+    reply = client.chat.completions.create(model="tiny-api", temperature=0, max_tokens=16,
+                                           messages=[{"role": "system", "content": [{"type": "text", "text": ""}]},
+                                                     {"role": "user", "content": parts}])
+    assert reply.choices[0].message.content == plain_reply(service, "w10 w11 w12", 16)
+    assert reply.model_extra["speculative"]["precision"] == service.target.precision
+    image = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    with pytest.raises(openai.BadRequestError, match="image_url.*text only") as caught:
+        client.chat.completions.create(model="tiny-api", messages=[{"role": "user", "content": image}])
+    assert caught.value.status_code == 400
