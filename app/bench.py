@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from core.drafting import MAX_BLOCK_SIZE  # noqa: E402
-from core.engine import GenerationConfig, RoundEvent, block_size_for, generate  # noqa: E402
+from core.engine import PLAIN_PROBE_EVERY, GenerationConfig, RoundEvent, block_size_for, generate  # noqa: E402
 from core.prompts import read_prompt_file, resolve_prompt_file  # noqa: E402
 from core.sampling import SamplingConfig  # noqa: E402
 from core.stats import AcceptanceStats  # noqa: E402
@@ -121,8 +121,8 @@ class Runner:
         GenerationConfig.charges_draft_cost) and skip limit when its spec is adaptive."""
         adaptive = self.spec.adaptive
         return replace(gen, block_size=self.block_size or None, verify_cost=verify_cost if adaptive else (),
-                       draft_cost=self.draft_cost if adaptive else 0.0,
-                       max_skip=self.spec.max_skip)
+                       draft_cost=self.draft_cost if adaptive else 0.0, max_skip=self.spec.max_skip,
+                       plain_probe_every=PLAIN_PROBE_EVERY if adaptive and self.drafter is not None else 0)
 
 
 def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: list[Run], spec: list[Run]) -> dict:

@@ -17,7 +17,7 @@ import torch
 
 from app.conversations import ConversationStore
 from core.drafting import MAX_BLOCK_SIZE
-from core.engine import GenerationConfig, RoundEvent, generate
+from core.engine import PLAIN_PROBE_EVERY, GenerationConfig, RoundEvent, generate
 from core.sampling import SamplingConfig
 from core.stats import ReplySpeed
 from core.target import Target
@@ -27,7 +27,6 @@ from drafter.registry import DrafterUnavailable, build_drafter
 from drafter.spec import DrafterSpec, app_default
 
 APP_DRAFTERS = ("flashmap", "dflash", "ngram", "none")  # what the UI offers (the teacher is for analysis)
-PLAIN_PROBE_EVERY = 16  # a drafting reply's plain steps: at most 1 round in 16 (< 3% of its speed) for its ratio
 CURVE_REPEATS = 7  # passes over 1..17 positions; the curve is their per-position median
 log = logging.getLogger("flashmap")
 

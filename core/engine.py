@@ -26,6 +26,8 @@ from core.sampling import SamplingConfig, target_probs, verify_greedy, verify_sa
 from core.target import Target
 from core.tree import Trie, build_trie, followed_branch, greedy_path
 
+PLAIN_PROBE_EVERY = 16  # the app's drafting replies: a plain step at least every 16 rounds (< 3% of their speed)
+
 
 class PromptError(ValueError):
     """The prompt cannot be generated from (empty, or too long for the model's context)."""
@@ -51,6 +53,9 @@ class GenerationConfig:
     # with a drafter: if no round of the last N was a plain step (an empty draft), make the next one plain, so a
     # reply always carries plain-step timings measured under its own load (the app's honest speed ratio); 0: never
     plain_probe_every: int = 0
+    # with plain probes: while drafting rounds measure fewer tokens a second than plain steps in this reply, skip the
+    # drafter for 1, 2, 4, ... rounds, at most this many (MeasuredPays; 0: never)
+    max_measured_wait: int = 32
 
     def __post_init__(self):
         if self.block_size is not None and not 1 <= self.block_size <= MAX_BLOCK_SIZE:
@@ -63,6 +68,8 @@ class GenerationConfig:
             raise ValueError(f"draft_cost must be >= 0, got {self.draft_cost}")
         if self.plain_probe_every < 0:
             raise ValueError(f"plain_probe_every must be >= 0, got {self.plain_probe_every}")
+        if self.max_measured_wait < 0:
+            raise ValueError(f"max_measured_wait must be >= 0, got {self.max_measured_wait}")
 
     def charges_draft_cost(self) -> bool:
         """Whether the skips charge each draft for the drafter's call: with a cost curve, at T = 0 only. At T > 0 a
@@ -146,21 +153,72 @@ class PlainProbe:
 
 
 @dataclass
+class MeasuredPays:
+    """Whether drafting pays in wall time, as measured in this reply: tokens committed per second by the rounds that
+    drafted against the rounds that did not (plain steps, which the plain probes guarantee), over the last `window`
+    rounds of each kind. While drafting rounds commit fewer tokens a second than plain steps, skip the drafter for
+    1, 2, 4, ... up to `max_wait` rounds, then draft once more to measure again; a drafting round that pays resets
+    the wait. It sees everything a draft costs (the drafter's call, the longer verify, the cut), whatever the
+    drafter's confidence says. A policy only: it decides from past rounds' timings and committed tokens, never from
+    the round being verified, so the output stays exact at every temperature. 0 max_wait: never skips."""
+
+    max_wait: int = 32
+    window: int = 16
+    min_rounds: int = 3  # rounds of each kind measured before the first verdict
+    drafted: list = field(default_factory=list)  # (tokens committed, seconds) of recent drafting rounds
+    plain: list = field(default_factory=list)  # (tokens committed, seconds) of recent plain rounds
+    losses: int = 0
+    wait: int = 0
+
+    def draft_now(self) -> bool:
+        if self.wait > 0:
+            self.wait -= 1
+            return False
+        # the first rounds alternate until both kinds are measured, so a verdict comes within a few rounds
+        return not (self.max_wait and len(self.plain) < self.min_rounds and len(self.drafted) > len(self.plain))
+
+    def observe(self, drafted: bool, committed: int, seconds: float) -> None:
+        rounds = self.drafted if drafted else self.plain
+        rounds.append((committed, seconds))
+        del rounds[: -self.window]
+        if drafted and self.max_wait and self._measured():
+            losing = self.rate(self.drafted) < self.rate(self.plain)
+            self.losses = self.losses + 1 if losing else 0
+            self.wait = min(2 ** (self.losses - 1), self.max_wait) if losing else 0
+
+    def _measured(self) -> bool:
+        return len(self.drafted) >= self.min_rounds and len(self.plain) >= self.min_rounds
+
+    @staticmethod
+    def rate(rounds: list) -> float:
+        seconds = sum(s for _, s in rounds)
+        return sum(c for c, _ in rounds) / seconds if seconds > 0 else float("inf")
+
+
+@dataclass
 class DraftPolicy:
     """When to call the drafter and how much of a draft to verify: the adaptive cut under the verify cost
-    (clip_draft), the skips after drafts that did not pay for the drafter's call (SkipEmpty, draft_pays) and the
-    plain probes (PlainProbe). A policy only: whatever it decides, verification keeps the output exact."""
+    (clip_draft), the skips after drafts that did not pay for the drafter's call (SkipEmpty, draft_pays), the
+    skips while drafting measures slower than plain steps in this reply (MeasuredPays) and the plain probes
+    (PlainProbe). A policy only: whatever it decides, verification keeps the output exact."""
 
     gen: GenerationConfig
     skip: SkipEmpty
     probe: PlainProbe
+    measured: MeasuredPays
 
     @classmethod
     def for_run(cls, gen: GenerationConfig) -> "DraftPolicy":
-        return cls(gen, SkipEmpty(gen.max_skip if gen.verify_cost else 0), PlainProbe(gen.plain_probe_every))
+        measured = MeasuredPays(max_wait=gen.max_measured_wait if gen.plain_probe_every else 0)
+        return cls(gen, SkipEmpty(gen.max_skip if gen.verify_cost else 0), PlainProbe(gen.plain_probe_every), measured)
 
     def draft_now(self) -> bool:
-        return self.skip.draft_now() and not self.probe.due()
+        # each policy's wait runs down only while it is asked, so ask the measured one first
+        return self.measured.draft_now() and self.skip.draft_now() and not self.probe.due()
+
+    def observe(self, event: "RoundEvent") -> None:
+        """A round's outcome: what it committed and what it cost, for the measured policy."""
+        self.measured.observe(bool(event.drafted), len(event.committed), event.draft_s + event.verify_s)
 
     def cut(self, proposal: Draft | None, k: int) -> Draft:
         """The part of the proposal to verify (an empty draft for none)."""
@@ -326,11 +384,13 @@ def generate(
                 drafter.extend(kept, None if features is None else features[kept_at])
             t2 = clock()
             committed, reason = _commit(state, target, kept[1:] + [anchor], gen)
-            yield RoundEvent(
+            event = RoundEvent(
                 kind="round", drafted=tuple(followed_branch(trie, branches_of(draft), kept[1:])),
                 n_accepted=len(kept) - 1, target_token=anchor, committed=tuple(committed), text=state.text,
                 draft_s=t1 - t0, verify_s=t2 - t1, finish_reason=reason, branches=1 + len(draft.alternatives),
             )
+            policy.observe(event)
+            yield event
 
 
 def generate_all(target: Target, prompt_ids: list[int], gen: GenerationConfig, drafter: Drafter | None = None):

@@ -1,4 +1,5 @@
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -306,7 +307,7 @@ def test_plain_probes_keep_a_reply_measurable_and_exact(tiny_target):
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
     plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=60))
     for every in (0, 4):
-        gen = GenerationConfig(max_new_tokens=60, block_size=4, plain_probe_every=every)
+        gen = GenerationConfig(max_new_tokens=60, block_size=4, plain_probe_every=every, max_measured_wait=0)
         out, events = generate_all(tiny_target, prompt, gen, AlwaysDrafts())
         assert out == plain
         drafted = [bool(ev.drafted) for ev in events if ev.kind == "round"]
@@ -335,3 +336,60 @@ def test_verify_cost_curves_are_made_sane():
     from core.verify_cost import sane_curve
 
     assert sane_curve([1.2, 2.5, 2.91, 0.8]) == (1.0, 2.0, 2.91, 1.0)  # within [1, n], otherwise as measured
+
+
+def test_measured_pays_backs_off_while_drafting_rounds_commit_fewer_tokens_a_second():
+    from core.engine import MeasuredPays
+
+    policy = MeasuredPays(max_wait=8, window=4, min_rounds=2)
+    kinds = []
+    for _ in range(40):  # drafting rounds: 2 tokens in 3 s; plain rounds: 1 token in 1 s
+        drafting = policy.draft_now()
+        kinds.append(drafting)
+        policy.observe(drafting, 2 if drafting else 1, 3.0 if drafting else 1.0)
+    assert kinds[:4] == [True, False, True, False]  # both kinds measured first
+    assert sum(kinds[-20:]) <= 2  # then waits of 1, 2, 4, 8, 8 ... plain rounds between single tries
+    for _ in range(9):  # drafting turns profitable (5 tokens in 2 s): a drafting round that pays resets the wait
+        drafting = policy.draft_now()
+        policy.observe(drafting, 5 if drafting else 1, 2.0 if drafting else 1.0)
+    assert policy.losses == 0 and all(policy.draft_now() for _ in range(3))
+    never = MeasuredPays(max_wait=0)
+    for _ in range(10):
+        assert never.draft_now()
+        never.observe(True, 1, 10.0)
+        never.observe(False, 1, 1.0)
+
+
+class SlowDrafter(AlwaysDrafts):
+    """Drafts that are never accepted and cost the clock 5 units a call."""
+
+    def __init__(self, clock):
+        self.clock, self.calls = clock, 0
+
+    def propose(self, anchor, block_size, sampling, generator):
+        self.calls += 1
+        self.clock.now += 5.0
+        return super().propose(anchor, block_size, sampling, generator)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        self.now += 0.5
+        return self.now
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_drafter_that_costs_more_than_it_brings_is_mostly_skipped_and_the_output_stays_exact(tiny_target,
+                                                                                                temperature):
+    clock = Clock()
+    drafter = SlowDrafter(clock)
+    gen = GenerationConfig(max_new_tokens=60, block_size=4, sampling=SamplingConfig(temperature), seed=3,
+                           plain_probe_every=16)
+    plain, _ = generate_all(tiny_target, [5, 6, 7], replace(gen, plain_probe_every=0))
+    events = list(generate(tiny_target, [5, 6, 7], gen, drafter, clock=clock))
+    if temperature == 0:  # at T > 0 exactness is the distribution's (test_sampled_output_distribution_...)
+        assert [t for ev in events for t in ev.committed] == plain
+    assert drafter.calls <= 12 and len(events) > 40  # of ~60 rounds
