@@ -1,1 +1,3 @@
-"""FlashMap Chat: target loading, the speculative decoding engine, verification math, bench CLI and UI."""
+"""FlashMap Chat: the product — chat service, Gradio UI, OpenAI-compatible API, bench (CHANGELOG.md: versions)."""
+
+__version__ = "0.9.0"

@@ -27,7 +27,14 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from core.drafting import MAX_BLOCK_SIZE  # noqa: E402
-from core.engine import PLAIN_PROBE_EVERY, GenerationConfig, RoundEvent, block_size_for, generate  # noqa: E402
+from core.engine import (  # noqa: E402
+    PLAIN_PROBE_EVERY,
+    GenerationConfig,
+    MeasuredPays,
+    RoundEvent,
+    block_size_for,
+    generate,
+)
 from core.prompts import read_prompt_file, resolve_prompt_file  # noqa: E402
 from core.sampling import SamplingConfig  # noqa: E402
 from core.stats import AcceptanceStats  # noqa: E402
@@ -75,9 +82,10 @@ class Run:
     events: list[RoundEvent] = field(default_factory=list)
 
 
-def run_engine(target: Target, prompt_ids: list[int], gen: GenerationConfig, drafter) -> Run:
+def run_engine(target: Target, prompt_ids: list[int], gen: GenerationConfig, drafter,
+               measured: MeasuredPays | None = None) -> Run:
     start = time.perf_counter()
-    events = list(generate(target, prompt_ids, gen, drafter))
+    events = list(generate(target, prompt_ids, gen, drafter, measured=measured))
     seconds = time.perf_counter() - start
     return Run([t for ev in events for t in ev.committed], seconds, events)
 
@@ -178,7 +186,8 @@ def make_runner(spec: DrafterSpec, target: Target, allow_download: bool = False)
     except DrafterUnavailable as err:
         raise SystemExit(f"{spec.text()}: {err}") from err
     k = block_size_for(GenerationConfig(block_size=spec.block_size), drafter)
-    return Runner(spec, k, lambda ids, gen: run_engine(target, ids, gen, drafter), drafter)
+    measured = MeasuredPays()  # carried from prompt to prompt, as the app carries it from reply to reply
+    return Runner(spec, k, lambda ids, gen: run_engine(target, ids, gen, drafter, measured), drafter)
 
 
 def warm_up(target: Target) -> None:

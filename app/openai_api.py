@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app import __version__
 from app.service import ChatService, ChatSettings
 from core.engine import PromptError
 from core.stats import AcceptanceStats
@@ -197,7 +198,7 @@ def add_openai_routes(app: FastAPI, service: ChatService, default_drafter: str) 
     @app.get("/v1/models")
     def models() -> dict:
         return {"object": "list", "data": [{"id": service.target.name, "object": "model", "created": 0,
-                                            "owned_by": "local"}]}
+                                            "owned_by": "local", "version": __version__}]}
 
     @app.post("/v1/chat/completions")
     def chat_completions(req: ChatRequest):

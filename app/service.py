@@ -17,7 +17,7 @@ import torch
 
 from app.conversations import ConversationStore
 from core.drafting import MAX_BLOCK_SIZE
-from core.engine import PLAIN_PROBE_EVERY, GenerationConfig, RoundEvent, generate
+from core.engine import PLAIN_PROBE_EVERY, GenerationConfig, MeasuredPays, RoundEvent, generate
 from core.sampling import SamplingConfig
 from core.stats import ReplySpeed
 from core.target import Target
@@ -82,7 +82,8 @@ class ChatSettings:
         its speed is always compared with plain decoding measured inside it (core.stats.ReplySpeed)."""
         return GenerationConfig(self.max_new_tokens, self.block_size, self.sampling(), self.stop_strings,
                                 seed=self.seed, verify_cost=verify_cost if self.adaptive else (),
-                                plain_probe_every=PLAIN_PROBE_EVERY if drafting else 0)
+                                plain_probe_every=PLAIN_PROBE_EVERY if drafting else 0,
+                                max_measured_wait=GenerationConfig.max_measured_wait if self.adaptive else 0)
 
 
 class ChatService:
@@ -96,6 +97,8 @@ class ChatService:
         self.conversations = ConversationStore(self.data_dir / "conversations") if self.data_dir else None
         self._drafters: dict[DrafterSpec, object] = {}
         self._draft_costs: dict[int, float] = {}  # id(drafter) -> its call's cost relative to a target step
+        # id(drafter) -> what drafting measured against plain steps in the replies so far (engine.MeasuredPays)
+        self._measured: dict[int, MeasuredPays] = {}
         self.unavailable: dict[str, str] = {}
         self.verify_cost: tuple[float, ...] = ()  # relative cost of 1..17 positions; () until measured
         self.curve_status = "not measured yet: adaptive K is off until it is"
@@ -152,7 +155,8 @@ class ChatService:
             gen = settings.generation(self.verify_cost, drafting=drafter is not None)
             if gen.charges_draft_cost() and drafter is not None:  # measured only where the engine charges it
                 gen = replace(gen, draft_cost=self.draft_cost(drafter))
-            for ev in generate(self.target, prompt_ids, gen, drafter, cancel):
+            measured = None if drafter is None else self._measured.setdefault(id(drafter), MeasuredPays())
+            for ev in generate(self.target, prompt_ids, gen, drafter, cancel, measured=measured):
                 speed.add(ev, time.perf_counter())
                 self.last_events.append(ev)
                 yield ev, speed

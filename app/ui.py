@@ -14,6 +14,7 @@ import time
 import gradio as gr
 import torch
 
+from app import __version__
 from app.render import CSS, SLOT_MARKS, render_panel, render_stats, slot_chart, slot_kinds, speed_chart, speed_lines
 from app.service import ChatService, ChatSettings
 from core.engine import PromptError
@@ -318,7 +319,7 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
     k_max = service.max_block_size(default)
     choices = [(DRAFTER_LABELS[name], name) for name in available]
     with gr.Blocks(title="FlashMap Chat") as demo:
-        gr.Markdown(f"# FlashMap Chat\nTarget: `{service.target.name}` on `{service.target.device}` — "
+        gr.Markdown(f"# FlashMap Chat {__version__}\nTarget: `{service.target.name}` on `{service.target.device}` — "
                     "speculative decoding that never changes the target's output.")
         status = gr.Markdown(status_text(service), elem_id="fm-status")
         gr.Timer(2.0).tick(lambda: status_text(service), None, status, queue=False, show_progress="hidden",

@@ -208,8 +208,10 @@ class DraftPolicy:
     measured: MeasuredPays
 
     @classmethod
-    def for_run(cls, gen: GenerationConfig) -> "DraftPolicy":
-        measured = MeasuredPays(max_wait=gen.max_measured_wait if gen.plain_probe_every else 0)
+    def for_run(cls, gen: GenerationConfig, measured: MeasuredPays | None = None) -> "DraftPolicy":
+        if measured is None:
+            measured = MeasuredPays()
+        measured.max_wait = gen.max_measured_wait if gen.plain_probe_every else 0
         return cls(gen, SkipEmpty(gen.max_skip if gen.verify_cost else 0), PlainProbe(gen.plain_probe_every), measured)
 
     def draft_now(self) -> bool:
@@ -340,8 +342,11 @@ def generate(
     drafter: Drafter | None = None,
     cancel=None,
     clock: Callable[[], float] = time.perf_counter,
+    measured: "MeasuredPays | None" = None,
 ) -> Iterator[RoundEvent]:
-    """Yield one RoundEvent per target forward until EOS, a stop string, the budget or cancel."""
+    """Yield one RoundEvent per target forward until EOS, a stop string, the budget or cancel. `measured` carries
+    what drafting measured in earlier replies of a conversation (MeasuredPays; updated in place), so a reply starts
+    from it instead of measuring again; None: this reply measures on its own."""
     block_size = block_size_for(gen, drafter)
     check_prompt(target, prompt_ids, gen, block_size)
     cancel = cancel or Never()
@@ -349,7 +354,7 @@ def generate(
     draft_gen = torch.Generator(device="cpu").manual_seed(gen.seed + 1)  # drafter noise, independent of target
     verify_gen = torch.Generator(device=target.device).manual_seed(gen.seed)
     state = _State(len(prompt_ids))
-    policy = DraftPolicy.for_run(gen)
+    policy = DraftPolicy.for_run(gen, measured)
     cache = target.new_cache(len(prompt_ids) + gen.max_new_tokens + block_size + 1)
     with torch.inference_mode():
         t0 = clock()

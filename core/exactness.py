@@ -137,6 +137,8 @@ def cached_check(target, prompt: list[int], root: Path | None) -> InvarianceRepo
                 return InvarianceReport(**data)
         except (OSError, ValueError, KeyError, TypeError):
             pass  # unreadable: check again
+    print(f"Checking that the {target.model.dtype} forward is batch-invariant on this machine (once; cached)…",
+          flush=True)
     report = check_invariance(target, prompt)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 QUANTS = ("auto", "none", "8bit", "fp8", "q4")
 CPU_LINEARS = ("onednn", "torch")  # a target's linear layers on the CPU: prepacked oneDNN (core.cpu_linear)
 ENGINES = ("auto", "lean", "transformers")  # the forward: core.lean's on a static cache, or transformers' own
+CPU_PRECISIONS = ("fastest", "reference")  # TargetConfig.cpu_precision
 NATIVE_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # CPUs that multiply bf16 in hardware
 
 
@@ -43,6 +44,9 @@ class TargetConfig:
     cpu_linear: str = "onednn"  # onednn | torch: how a target on the CPU multiplies by its weights
     engine: str = "auto"  # auto (lean where the architecture allows) | lean | transformers
     cache_dir: str = str(Path.home() / ".flashmap-chat" / "cache")  # per-machine measurements ("": none kept)
+    # what auto means on a CPU: "fastest" exact precision (the app, the bench) or the "reference" fp32 forward that
+    # the drafters were trained and evaluated against (drafter/ CLIs: their data and records stay comparable)
+    cpu_precision: str = "fastest"
 
     def __post_init__(self):
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -53,6 +57,8 @@ class TargetConfig:
             raise ValueError(f"--cpu-linear must be one of {CPU_LINEARS}, got {self.cpu_linear!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"--engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.cpu_precision not in CPU_PRECISIONS:
+            raise ValueError(f"--cpu-precision must be one of {CPU_PRECISIONS}, got {self.cpu_precision!r}")
 
 
 @dataclass
@@ -287,7 +293,8 @@ def cpu_quant(cfg: TargetConfig, device: torch.device, flags: set[str] | None = 
     from core.cpu_linear import int4_available
     from core.exactness import cpu_flags
 
-    if cfg.quant != "auto" or device.type != "cpu" or cfg.target != EMBEDDED_ID or cfg.engine == "transformers":
+    if (cfg.quant != "auto" or device.type != "cpu" or cfg.target != EMBEDDED_ID or cfg.engine == "transformers"
+            or cfg.cpu_precision == "reference"):
         return cfg.quant
     native = NATIVE_BF16_CPU_FLAGS & (cpu_flags() if flags is None else flags)
     return "q4" if native and cfg.dtype in ("auto", "bf16") and int4_available() else "auto"
@@ -295,6 +302,9 @@ def cpu_quant(cfg: TargetConfig, device: torch.device, flags: set[str] | None = 
 
 def load_target(cfg: TargetConfig) -> Target:
     device = pick_device(cfg.device)
+    if cfg.cpu_precision == "reference" and device.type == "cpu":  # exactly the forward the records were made with
+        cfg = replace(cfg, dtype="fp32" if cfg.dtype == "auto" else cfg.dtype,
+                      engine="transformers" if cfg.engine == "auto" else cfg.engine)
     chosen = cpu_quant(cfg, device)
     if chosen != cfg.quant:  # auto took q4; fall back to the dense precisions if it is not exact here
         try:
@@ -375,8 +385,9 @@ def pack_if_room(target: Target) -> int:
     return pack_linears(target.model)
 
 
-def add_target_args(parser) -> None:
-    """argparse flags that map onto TargetConfig; shared by the app, the bench and the data CLI."""
+def add_target_args(parser, cpu_precision: str = "fastest") -> None:
+    """argparse flags that map onto TargetConfig; shared by the app, the bench and the drafter CLIs (which default
+    to the reference precision on a CPU)."""
     parser.add_argument("--target", default=EMBEDDED_ID, help="embedded default, HF id (cached) or local folder")
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                         help="weights' dtype (auto: bf16 on a GPU; on a CPU bf16 where it is native and exact, "
@@ -387,6 +398,10 @@ def add_target_args(parser) -> None:
     parser.add_argument("--allow-download", action="store_true", help="let transformers download a missing model")
     parser.add_argument("--cpu-linear", default="onednn", choices=CPU_LINEARS,
                         help="on the CPU: weights prepacked for oneDNN once (flatter verify cost) or torch's own")
+    parser.add_argument("--cpu-precision", default=cpu_precision, choices=CPU_PRECISIONS,
+                        help="what --dtype/--quant/--engine auto mean on a CPU: the fastest exact precision, or the "
+                             "reference fp32 transformers forward the drafters were trained and evaluated against "
+                             f"(default here: {cpu_precision})")
     parser.add_argument("--engine", default="auto", choices=ENGINES,
                         help="the forward: lean (static KV cache, core.lean) where the architecture allows, or "
                              "transformers' own")
@@ -395,4 +410,4 @@ def add_target_args(parser) -> None:
 def target_config_from_args(args, cache_dir: str | None = None) -> TargetConfig:
     extra = {} if cache_dir is None else {"cache_dir": cache_dir}
     return TargetConfig(args.target, args.dtype, args.quant, args.device, args.allow_download, args.context,
-                        args.cpu_linear, args.engine, **extra)
+                        args.cpu_linear, args.engine, cpu_precision=args.cpu_precision, **extra)

@@ -78,7 +78,7 @@ def main(argv=None) -> None:
     parser.add_argument("--stride", type=int, default=16, help="every N-th anchor of each response")
     parser.add_argument("--write", action="store_true", help="store each fit in its checkpoint's calibration.json")
     parser.add_argument("--out", default=None, help="JSON report")
-    add_target_args(parser)
+    add_target_args(parser, cpu_precision="reference")
     args = parser.parse_args(argv)
     if args.stride < 1:
         raise SystemExit("--stride must be >= 1")

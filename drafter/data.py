@@ -368,7 +368,7 @@ def add_generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256, help="longest response (default 256)")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts answered together (default 16)")
     parser.add_argument("--shard-size", type=int, default=128, help="responses per shard file (default 128)")
-    add_target_args(parser)
+    add_target_args(parser, cpu_precision="reference")
 
 
 def main(argv=None) -> None:
@@ -394,7 +394,7 @@ def main(argv=None) -> None:
     feat.add_argument("--autocast", default="none", choices=["none", "bf16"],
                       help="bf16: the target's matmuls in bf16 (2x faster where measured, not timed without AMX; "
                            "features within ~0.8%%)")
-    add_target_args(feat)
+    add_target_args(feat, cpu_precision="reference")
     args = parser.parse_args(argv)
     if args.cmd == "generate":
         generate(args)

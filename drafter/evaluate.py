@@ -293,7 +293,7 @@ def main(argv=None) -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N sequences of each domain")
     parser.add_argument("--seed", type=int, default=0, help="noise seed of the flow drafters")
     parser.add_argument("--out", default=None, help="JSON with per-domain tallies and per-round counts")
-    add_target_args(parser)
+    add_target_args(parser, cpu_precision="reference")
     args = parser.parse_args(argv)
     variants = [parse_variant(text, args.block_size) for text in args.variants]
     if args.stride < 1:

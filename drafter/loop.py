@@ -124,7 +124,7 @@ def main(argv=None) -> None:
     parser.add_argument("--cycle-steps", type=int, default=0,
                         help="0: open-ended at a constant lr; N: one cycle of the stage's own schedule (cosine, or "
                              "WSD for distill) over N steps, sized to the session so it ends decayed")
-    add_target_args(parser)
+    add_target_args(parser, cpu_precision="reference")
     args = parser.parse_args(argv)
     if args.eval_every % args.save_every:
         raise SystemExit("--eval-every must be a multiple of --save-every (it evaluates a save)")

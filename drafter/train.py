@@ -397,7 +397,7 @@ def add_train_args(parser: argparse.ArgumentParser, with_steps: bool = True) -> 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_args(parser)
-    add_target_args(parser)
+    add_target_args(parser, cpu_precision="reference")
     return parser.parse_args(argv)
 
 

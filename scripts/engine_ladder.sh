@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The precision ladder beside llama.cpp: for each precision the engine offers, the app's default drafter against
 # plain decoding and llama.cpp on the same GGUF, prompts and budget, per domain (docs/engine.md). Needs the optional
-# llama-cpp-python (bash scripts/install_llamacpp.sh). Usage: bash scripts/engine_ladder.sh OUT_DIR [LIMIT]
+# llama-cpp-python (bash scripts/install_llamacpp.sh).
+# Usage: bash scripts/engine_ladder.sh OUT_DIR [LIMIT] [PRECISION ...]   (default: q4 bf16 fp32 fp32-transformers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: engine_ladder.sh OUT_DIR [LIMIT]}
 limit=${2:-4}
+shift $(( $# > 2 ? 2 : $# ))
+names=("${@:-}")
+[ -n "${names[0]}" ] || names=(q4 bf16 fp32 fp32-transformers)
 mkdir -p "$out"
 declare -A precisions=(
   [q4]="--quant q4"
@@ -13,7 +17,7 @@ declare -A precisions=(
   [fp32]="--quant none --dtype fp32"
   [fp32-transformers]="--quant none --dtype fp32 --engine transformers"
 )
-for name in q4 bf16 fp32 fp32-transformers; do
+for name in "${names[@]}"; do
   for domain in math code chat; do
     # shellcheck disable=SC2086
     .venv/bin/python -m app.bench --prompts "eval_$domain" --limit "$limit" --drafter default --vs llama.cpp \

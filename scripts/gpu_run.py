@@ -120,7 +120,7 @@ def check_greedy(results: Path) -> list[dict]:
     from core.target import TargetConfig, load_target
 
     rows = json.loads(results.read_text())["target"]["greedy_check"]
-    target = load_target(TargetConfig(device="cpu"))
+    target = load_target(TargetConfig(device="cpu", cpu_precision="reference"))
     out = []
     for row in rows:
         ids = target.chat_ids([{"role": "user", "content": row["prompt"]}])

@@ -119,7 +119,7 @@ def profile_stage(stage: str, target, data, threads: int, steps: int) -> dict:
 def worker(stage: str, data, threads: int, steps: int, barrier: Path, n_jobs: int) -> None:
     """One timed training job (--jobs): set up, one warm-up step, wait until every job is ready, time `steps`."""
     torch.set_num_threads(threads)
-    target = load_target(TargetConfig())
+    target = load_target(TargetConfig(cpu_precision="reference"))
     cfg, net, teacher, seqs, to_draft, params, opt = setup(stage, target, data, threads)
     gen = torch.Generator().manual_seed(os.getpid())
     step(cfg, net, teacher, seqs, to_draft, params, opt, target, gen)
@@ -164,7 +164,7 @@ def main(argv=None) -> None:
     if args.worker:
         return worker(args.worker, tuple(args.data), args.threads, args.steps, Path(args.barrier), args.jobs)
     torch.set_num_threads(args.threads)
-    target = load_target(TargetConfig())
+    target = load_target(TargetConfig(cpu_precision="reference"))
     rows = [profile_stage(s, target, tuple(args.data), args.threads, args.steps) for s in args.stages]
     if args.jobs:
         rows.append(compare_jobs(args.stages[0], tuple(args.data), args.threads, args.steps))

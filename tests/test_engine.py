@@ -393,3 +393,18 @@ def test_a_drafter_that_costs_more_than_it_brings_is_mostly_skipped_and_the_outp
     if temperature == 0:  # at T > 0 exactness is the distribution's (test_sampled_output_distribution_...)
         assert [t for ev in events for t in ev.committed] == plain
     assert drafter.calls <= 12 and len(events) > 40  # of ~60 rounds
+
+
+def test_what_drafting_measured_carries_over_to_the_next_reply(tiny_target):
+    from core.engine import MeasuredPays
+
+    gen = GenerationConfig(max_new_tokens=40, block_size=4, plain_probe_every=16)
+    fresh_clock, carried_clock = Clock(), Clock()
+    fresh, carried = SlowDrafter(fresh_clock), SlowDrafter(carried_clock)
+    measured = MeasuredPays()
+    list(generate(tiny_target, [5, 6, 7], gen, carried, clock=carried_clock, measured=measured))  # a first reply
+    carried.calls = 0
+    second = list(generate(tiny_target, [9, 8, 7], gen, carried, clock=carried_clock, measured=measured))
+    alone = list(generate(tiny_target, [9, 8, 7], gen, fresh, clock=fresh_clock))
+    assert [ev.committed for ev in second] == [ev.committed for ev in alone]  # exact either way
+    assert carried.calls < fresh.calls and carried.calls <= 2  # it starts where the last reply left off

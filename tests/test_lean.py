@@ -131,3 +131,18 @@ def test_pick_dtype_takes_bf16_only_where_the_cpu_multiplies_it():
     assert pick_dtype("auto", cpu, {"avx2", "avx512_bf16"}) == torch.bfloat16
     assert pick_dtype("auto", cpu, {"amx_bf16"}) == torch.bfloat16
     assert pick_dtype("fp32", cpu, {"amx_bf16"}) == torch.float32
+
+
+def test_the_drafter_tools_keep_the_reference_forward_on_a_cpu(tmp_path):
+    """Training data, features and offline records are made with the fp32 transformers forward they always were;
+    the app and the bench take the fastest exact precision."""
+    from core.target import TargetConfig, load_target
+    from core.testing import tiny_tokenizer
+
+    tiny_qwen3(vocab_size=64).save_pretrained(tmp_path)
+    tiny_tokenizer(64, QWEN3_TEMPLATE).save_pretrained(tmp_path)
+    reference = load_target(TargetConfig(str(tmp_path), device="cpu", cpu_precision="reference", cache_dir=""))
+    assert reference.model.dtype == torch.float32 and reference.lean is None
+    fastest = load_target(TargetConfig(str(tmp_path), device="cpu", cache_dir=""))
+    assert fastest.lean is not None
+    assert fastest.model.dtype == (torch.bfloat16 if NATIVE_BF16 else torch.float32)

@@ -29,7 +29,10 @@ def plain_reply(service, message: str, max_new_tokens: int) -> str:
 
 
 def test_models_lists_the_target(client):
-    assert [m.id for m in client.models.list().data] == ["tiny-api"]
+    from app import __version__
+
+    models = client.models.list().data
+    assert [m.id for m in models] == ["tiny-api"] and models[0].model_extra["version"] == __version__
 
 
 def test_completion_equals_plain_decoding_and_reports_speculative_stats(client, service):
