@@ -142,8 +142,9 @@ def test_saved_conversation_reopens_after_a_restart(app, data_dir):
     with sync_playwright() as pw:
         browser, page = open_page(pw, app[1])
         # the page opens with the cursor in the message box; Shift+Enter starts a new line, Enter sends
-        assert page.evaluate("() => document.activeElement.closest('#message') !== null")
         box = page.locator("#message textarea")
+        box.wait_for()
+        page.wait_for_function("() => document.activeElement.closest('#message') !== null", timeout=10_000)
         box.type("Name a")
         box.press("Shift+Enter")
         box.type("planet.")
