@@ -302,9 +302,7 @@ def cpu_quant(cfg: TargetConfig, device: torch.device, flags: set[str] | None = 
 
 def load_target(cfg: TargetConfig) -> Target:
     device = pick_device(cfg.device)
-    if cfg.cpu_precision == "reference" and device.type == "cpu":  # exactly the forward the records were made with
-        cfg = replace(cfg, dtype="fp32" if cfg.dtype == "auto" else cfg.dtype,
-                      engine="transformers" if cfg.engine == "auto" else cfg.engine)
+    cfg = _reference_on_cpu(cfg, device)
     chosen = cpu_quant(cfg, device)
     if chosen != cfg.quant:  # auto took q4; fall back to the dense precisions if it is not exact here
         try:
@@ -312,16 +310,34 @@ def load_target(cfg: TargetConfig) -> Target:
         except TargetLoadError as err:
             print(f"note: {err}; trying the dense precisions", flush=True)
             return load_target(replace(cfg, quant="none"))
-    dtype = pick_dtype(cfg.dtype, device)
-    if cfg.quant == "q4":
-        if cfg.dtype not in ("auto", "bf16"):
-            raise TargetLoadError(f"--quant q4 computes with bf16 activations; --dtype {cfg.dtype} cannot go with it")
-        if cfg.engine == "transformers":
-            raise TargetLoadError("--quant q4 runs through the lean forward; drop --engine transformers")
-        dtype = torch.bfloat16
+    dtype = _dtype_for(cfg, device)
     target = _setup_forward(_load(cfg, device, dtype), cfg)
+    return _checked(target, cfg, dtype)
+
+
+def _reference_on_cpu(cfg: TargetConfig, device: torch.device) -> TargetConfig:
+    """--cpu-precision reference: on a CPU, auto means exactly the forward the drafters' records were made with."""
+    if cfg.cpu_precision != "reference" or device.type != "cpu":
+        return cfg
+    return replace(cfg, dtype="fp32" if cfg.dtype == "auto" else cfg.dtype,
+                   engine="transformers" if cfg.engine == "auto" else cfg.engine)
+
+
+def _dtype_for(cfg: TargetConfig, device: torch.device) -> torch.dtype:
+    if cfg.quant != "q4":
+        return pick_dtype(cfg.dtype, device)
+    if cfg.dtype not in ("auto", "bf16"):
+        raise TargetLoadError(f"--quant q4 computes with bf16 activations; --dtype {cfg.dtype} cannot go with it")
+    if cfg.engine == "transformers":
+        raise TargetLoadError("--quant q4 runs through the lean forward; drop --engine transformers")
+    return torch.bfloat16
+
+
+def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype) -> Target:
+    """On a CPU, the forward's batch invariance checked once per machine (core.exactness): a low precision that fails
+    is refused when asked for and replaced by fp32 under auto; the verdict is what `target.precision` says."""
     engine = "lean" if target.lean is not None else "transformers"
-    if device.type != "cpu":
+    if target.device.type != "cpu":
         target.extra["precision"] = f"{_weights(cfg, dtype)}, {engine} forward (batch invariance not checked on GPU)"
         return target
     from core.exactness import cached_check, probe_prompt

@@ -146,3 +146,22 @@ def test_the_drafter_tools_keep_the_reference_forward_on_a_cpu(tmp_path):
     fastest = load_target(TargetConfig(str(tmp_path), device="cpu", cache_dir=""))
     assert fastest.lean is not None
     assert fastest.model.dtype == (torch.bfloat16 if NATIVE_BF16 else torch.float32)
+
+
+def test_a_precision_that_fails_the_check_is_refused_when_asked_and_replaced_under_auto(tmp_path, monkeypatch):
+    from core import exactness
+    from core.exactness import InvarianceReport
+    from core.target import TargetConfig, TargetLoadError, load_target
+    from core.testing import tiny_tokenizer
+
+    tiny_qwen3(vocab_size=64).save_pretrained(tmp_path)
+    tiny_tokenizer(64, QWEN3_TEMPLATE).save_pretrained(tmp_path)
+    failing = lambda target, prompt, steps=48: InvarianceReport(  # noqa: E731
+        str(target.model.dtype), 48, 0 if target.model.dtype != torch.float32 else 96, 0, 0.5)
+    monkeypatch.setattr(exactness, "check_invariance", failing)
+    monkeypatch.setattr("core.target.pick_dtype", lambda requested, device, flags=None: torch.bfloat16
+                        if requested in ("auto", "bf16") else torch.float32)
+    with pytest.raises(TargetLoadError, match="--dtype bf16 cannot run exactly.*not batch-invariant"):
+        load_target(TargetConfig(str(tmp_path), device="cpu", dtype="bf16", cache_dir=""))
+    fallback = load_target(TargetConfig(str(tmp_path), device="cpu", cache_dir=""))
+    assert fallback.model.dtype == torch.float32 and "fp32" in fallback.precision
