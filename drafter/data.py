@@ -245,7 +245,7 @@ def load_sequences(folder, layers: tuple[int, ...] | None = None) -> list[Sequen
 def extract_features(args) -> None:
     """Cache target features for every shard (bf16, ~2 bytes x F per token), resumable per shard. Sequences are
     batched by length (little padding); --autocast bf16 runs the target's matmuls in bf16 (2x faster on an earlier
-    session's CPU, not timed on one without AMX; features within ~0.8% of fp32's, against 0.2% for storing them in
+    CPU with AMX, not timed on one without; features within ~0.8% of fp32's, against 0.2% for storing them in
     bf16), recorded per shard."""
     target = load_target(target_config_from_args(args))
     layers = tuple(args.layers)

@@ -310,7 +310,7 @@ def main(argv=None) -> None:
     report = {"data": str(folder), "stride": None if args.walk else args.stride, "walk": args.walk,
               "block_size": args.block_size, "sequences": len(seqs),
               "sequence_domains": domains,
-              "shuffled_noise": "coupled",  # per-slot draws keep each slot's own shared-draft noise (session 17 on)
+              "shuffled_noise": "coupled",  # per-slot draws keep each slot's own shared-draft noise (since 2026-12-01)
               "results": results}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

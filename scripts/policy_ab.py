@@ -1,4 +1,5 @@
-"""The adaptive draft policy of session 10 against the one before it, side by side in one run (app.suite's rotation).
+"""The adaptive draft policy with its confidence calibration and skips against the one before it, side by side in
+one run (app.suite's rotation).
 
 python -m scripts.policy_ab --prompts eval_math eval_code eval_chat --limit 5 --max-new-tokens 96 \
     --drafters flashmap,scale=0 dflash --out docs/results/policy_ab_t0.json

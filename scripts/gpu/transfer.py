@@ -120,7 +120,7 @@ def download_wheel(dest: Path) -> list[Path]:
 CHECKPOINTS = tuple(f"weights/smollm2-135m-instruct/{name}/model.safetensors"
                     for name in ("flashmap", "flashmap-teacher", "dflash"))
 # out of the index for the run: the checkpoints (the run trains its own) and docs/ (the measurement records, 7 MiB by
-# session 17, read by nothing there; with them the two GGUF halves no longer fit)
+# 2026-12-01, read by nothing there; with them the two GGUF halves no longer fit)
 WITHHELD = (*CHECKPOINTS, "docs")
 
 
