@@ -45,8 +45,7 @@ def read_prompt_rows(paths: list[str], limit: int | None, start: int = 0) -> lis
         try:
             rows += read_jsonl(path)[start:start + limit if limit else None]
         except FileNotFoundError as err:
-            raise SystemExit(f"no prompt file {path}: the train_* sets live in ../shared/data/prompts "
-                             "(the project ships only the evaluation sets)") from err
+            raise SystemExit(f"no prompt file {path}: the project's prompt sets are in data/prompts/") from err
     return rows
 
 

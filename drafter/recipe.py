@@ -41,7 +41,7 @@ class RecipeConfig:
     gpu_gb: float = 24.0
     capability: tuple[int, int] = (8, 9)  # RTX 4090 (Ada); a 5090 is (12, 0)
     quant: str = "auto"  # auto: fp8 when the GPU supports it, else 8bit
-    prompts_dir: str = "../shared/data/prompts"
+    prompts_dir: str = "data/prompts"
     prompts: int = 14252  # all train_* rows
     prompt_tokens: int = 120  # mean chat-formatted prompt length (assumed)
     max_new_tokens: int = 1024

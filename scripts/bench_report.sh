@@ -15,7 +15,7 @@ SHUFFLE_LIMIT=${SHUFFLE_LIMIT:-1}
 #     git show 98e80ee:weights/smollm2-135m-instruct/$X/$F > runs/phase1/$X/$F; done; done
 PHASE1=${PHASE1:-runs/phase1}
 SHORT_TOKENS=${SHORT_TOKENS:-96}  # new tokens for the K sweep and the shuffle test
-P=../shared/data/prompts
+P=data/prompts
 R=docs/results
 mkdir -p "$R"
 run() { local name=$1; shift; [ -f "$R/$name.json" ] || $PY -m app.suite "$@" --out "$R/$name.json"; }

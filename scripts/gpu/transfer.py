@@ -2,8 +2,8 @@
 
 The GGUF (93.8 MiB) is split in two halves with a sha256 manifest; command 1 carries half A, command 2
 half B, and command 2 reassembles the file and checks its hash before transformers loads it. Each
-half's folder also holds the gguf wheel (not installed there) and the prompt files (../shared does not
-travel). The drafter checkpoints (45.8 MiB) are taken out of git's index for the two commands only.
+half's folder also holds the gguf wheel (not installed there) and copies of the prompt files (data/prompts/)
+that its stages read. The drafter checkpoints (45.8 MiB) are taken out of git's index for the two commands only.
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def keep_on_machine(folders: list[Path], stage: Path = MACHINE_STAGE) -> None:
                     shutil.copy2(path, stage / path.name)
 
 
-def stage_embedded(gguf: Path, wheel_dir: Path | None = None, prompts: Path = ROOT.parent / "shared/data/prompts",
+def stage_embedded(gguf: Path, wheel_dir: Path | None = None, prompts: Path = ROOT / "data" / "prompts",
                    staging: Path = STAGING) -> dict:
     """Fill .gpu/a and .gpu/b: the GGUF halves + manifest, the gguf wheel and the prompt files in both."""
     folders = [staging / h for h in HALVES]

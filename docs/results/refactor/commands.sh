@@ -2,7 +2,7 @@
 # usage: baseline.sh OUTDIR  -- fingerprints for the refactor's no-behaviour-change check
 cd ${ROOT:-/work/before}
 O=$1; mkdir -p $O
-P=../shared/data/prompts
+P=data/prompts
 export OMP_NUM_THREADS=1
 PY=".venv/bin/python"
 $PY -m drafter.evaluate --data data/smollm2-val --stride 16 --variants flashmap flashmap,steps=2 dflash flashmap,tree=4 \
