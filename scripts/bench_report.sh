@@ -60,7 +60,7 @@ if [ -d "$PHASE1" ]; then  # the checkpoints before training phase 2, for what i
   off offline_val_phase1 --data data/smollm2-val --stride 2 --variants "dflash,weights=$PHASE1/dflash" \
     "flashmap,weights=$PHASE1/flashmap" "flashmap,steps=2,weights=$PHASE1/flashmap"
 fi
-# session 9: both CPU linear kernels side by side, and the app's defaults in the engine with oneDNN (the default)
+# version 0.9: both CPU linear kernels side by side, and the app's defaults in the engine with oneDNN (the default)
 [ -f "$R/verify_cost_kernels.json" ] || $PY -m core.verify_cost --compare-cpu-linear --repeats 20 \
   --out "$R/verify_cost_kernels.json"
 E=(--max-new-tokens 96 --prompts eval_math eval_code)
@@ -69,7 +69,7 @@ run defaults17_t0 "${E[@]}" eval_chat --limit 3 --variants flashmap,scale=0,adap
 run defaults17_t0_rerun "${E[@]}" --limit 5 --variants flashmap,scale=0,adaptive=1
 run defaults17_t1 "${E[@]}" eval_chat --limit 3 --temperature 1 --variants flashmap,adaptive=1 \
   flashmap,scale=0,adaptive=1 dflash,adaptive=1
-# session 10: the adaptive policy now (calibrated confidence, drafts charged for the drafter's call) against before
+# version 0.10: the adaptive policy now (calibrated confidence, drafts charged for the drafter's call) against before
 ab() { local name=$1; shift; [ -f "$R/$name.json" ] || $PY -m scripts.policy_ab "$@" --out "$R/$name.json"; }
 ab policy_ab_t0 --prompts eval_math eval_code eval_chat --limit 4 --max-new-tokens 96 \
   --drafters flashmap,scale=0 dflash --arms new before
@@ -79,7 +79,7 @@ ab policy_ab_2step_t0 --prompts eval_math eval_code eval_chat --limit 4 --max-ne
 # nothing, GenerationConfig.charges_draft_cost, so on later commits both arms run alike)
 ab policy_ab_t1 --prompts eval_math eval_code eval_chat --limit 4 --max-new-tokens 96 --temperature 1 \
   --drafters flashmap --arms new before
-# sessions 11-: the app's defaults in the engine with the shipped flow map against the one it replaced, kept with its
+# versions 0.11 on: the app's defaults in the engine with the shipped flow map against the one it replaced, kept with its
 # own calibration.json in a folder (git show COMMIT:weights/smollm2-135m-instruct/flashmap/FILE), T = 0 and T = 1;
 # skipped when the folder is missing. vs_prev NAME DIR [more T = 0 variants]
 VS=(--max-new-tokens 96 --prompts eval_math eval_code eval_chat --limit 4)
@@ -89,18 +89,18 @@ vs_prev() {
   run "${name}_t0" "${VS[@]}" --variants flashmap,scale=0,adaptive=1 "flashmap,scale=0,adaptive=1,weights=$prev" "$@"
   run "${name}_t1" "${VS[@]}" --temperature 1 --variants flashmap,adaptive=1 "flashmap,adaptive=1,weights=$prev"
 }
-# session 11: distilled from the teacher trained on all three response sets, against session 10's (2aeb217)
+# version 0.11: distilled from the teacher trained on all three response sets, against version 0.10's (2aeb217)
 vs_prev defaults18 "${PREV:-runs/prev10/flashmap}" flashmap,steps=2,scale=0,adaptive=1 dflash,adaptive=1
-# session 12: distilled with the noise path (--noise-path-blocks), against session 11's (e9ea232)
+# version 0.12: distilled with the noise path (--noise-path-blocks), against version 0.11's (e9ea232)
 vs_prev defaults19 "${PREV11:-runs/prev11/flashmap}"
-# session 14: distilled from the teacher trained on the chat follow-ups too, against session 12's (7c703d9)
+# version 0.14: distilled from the teacher trained on the chat follow-ups too, against version 0.12's (7c703d9)
 PREV12=${PREV12:-runs/prev12/flashmap}
 vs_prev defaults20 "$PREV12" flashmap,steps=2,scale=0,adaptive=1
-# and at T = 1 its draft from noise (the app's) against from x0 = 0, beside session 12's
+# and at T = 1 its draft from noise (the app's) against from x0 = 0, beside version 0.12's
 if [ -d "$PREV12" ]; then
   run defaults20_t1_zero "${VS[@]}" --temperature 1 \
     --variants flashmap,adaptive=1 flashmap,scale=0,adaptive=1 "flashmap,adaptive=1,weights=$PREV12"
 fi
-# session 16: distilled at full length from session 14's teacher (the shipped one), against session 14's (681cb5b)
+# version 0.16: distilled at full length from version 0.14's teacher (the shipped one), against version 0.14's (681cb5b)
 vs_prev defaults21 "${PREV14:-runs/prev14/flashmap}" flashmap,steps=2,scale=0,adaptive=1
 $PY -m scripts.report

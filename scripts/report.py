@@ -24,34 +24,35 @@ MAIN_ORDER = ("ngram", "hf-prompt-lookup", "dflash", "flashmap,steps=1", "flashm
               "flashmap,steps=1,adaptive=1,skip=0", "flashmap,steps=1,adaptive=1")
 SLOT_DRAFTERS = ("dflash", "flashmap,steps=1", "flashmap,steps=2")
 ENGINE_DEFAULTS = ("defaults16_t0.json", "defaults16_t0_rerun.json", "defaults16_t1.json")
-# Each later session's engine run of its shipped flow map against the previous one (scripts/bench_report.sh).
+# Each later version's engine run of its shipped flow map against the previous one (scripts/bench_report.sh).
 SESSION_DEFAULTS = (
     (("defaults18_t0.json", "defaults18_t1.json"),
-     "Session 11: the flow map distilled from the teacher trained on all three response sets, against session 10's, "
+     "Version 0.11: the flow map distilled from the teacher trained on all three response sets, against "
+     "version 0.10's, "
      "in the engine"),
     (("defaults19_t0.json", "defaults19_t1.json"),
-     "Session 12: the flow map distilled with the noise path, against session 11's, in the engine"),
+     "Version 0.12: the flow map distilled with the noise path, against version 0.11's, in the engine"),
     (("defaults20_t0.json", "defaults20_t1.json", "defaults20_t1_zero.json"),
-     "Session 14: the flow map distilled from the chat-trained teacher, against session 12's, in the engine"),
+     "Version 0.14: the flow map distilled from the chat-trained teacher, against version 0.12's, in the engine"),
     (("defaults21_t0.json", "defaults21_t1.json"),
-     "Session 16: the flow map distilled in full from session 14's teacher, against session 14's, in the engine"),
+     "Version 0.16: the flow map distilled in full from version 0.14's teacher, against version 0.14's, in the engine"),
 )
 
 # offline runs of flow-map checkpoints side by side before shipping one: (file, section title, what the shipped one
 # is measured against)
 CANDIDATE_RUNS = (
-    ("offline_zero_weighted_s8.json", "Session 13: the zero-noise path weighted up, two candidates (issue #15)",
+    ("offline_zero_weighted_s8.json", "Version 0.13: the zero-noise path weighted up, two candidates",
      "one more distillation cycle from it with 48 zero-noise and 16 noise-path blocks a step (800 steps, WSD, lr 5e-5, "
      "the shipped teacher): its best checkpoint by the curve (`…/best`, step 400) and its decayed end (step 800)."),
-    ("offline_warm5_copy_s8.json", "Session 14: the flow map distilled from the chat-trained teacher (issue #15)",
-     "the flow map distilled from session 13's teacher, starting as a copy of it (800 steps, WSD, lr 5e-5, 32 "
+    ("offline_warm5_copy_s8.json", "Version 0.14: the flow map distilled from the chat-trained teacher",
+     "the flow map distilled from version 0.13's teacher, starting as a copy of it (800 steps, WSD, lr 5e-5, 32 "
      "zero-noise-path blocks a step, all four data sets; its decayed end, also its best by the curve), shipped since."),
-    ("offline_warm6_copy_s8.json", "Session 15: the flow map distilled from the teacher of one more cycle (issue #15)",
-     "the flow map distilled from session 14's teacher, starting as a copy of it (520 steps, WSD, lr 5e-5, fp32, 32 "
+    ("offline_warm6_copy_s8.json", "Version 0.15: the flow map distilled from the teacher of one more cycle",
+     "the flow map distilled from version 0.14's teacher, starting as a copy of it (520 steps, WSD, lr 5e-5, fp32, 32 "
      "zero-noise-path blocks a step, responses and chat follow-ups; its decayed end), not shipped: below on both "
      "drafts."),
-    ("offline_warm6_full_s8.json", "Session 16: the same distillation at full length (issue #15)",
-     "the flow map distilled from session 14's teacher at full length (800 steps, WSD, lr 5e-5, fp32, 32 "
+    ("offline_warm6_full_s8.json", "Version 0.16: the same distillation at full length",
+     "the flow map distilled from version 0.14's teacher at full length (800 steps, WSD, lr 5e-5, fp32, 32 "
      "zero-noise-path blocks a step, responses, responses-2 and chat follow-ups): its best checkpoint by the curve "
      "(`…/best`, step 400) and its decayed end (`runs/s16/final`, step 800), shipped since."),
 )
@@ -59,12 +60,12 @@ CANDIDATE_RUNS = (
 
 # the 2-step shuffle test (§6.2), paired two ways (shuffle_section): (file, which flow map it measured)
 SHUFFLE_RUNS = (
-    ("offline_issue15_s16.json", "session 16's flow map"),
-    ("offline_shuffle_coupled_s16.json", "session 16's flow map"),
-    ("offline_shuffle_s8.json", "session 16's flow map"),
-    ("offline_shuffle_coupled_s8.json", "session 16's flow map"),
-    ("offline_shuffle_coupled_s4.json", "session 16's flow map"),
-    ("offline_shuffle_coupled_teacher_s32.json", "session 16's flow map"),
+    ("offline_issue15_s16.json", "version 0.16's flow map"),
+    ("offline_shuffle_coupled_s16.json", "version 0.16's flow map"),
+    ("offline_shuffle_s8.json", "version 0.16's flow map"),
+    ("offline_shuffle_coupled_s8.json", "version 0.16's flow map"),
+    ("offline_shuffle_coupled_s4.json", "version 0.16's flow map"),
+    ("offline_shuffle_coupled_teacher_s32.json", "version 0.16's flow map"),
 )
 
 
@@ -203,7 +204,7 @@ def verify_section(cost: dict, mains: dict) -> list[str]:
 
 
 def targets_section(mains: dict, shuffle: dict | None, val: dict | None, sparse: dict | None) -> list[str]:
-    """Issue #4's acceptance targets, checked against the runs above."""
+    """The trained drafters' acceptance targets, checked against the runs above."""
     lines = ["| target | measured | met |", "|---|---|---|"]
     for domain, bound in (("math", 1.5), ("code", 1.5), ("chat", 1.2)):
         r = by_variant(mains[(domain, 0)]).get("flashmap,steps=1") if (domain, 0) in mains else None
@@ -385,7 +386,7 @@ def build(results: Path, out: Path) -> str:
            "decoding and every drafter run back to back, in a rotating order). Speedups are ratios of "
            "tokens/s within one run.", ""]
     if mains:
-        doc += ["## Issue #4 targets", ""] + targets_section(mains, load(results, "shuffle_t0.json"),
+        doc += ["## The trained drafters' targets", ""] + targets_section(mains, load(results, "shuffle_t0.json"),
                                                              load(results, "offline_val.json"),
                                                              load(results, "offline_val_sparse.json"))
         doc += ["## Speedup and acceptance length", ""]
@@ -468,8 +469,8 @@ def build(results: Path, out: Path) -> str:
 
 
 def walk_section(walk: dict, uniform: dict | None) -> list[str]:
-    """Session 10: held-out acceptance at the anchors the engine's rounds visit, beside the uniform-anchor figure."""
-    doc = ["## Acceptance where the engine's rounds fall (session 10)", "",
+    """Version 0.10: held-out acceptance at the anchors the engine's rounds visit, beside the uniform-anchor figure."""
+    doc = ["## Acceptance where the engine's rounds fall (version 0.10)", "",
            "`python -m drafter.evaluate --data data/smollm2-val --walk`: each response walked as the engine walks it "
            "at T = 0 without a cut (the next anchor one accepted block after the last), "
            f"{walk['results'][0]['all']['rounds']:,} rounds per drafter. Rounds crowd where drafts fail, so tokens per "
@@ -484,9 +485,9 @@ def walk_section(walk: dict, uniform: dict | None) -> list[str]:
 
 
 def calibration_section(calibration: dict, ab_runs: list[dict]) -> list[str]:
-    """Session 10: what the adaptive cut believes about a draft (raw and calibrated confidence, held out) and the
+    """Version 0.10: what the adaptive cut believes about a draft (raw and calibrated confidence, held out) and the
     draft policy that reads it, against the one before, in the engine."""
-    doc = ["## What the adaptive cut believes: calibrated confidence and the drafter's cost (session 10)", "",
+    doc = ["## What the adaptive cut believes: calibrated confidence and the drafter's cost (version 0.10)", "",
            f"`python -m drafter.calibrate --data data/smollm2-val --stride {calibration['stride']} --variants …`: at "
            "every anchor of the held-out responses, the expected accepted slots of a full draft that the cut computes "
            "from each slot's confidence (sum_k prod_{j<=k} c_j) against the slots the target accepted; calibrated = "
@@ -501,7 +502,7 @@ def calibration_section(calibration: dict, ab_runs: list[dict]) -> list[str]:
         return doc + [""]
     doc += ["", "`python -m scripts.policy_ab --prompts eval_math eval_code eval_chat --limit N --max-new-tokens 96 "
             "--drafters … [--temperature 1]` (app.suite's rotation, one plain baseline, background training paused; "
-            "the lines in scripts/bench_report.sh; measured with session 10's checkpoints): the adaptive policy now "
+            "the lines in scripts/bench_report.sh; measured with version 0.10's checkpoints): the adaptive policy now "
             "(**new**: calibrated confidence at T = 0, each draft charged for the drafter's call when deciding to "
             "skip the next) against **before** (raw confidence, no drafter cost) and the two halves alone "
             "(calibrated: no drafter cost; charged: raw confidence). Drafts verified = rounds whose draft reached the "
@@ -538,8 +539,9 @@ def domain_speedups(run: dict, result: dict) -> dict[str, float]:
 
 def engine_defaults_section(runs: list[dict], title: str = "In the engine: the app's defaults against plain decoding "
                                                            "(torch's CPU linear kernels)") -> list[str]:
-    """Issue #15's engine target: the app's default drafter settings against plain decoding, side by side."""
-    doc = [f"## {title} (issue #15)", "",
+    """The engine target of the acceptance work: the app's default drafter settings against plain decoding, side by
+    side."""
+    doc = [f"## {title}", "",
            f"`python -m app.suite --prompts eval_math eval_code eval_chat --limit {runs[0]['limit']} --max-new-tokens "
            f"{runs[0]['max_new_tokens']} [--temperature 1] --variants …` (the variants below; one run per "
            "temperature): for every prompt plain decoding and each variant back to back, in rotated order, the "
@@ -561,11 +563,11 @@ def engine_defaults_section(runs: list[dict], title: str = "In the engine: the a
 
 
 def cpu_linear_section(kernels: dict, runs: list[dict]) -> list[str]:
-    """Session 9: the target's linear layers prepacked for oneDNN (core.cpu_linear), the verify cost curve of both
+    """Version 0.9: the target's linear layers prepacked for oneDNN (core.cpu_linear), the verify cost curve of both
     kernels side by side, and the app's defaults in the engine with it."""
     curves = kernels["cpu_linear"]
     positions = sorted(int(t) for t in curves["onednn"]["seconds"])
-    doc = ["## Prepacked oneDNN linear layers: a flatter verify cost (session 9)", "",
+    doc = ["## Prepacked oneDNN linear layers: a flatter verify cost (version 0.9)", "",
            f"`python -m core.verify_cost --compare-cpu-linear --repeats {kernels.get('repeats', 20)}` "
            f"({kernels['threads']} threads, {kernels['context']} cached positions, the target loaded with each kernel "
            "in one process, passes interleaved): median ms of one target forward over T new positions.", "",
@@ -579,7 +581,7 @@ def cpu_linear_section(kernels: dict, runs: list[dict]) -> list[str]:
             f"{curves['onednn']['relative_to_one']['17']:.2f}× one position instead of "
             f"{curves['torch']['relative_to_one']['17']:.2f}×.", ""]
     if runs:
-        doc += engine_defaults_section(runs, "In the engine with oneDNN linear layers (the default since session 9): "
+        doc += engine_defaults_section(runs, "In the engine with oneDNN linear layers (the default since version 0.9): "
                                              "the app's defaults against plain decoding")
     return doc
 
@@ -604,8 +606,8 @@ def delta_table(run: dict, pairs: list[tuple[str, str, str]]) -> list[str]:
 
 
 def teacher_gate_section(gate: dict) -> list[str]:
-    """Issue #15's gate: distill only a teacher whose t = 0 pass is as good as DFlash-style's and whose flow beats
-    its own t = 0 pass."""
+    """The teacher gate: distill only a teacher whose t = 0 pass is as good as DFlash-style's and whose flow beats its
+    own t = 0 pass."""
     rounds = gate["results"][0]["all"]["rounds"]
     teacher = next(r["variant"] for r in gate["results"] if r["variant"].startswith("flashmap-teacher,weights"))
     weights = teacher.split("weights=")[1]
@@ -618,7 +620,7 @@ def teacher_gate_section(gate: dict) -> list[str]:
     start = "the teacher's weights as a flow map (distillation's start): zero-noise jump − DFlash-style"
     pairs += [(start, v, "dflash") for v in (r["variant"] for r in gate["results"])
               if v.startswith("flashmap,scale=0,weights")]
-    return (["## The teacher gate (issue #15)", "",
+    return (["## The teacher gate", "",
              f"`python -m drafter.evaluate --data data/smollm2-val --stride {gate['stride']}` ({rounds:,} rounds, "
              f"T = 0, K = 16) on the flow teacher warm-started from the DFlash-style net (`{weights}`, 30% of blocks "
              "at t = 0, 800 steps, its t = 0 pass starting exactly as DFlash-style's: `DraftNet.start_from_mask`). "
@@ -632,7 +634,7 @@ def teacher_gate_section(gate: dict) -> list[str]:
 
 def coupled(run: dict) -> bool:
     """Whether a run's shuffled draws kept each slot's own noise of the shared draft (drafter.evaluate records it
-    from session 17; before, they were independent of it)."""
+    from version 0.17; before, they were independent of it)."""
     return run.get("shuffled_noise") == "coupled"
 
 
@@ -643,13 +645,13 @@ def ordinal(n: int) -> str:
 
 
 def shuffle_section(runs: list[tuple[dict, str]]) -> list[str]:
-    """The shuffle test's Δ with each run's pairing of the noise: independent draws, then (session 17) coupled ones."""
+    """The shuffle test's Δ with each run's pairing of the noise: independent draws, then (0.17 on) coupled ones."""
     domains = [d for d in DOMAINS if d in runs[0][0]["results"][0]] + ["all"]
-    lines = ["## The shuffle test, paired two ways (issue #15)", "",
+    lines = ["## The shuffle test, paired two ways", "",
              "`python -m drafter.evaluate --data data/smollm2-val --stride N --variants flashmap,steps=2 "
              "flashmap,steps=2,noise=shuffled`: the 2-step draft from one shared noise draw against each slot from its "
-             "own draw (paper §6.2), T = 0, K = 16, paired on the same anchors. Until session 16 the per-slot draws "
-             "were independent of the shared draw; from session 17 draw k keeps slot k's noise of the shared draft "
+             "own draw (paper §6.2), T = 0, K = 16, paired on the same anchors. Until version 0.16 the per-slot draws "
+             "were independent of the shared draw; from version 0.17 draw k keeps slot k's noise of the shared draft "
              "and only the other slots' noise is fresh (`drafting.BlockSampler._shuffled`). Both estimate the same Δ "
              "(each variant's own distribution is unchanged); the coupled one leaves out the variance of each slot's "
              "own draw, which is not the joint structure the test is about.", "",
@@ -671,7 +673,7 @@ def shuffle_pairing(run: dict) -> str:
     if coupled(run):
         return (", coupled: each slot's own noise is the shared draft's, only the other slots' noise differs "
                 "(common random numbers; the same expectation, less variance)")
-    return ", independent of the shared draft's noise (before session 17)"
+    return ", independent of the shared draft's noise (before version 0.17)"
 
 
 def issue15_section(run: dict) -> list[str]:
@@ -686,7 +688,7 @@ def issue15_section(run: dict) -> list[str]:
         base = ",".join(part for part in name.split(",") if not part.startswith("weights="))
         if base != name and base in names:
             pairs.append((f"{label(base)}: shipped − `{name.split('weights=')[1]}`", base, name))
-    return (["## Issue #15 targets, offline", "",
+    return (["## The acceptance targets, offline", "",
              f"`python -m drafter.evaluate --data data/smollm2-val --stride {run['stride']}` (T = 0, K = 16, "
              f"{run['results'][0]['all']['rounds']:,} rounds per drafter, the checkpoints shipped when it ran). The "
              "last row is the 2-step shuffle test (paper Table 2): one shared noise draw against each slot from its "
@@ -713,7 +715,7 @@ def candidates_section(run: dict, title: str, against: str) -> list[str]:
 def profile_section(rows: list[dict]) -> list[str]:
     """Where a training step's time goes (python -m scripts.profile_train)."""
     stages = [r for r in rows if "phases_s" in r]
-    doc = ["## Learning per CPU-second: a training step profiled (issue #15)", "",
+    doc = ["## Learning per CPU-second: a training step profiled", "",
            "`python -m scripts.profile_train --threads 2 --jobs 2` on `data/smollm2-responses` (128 blocks per step, "
            "bf16 autocast). Seconds per step without the profiler, the context kept factored (each pool position "
            "projected once per step, `network.PooledContext`) against the gathered per-block context it replaced; "
@@ -735,7 +737,7 @@ def profile_section(rows: list[dict]) -> list[str]:
             one, many = (v for k, v in r.items() if k.endswith("steps_per_s"))
             doc += ["", f"One {r['stage']} job on 2 threads: {one:.2f} steps/s; two one-thread jobs at once: "
                         f"{many:.2f} steps/s together ({r['ratio']:.2f}×). Two drafters train side by side on one "
-                        "thread each (this session's background runs)."]
+                        "thread each (this version's background runs)."]
     return doc + [""]
 
 
@@ -747,7 +749,7 @@ def curves_section(folder: Path, png: Path) -> list[str]:
     if not curves:
         return []
     fig, ax = plt.subplots(figsize=(7, 3.4), layout="constrained")
-    doc = ["## Learning curves (issue #15)", "",
+    doc = ["## Learning curves", "",
            "Held-out acceptance length (K = 16, T = 0, every 16th anchor of `data/smollm2-val`, offline) of each "
            "drafter's training run under `python -m drafter.loop`, against the CPU-hours the run has spent "
            "(training and its own measurements; `docs/results/curves/`).", "",
