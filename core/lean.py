@@ -40,6 +40,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
+# a forward over more positions than any verify round (K + 1 <= 17) is a prompt's prefill: plain and drafted decoding
+# run the same one, so it need not be batch-invariant and takes the kernels that are fast for many rows (sdpa; for q4
+# the bf16 weights, not the int4 kernel, whose cost grows with every row)
+PREFILL_ROWS = 17
 KEY_BLOCK = 64  # keys are summed in blocks of this many, aligned to absolute positions (fixed_order_attention)
 
 
@@ -197,6 +201,10 @@ class AttentionPlan:
     columns: tuple | None = None  # fixed order, a tree: ancestor_columns(past, block_visible)
     chain_valid: torch.Tensor | None = None  # fixed order, a chain: (T, L) bool over whole key blocks
 
+    @property
+    def prefill(self) -> bool:
+        return self.block_visible.shape[0] > PREFILL_ROWS
+
 
 def _is_chain(block_visible: torch.Tensor) -> bool:
     return bool(torch.equal(block_visible, torch.ones_like(block_visible).tril()))
@@ -295,21 +303,27 @@ class LeanForward:
 
     def plan(self, past: int, block_visible: torch.Tensor) -> AttentionPlan:
         fed = block_visible.shape[0]
-        if self.fixed_order and _is_chain(block_visible):
+        fixed_order = self.fixed_order and fed <= PREFILL_ROWS
+        if fixed_order and _is_chain(block_visible):
             valid = torch.zeros(fed, round_up(past + fed), dtype=torch.bool, device=block_visible.device)  # (T, L)
             valid[:, :past + fed] = torch.cat([valid.new_ones(fed, past), block_visible], dim=1)
             return AttentionPlan(past, block_visible, chain_valid=valid)
-        if self.fixed_order:
+        if fixed_order:
             return AttentionPlan(past, block_visible, columns=ancestor_columns(past, block_visible))
-        if fed == 1:
+        if fed == 1 or (past == 0 and _is_chain(block_visible)):  # all visible, or causal from the start (sdpa's own)
             return AttentionPlan(past, block_visible)
         seen = torch.ones(fed, past, dtype=torch.bool, device=block_visible.device)  # (T, P)
         return AttentionPlan(past, block_visible, mask=torch.cat([seen, block_visible], dim=1))  # (T, P+T)
 
-    def project(self, index: int, attn, x: torch.Tensor):
+    def _by_modules(self, index: int, plan: AttentionPlan) -> bool:
+        """Whether this forward multiplies through the target's own modules: where no fused products exist, and for
+        a q4 prefill (its bf16 weights, prepacked; the int4 kernel's cost grows with every row)."""
+        return self.linears[index] is None or (plan.prefill and self.weights == "q4")
+
+    def project(self, index: int, attn, x: torch.Tensor, plan: AttentionPlan):
         """x (T, E) -> q (T, H, D), k (T, G, D), v (T, G, D)."""
         fed = x.shape[0]
-        if self.linears[index] is None:
+        if self._by_modules(index, plan):
             q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         else:
             q, k, v = self.linears[index].qkv(x).split(
@@ -323,23 +337,25 @@ class LeanForward:
                   plan: AttentionPlan) -> torch.Tensor:
         """x (T, E) -> attention output (T, E) of layer `index`, its keys and values written to the cache."""
         fed = x.shape[0]
-        q, k, v = self.project(index, attn, x)
+        q, k, v = self.project(index, attn, x, plan)
         if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before the rotation
             q, k = attn.q_norm(q), attn.k_norm(k)
         q = apply_rope(q, cos, sin).transpose(0, 1)  # (H, T, D)
         k = apply_rope(k, cos, sin).transpose(0, 1)  # (G, T, D)
         keys, values = cache.write(index, k, v.transpose(0, 1))  # (G, P+T, D) each, or D+1 for values
-        if self.fixed_order:
+        if self.fixed_order and not plan.prefill:
             out = fixed_order_attention(q, cache.keys[index], cache.values[index], plan, self.scale)  # (H, T, D)
-        else:
-            out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=plan.mask,
-                                                 scale=self.scale, enable_gqa=self.kv_heads != self.n_heads)[0]
-        o_proj = attn.o_proj if self.linears[index] is None else self.linears[index].o
+        else:  # values may carry the ones column of fixed-order attention: (G, P+T, D+1) -> (G, P+T, D)
+            causal = plan.mask is None and plan.past == 0 and fed > 1
+            out = F.scaled_dot_product_attention(q[None], keys[None], values[None, ..., : self.head_dim],
+                                                 attn_mask=plan.mask, is_causal=causal, scale=self.scale,
+                                                 enable_gqa=self.kv_heads != self.n_heads)[0]
+        o_proj = attn.o_proj if self._by_modules(index, plan) else self.linears[index].o
         return o_proj(out.transpose(0, 1).reshape(fed, self.n_heads * self.head_dim))  # (T, H*D) -> (T, E)
 
-    def mlp(self, index: int, mlp, x: torch.Tensor) -> torch.Tensor:
+    def mlp(self, index: int, mlp, x: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
         linears = self.linears[index]
-        if linears is None:
+        if self._by_modules(index, plan):
             return mlp(x)
         gate, up = linears.gate_up(x).chunk(2, dim=-1)  # (T, 2 * I_mlp) -> (T, I_mlp) each
         return linears.down(mlp.act_fn(gate) * up)  # (T, E)
@@ -362,7 +378,7 @@ class LeanForward:
         last = len(self.base.layers)
         for index, layer in enumerate(self.base.layers):
             x = x + self.attention(index, layer.self_attn, layer.input_layernorm(x), cos, sin, cache, plan)
-            x = x + self.mlp(index, layer.mlp, layer.post_attention_layernorm(x))
+            x = x + self.mlp(index, layer.mlp, layer.post_attention_layernorm(x), plan)
             if index + 1 in layers and index + 1 < last:
                 states.append(x)
         cache.length = past + fed

@@ -37,7 +37,7 @@ def test_lean_fp32_matches_transformers_prefill_steps_chain_and_tree(name, model
     hf = make_target(model)
     lean = lean_target(model)
     layers = (0, 1, 2)  # embeddings, a middle layer and the last (normalised, as transformers records it)
-    prompt, steps, chain = [5, 9, 12, 7, 30], [11, 40], [3, 8, 8, 21]
+    prompt, steps, chain = [5, 9, 12, 7, 30] * 6, [11, 40], [3, 8, 8, 21]  # a prompt longer than PREFILL_ROWS
     trie = build_trie([[17, 4, 9], [17, 6], [25]], 8)
     with torch.inference_mode():
         hf_cache, lean_cache = hf.new_cache(64), lean.new_cache(64)
@@ -116,7 +116,7 @@ def test_fp32_is_reported_honestly():
 @pytest.mark.parametrize("weights", ["packed", "q4"])
 def test_speculative_equals_plain_through_the_lean_forward_in_low_precision(weights):
     target = lean_target(tiny_qwen3(vocab_size=64, layers=2), weights, torch.bfloat16, QWEN3_TEMPLATE)
-    for seed, prompt in enumerate([[5, 6, 7, 8], [9, 30, 31], [12] * 7]):
+    for seed, prompt in enumerate([[5, 6, 7, 8], [9, 30, 31], [12] * 7, list(range(4, 40))]):  # the last: a prefill
         plain, _ = generate_all(target, prompt, GenerationConfig(max_new_tokens=40))
         oracle = NoisyOracle(plain, corrupt=0.3, vocab=64, seed=seed)
         oracle.prompt_len, oracle.feature_layers = len(prompt), (1, 2)
