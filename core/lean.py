@@ -16,11 +16,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from core.drafting import MAX_BLOCK_SIZE
+
 LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def lean_supported(model) -> str | None:
-    """None when the lean forward computes this model's forward exactly as transformers does; else why not."""
+    """None when the lean forward computes this model's forward as transformers does (fp32 logits within 1e-5,
+    tests/test_lean.py); else why not."""
     cfg = model.config
     if cfg.model_type not in LEAN_MODEL_TYPES:
         return f"architecture {cfg.model_type!r} (lean forward serves {', '.join(LEAN_MODEL_TYPES)})"
@@ -43,7 +46,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 # a forward over more positions than any verify round (K + 1 <= 17) is a prompt's prefill: plain and drafted decoding
 # run the same one, so it need not be batch-invariant and takes the kernels that are fast for many rows (sdpa; for q4
 # the bf16 weights, not the int4 kernel, whose cost grows with every row)
-PREFILL_ROWS = 17
+PREFILL_ROWS = MAX_BLOCK_SIZE + 1
 KEY_BLOCK = 64  # keys are summed in blocks of this many, aligned to absolute positions (fixed_order_attention)
 
 
