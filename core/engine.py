@@ -153,41 +153,43 @@ class PlainProbe:
 
 
 @dataclass
-class MeasuredPays:
+class MeasuredPays(SkipEmpty):
     """Whether drafting pays in wall time, as measured in this reply: tokens committed per second by the rounds that
     drafted against the rounds that did not (plain steps, which the plain probes guarantee), over the last `window`
     rounds of each kind. While drafting rounds commit fewer tokens a second than plain steps, skip the drafter for
-    1, 2, 4, ... up to `max_wait` rounds, then draft once more to measure again; a drafting round that pays resets
-    the wait. It sees everything a draft costs (the drafter's call, the longer verify, the cut), whatever the
-    drafter's confidence says. A policy only: it decides from past rounds' timings and committed tokens, never from
-    the round being verified, so the output stays exact at every temperature. 0 max_wait: never skips."""
+    1, 2, 4, ... up to `max_skip` rounds (SkipEmpty's back-off, with a measured verdict instead of the drafter's
+    confidence), then draft once more to measure again; a drafting round that pays resets the wait. It sees
+    everything a draft costs (the drafter's call, the longer verify, the cut). A policy only: it decides from past
+    rounds' timings and committed tokens, never from the round being verified, so the output stays exact at every
+    temperature. 0 max_skip: never skips."""
 
-    max_wait: int = 32
+    max_skip: int = 32
     window: int = 16
     min_rounds: int = 3  # rounds of each kind measured before the first verdict
-    drafted: list = field(default_factory=list)  # (tokens committed, seconds) of recent drafting rounds
-    plain: list = field(default_factory=list)  # (tokens committed, seconds) of recent plain rounds
-    losses: int = 0
-    wait: int = 0
+    drafted_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent drafting rounds
+    plain_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent plain rounds
+
+    @property
+    def losses(self) -> int:
+        """Drafting rounds in a row measured slower than plain steps."""
+        return self.empty
 
     def draft_now(self) -> bool:
-        if self.wait > 0:
-            self.wait -= 1
+        if not super().draft_now():
             return False
         # the first rounds alternate until both kinds are measured, so a verdict comes within a few rounds
-        return not (self.max_wait and len(self.plain) < self.min_rounds and len(self.drafted) > len(self.plain))
+        plain, drafted = len(self.plain_rounds), len(self.drafted_rounds)
+        return not (self.max_skip and plain < self.min_rounds and drafted > plain)
 
     def observe(self, drafted: bool, committed: int, seconds: float) -> None:
-        rounds = self.drafted if drafted else self.plain
+        rounds = self.drafted_rounds if drafted else self.plain_rounds
         rounds.append((committed, seconds))
         del rounds[: -self.window]
-        if drafted and self.max_wait and self._measured():
-            losing = self.rate(self.drafted) < self.rate(self.plain)
-            self.losses = self.losses + 1 if losing else 0
-            self.wait = min(2 ** (self.losses - 1), self.max_wait) if losing else 0
+        if drafted and self.max_skip and self._measured():
+            self.drafted(paid=self.rate(self.drafted_rounds) >= self.rate(self.plain_rounds))
 
     def _measured(self) -> bool:
-        return len(self.drafted) >= self.min_rounds and len(self.plain) >= self.min_rounds
+        return len(self.drafted_rounds) >= self.min_rounds and len(self.plain_rounds) >= self.min_rounds
 
     @staticmethod
     def rate(rounds: list) -> float:
@@ -211,7 +213,7 @@ class DraftPolicy:
     def for_run(cls, gen: GenerationConfig, measured: MeasuredPays | None = None) -> "DraftPolicy":
         if measured is None:
             measured = MeasuredPays()
-        measured.max_wait = gen.max_measured_wait if gen.plain_probe_every else 0
+        measured.max_skip = gen.max_measured_wait if gen.plain_probe_every else 0
         return cls(gen, SkipEmpty(gen.max_skip if gen.verify_cost else 0), PlainProbe(gen.plain_probe_every), measured)
 
     def draft_now(self) -> bool:

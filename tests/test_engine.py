@@ -341,7 +341,7 @@ def test_verify_cost_curves_are_made_sane():
 def test_measured_pays_backs_off_while_drafting_rounds_commit_fewer_tokens_a_second():
     from core.engine import MeasuredPays
 
-    policy = MeasuredPays(max_wait=8, window=4, min_rounds=2)
+    policy = MeasuredPays(max_skip=8, window=4, min_rounds=2)
     kinds = []
     for _ in range(40):  # drafting rounds: 2 tokens in 3 s; plain rounds: 1 token in 1 s
         drafting = policy.draft_now()
@@ -353,7 +353,7 @@ def test_measured_pays_backs_off_while_drafting_rounds_commit_fewer_tokens_a_sec
         drafting = policy.draft_now()
         policy.observe(drafting, 5 if drafting else 1, 2.0 if drafting else 1.0)
     assert policy.losses == 0 and all(policy.draft_now() for _ in range(3))
-    never = MeasuredPays(max_wait=0)
+    never = MeasuredPays(max_skip=0)
     for _ in range(10):
         assert never.draft_now()
         never.observe(True, 1, 10.0)
