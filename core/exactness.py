@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from core.forward import keep_positions, target_forward
+from core.threads import cpu_flags
 from core.tree import build_trie
 
 CHAIN_SIZES = (17, 5)  # K + 1 at K = 16, and a short block
@@ -114,16 +115,6 @@ def probe_key(target) -> str:
                      torch.__version__, str(torch.get_num_threads()), target.identity["name"],
                      str(target.model.dtype), str(target.device),
                      f"lean={target.lean.weights if target.lean else None}"])
-
-
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def cached_check(target, prompt: list[int], root: Path | None) -> InvarianceReport:

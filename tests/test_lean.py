@@ -7,11 +7,12 @@ import torch
 
 from core.cpu_linear import pack_linears
 from core.engine import GenerationConfig, generate_all
-from core.exactness import check_invariance, cpu_flags, probe_prompt
+from core.exactness import check_invariance, probe_prompt
 from core.forward import keep_positions, target_forward
 from core.lean import KEY_BLOCK, LeanForward, StaticCache, ancestor_columns, lean_supported
 from core.target import NATIVE_BF16_CPU_FLAGS, pick_dtype
 from core.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
+from core.threads import cpu_flags
 from core.tree import ancestor_mask, build_trie
 from tests.test_engine import NoisyOracle
 
