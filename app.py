@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from core.threads import load_policy, set_wait_policy
+from core.threads import start_policy
 
 DEFAULT_DATA_DIR = Path.home() / ".flashmap-chat"
 
@@ -23,9 +23,7 @@ def early_thread_policy(argv: list[str]):
     early = argparse.ArgumentParser(add_help=False)
     early.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
     known, _ = early.parse_known_args(argv)
-    policy, source = load_policy(Path(known.data_dir) / "cache")
-    set_wait_policy(policy)
-    return policy, source
+    return start_policy(Path(known.data_dir) / "cache")
 
 
 THREAD_POLICY = early_thread_policy(sys.argv[1:])

@@ -16,12 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from core.threads import load_policy, set_wait_policy
+from core.threads import start_policy
 
 # the app's thread policy on this machine (core.threads), its wait policy set before torch starts OpenMP, so that
 # the bench measures what `python app.py` runs
-THREAD_POLICY = load_policy(Path.home() / ".flashmap-chat" / "cache")
-set_wait_policy(THREAD_POLICY[0])
+THREAD_POLICY = start_policy(Path.home() / ".flashmap-chat" / "cache")
 
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402

@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from core.lean import StaticCache
-from core.tree import Trie, ancestor_mask, is_chain, tree_inputs
+from core.tree import Trie, ancestor_mask, is_chain, tree_inputs, tree_positions
 
 
 def target_forward(target, ids: list[int], cache: DynamicCache | StaticCache, layers: tuple[int, ...],
@@ -43,9 +43,8 @@ def _lean_forward(target, ids: list[int], cache: StaticCache, layers: tuple[int,
     input_ids = torch.tensor(ids, device=target.device)  # (T,)
     if trie is None or is_chain(trie):
         return target.lean(input_ids, cache, layers, keep)
-    positions = torch.tensor([cache.length, *(cache.length + d for d in trie.depths)], device=target.device)  # (T,)
     return target.lean(input_ids, cache, layers, keep, block_visible=ancestor_mask(trie).to(target.device),
-                       positions=positions)
+                       positions=tree_positions(trie, cache.length, target.device))
 
 
 def keep_positions(cache: DynamicCache | StaticCache, fed: int, kept: list[int]) -> None:

@@ -96,6 +96,13 @@ def load_policy(cache_dir: Path | None) -> tuple[ThreadPolicy, str]:
     return DEFAULT_POLICY, "default (not measured here: python -m scripts.thread_policy --save)"
 
 
+def start_policy(cache_dir: Path | None) -> tuple[ThreadPolicy, str]:
+    """load_policy, its wait policy set in the environment: call before torch starts OpenMP."""
+    policy, source = load_policy(cache_dir)
+    set_wait_policy(policy)
+    return policy, source
+
+
 def set_wait_policy(policy: ThreadPolicy) -> None:
     """Set the wait policy's environment unless the user set one; before torch starts OpenMP."""
     if not any(name in os.environ for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):

@@ -69,14 +69,18 @@ def ancestor_mask(trie: Trie) -> torch.Tensor:
     return mask
 
 
+def tree_positions(trie: Trie, past: int, device) -> torch.Tensor:
+    """Position ids (T,) of [anchor, *nodes] fed after `past` cached positions: each node at its depth."""
+    return torch.tensor([past, *(past + d for d in trie.depths)], device=device)
+
+
 def tree_inputs(trie: Trie, past: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """The 4D attention mask (1, 1, T, P + T), True = attend, and position ids (1, T) of a trie fed
     after `past` cached positions."""
     tree = ancestor_mask(trie)  # (T, T)
     seen = torch.ones(tree.shape[0], past, dtype=torch.bool)  # (T, P): everything cached is visible
     mask = torch.cat([seen, tree], dim=1)[None, None].to(device)  # (1, 1, T, P+T)
-    positions = torch.tensor([[past, *(past + d for d in trie.depths)]], device=device)  # (1, T)
-    return mask, positions
+    return mask, tree_positions(trie, past, device)[None]  # (1, T)
 
 
 def greedy_path(trie: Trie, target_argmax: list[int]) -> tuple[list[int], int]:

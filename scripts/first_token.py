@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from app.bench import THREAD_POLICY  # noqa: F401  (the app's thread policy, set before torch starts)
+from app.bench import THREAD_POLICY  # first: the app's thread policy, its wait policy set before torch starts
 from core.engine import GenerationConfig, generate
 from core.prompts import read_prompt_file
 from core.target import TargetConfig, load_target
