@@ -114,7 +114,15 @@ def probe_key(target) -> str:
     return "|".join([platform.machine(), platform.processor(), hashlib.sha1(flags.encode()).hexdigest()[:12],
                      torch.__version__, str(torch.get_num_threads()), target.identity["name"],
                      str(target.model.dtype), str(target.device),
-                     f"lean={target.lean.weights if target.lean else None}"])
+                     f"lean={target.lean.weights if target.lean else None}", f"native={_native_key(target)}"])
+
+
+def _native_key(target) -> str:
+    if target.lean is None or target.lean.native is None:
+        return "none"
+    from core.native import build_key
+
+    return build_key()
 
 
 def cached_check(target, prompt: list[int], root: Path | None) -> InvarianceReport:

@@ -258,9 +258,11 @@ def layer_linears(layer, weights: str) -> LayerLinears | None:
 class LeanForward:
     """The target's forward on a StaticCache, with its own weights and modules (norms, projections, MLP)."""
 
-    def __init__(self, model, fixed_order: bool | None = None, weights: str = "packed"):
+    def __init__(self, model, fixed_order: bool | None = None, weights: str = "packed", native=None):
         """fixed_order: attend with fixed_order_attention (None: in bf16 on the CPU, where it makes every
-        position's logits independent of how many are fed; elsewhere sdpa). weights: see layer_linears."""
+        position's logits independent of how many are fed; elsewhere sdpa). weights: see layer_linears. native: the
+        compiled decode step (core.native), which runs a q4 forward's layers over at most a verify round's
+        positions in one call; None: those run here in Python."""
         why = lean_supported(model)
         if why is not None:
             raise ValueError(f"lean forward does not serve this model: {why}")
@@ -271,12 +273,14 @@ class LeanForward:
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.scale = self.head_dim ** -0.5
-        self._rope = (0, None, None)  # (positions covered, cos (S, 1, D), signed sin (S, 1, D))
+        self._rope = {}  # dtype -> (positions covered, cos (S, 1, D), signed sin (S, 1, D))
         if fixed_order is None:
             fixed_order = self.device.type == "cpu" and self.dtype == torch.bfloat16
         self.fixed_order = fixed_order
         self.weights = weights
         self.linears = [layer_linears(layer, weights) for layer in self.base.layers]
+        self.native = native if weights == "q4" else None
+        self._native_weights = self._collect_native_weights() if self.native is not None else []
 
     @property
     def dtype(self) -> torch.dtype:
@@ -290,19 +294,22 @@ class LeanForward:
         return StaticCache.empty(len(self.base.layers), self.kv_heads, capacity, self.head_dim, self.dtype,
                                  self.device, ones_column=self.fixed_order)
 
-    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, signed sin (T, 1, D) at these positions, from the model's own rotary module (its scaling type included),
-        computed once for a range of positions and then looked up."""
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype | None = None):
+        """cos, signed sin (T, 1, D) at these positions in `dtype` (default the model's), from the model's own rotary
+        module (its scaling type included), computed once for a range of positions and then looked up."""
+        dtype = dtype or self.dtype
+        covered, cos, signed = self._rope.get(dtype, (0, None, None))
         need = int(positions.max()) + 1
-        if need > self._rope[0]:
-            covered = max(need, 2 * self._rope[0], 1024)
+        if need > covered:
+            covered = max(need, 2 * covered, 1024)
             ids = torch.arange(covered, device=self.device)[None]  # (1, S)
-            probe = torch.empty(1, dtype=self.dtype, device=self.device)
+            probe = torch.empty(1, dtype=dtype, device=self.device)
             cos, sin = self.base.rotary_emb(probe, ids)  # (1, S, D) each
             half = sin.shape[-1] // 2
-            signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)  # (S, D)
-            self._rope = (covered, cos[0, :, None], signed[:, None])  # (S, 1, D) each
-        return self._rope[1][positions], self._rope[2][positions]
+            signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)[:, None]  # (S, 1, D)
+            cos = cos[0, :, None]  # (S, 1, D)
+            self._rope[dtype] = (covered, cos, signed)
+        return cos[positions], signed[positions]
 
     def plan(self, past: int, block_visible: torch.Tensor) -> AttentionPlan:
         fed = block_visible.shape[0]
@@ -363,6 +370,49 @@ class LeanForward:
         gate, up = linears.gate_up(x).chunk(2, dim=-1)  # (T, 2 * I_mlp) -> (T, I_mlp) each
         return linears.down(mlp.act_fn(gate) * up)  # (T, E)
 
+    def _collect_native_weights(self) -> list[torch.Tensor]:
+        """Each layer's tensors in the order the native step reads them (its Slot enum), an empty tensor for one a
+        layer does not have."""
+        empty = torch.empty(0, dtype=torch.bfloat16)
+        weights = []
+        for layer, linears in zip(self.base.layers, self.linears):
+            attn = layer.self_attn
+            norms = [getattr(attn, name, None) for name in ("q_norm", "k_norm")]
+            products = [[m.packed, m.scales_zeros, empty if m.bias is None else m.bias]
+                        for m in (linears.qkv, linears.o, linears.gate_up, linears.down)]
+            weights += [layer.input_layernorm.weight.detach(), *products[0], *products[1],
+                        layer.post_attention_layernorm.weight.detach(), *products[2], *products[3],
+                        *[empty if n is None else n.weight.detach() for n in norms]]
+        if len(weights) != self.native.SLOTS * len(self.base.layers):
+            raise ValueError("the native step's tensors per layer do not match its source")
+        return [w.contiguous() for w in weights]
+
+    def _native_layers(self, x: torch.Tensor, cache: StaticCache, block_visible: torch.Tensor,
+                       positions: torch.Tensor, layers: tuple[int, ...]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """All decoder layers in one native call: x (T, E) -> (T, E) and the states after `layers` (each (T, E))."""
+        cos, sin = self.rope_tables(positions, torch.float32)  # (T, 1, D) each
+        dim = cos.shape[-1]
+        inner = [i for i in layers if 0 < i < len(self.base.layers)]
+        eps = self.base.layers[0].input_layernorm.variance_epsilon
+        out = self.native.layers(x.contiguous(), cos.reshape(-1, dim).contiguous(), sin.reshape(-1, dim).contiguous(),
+                                 block_visible.contiguous(), cache.length, self._native_weights, cache.keys,
+                                 cache.values, self.n_heads, self.kv_heads, self.linears[0].qkv.group, eps,
+                                 sorted(inner))
+        return out[0], out[1:]
+
+    def _python_layers(self, x: torch.Tensor, cache: StaticCache, block_visible: torch.Tensor,
+                       positions: torch.Tensor, layers: tuple[int, ...]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """All decoder layers op by op: x (T, E) -> (T, E) and the states after `layers` (each (T, E))."""
+        plan = self.plan(cache.length, block_visible)
+        cos, sin = self.rope_tables(positions)  # (T, 1, D) each
+        states, last = [], len(self.base.layers)
+        for index, layer in enumerate(self.base.layers):
+            x = x + self.attention(index, layer.self_attn, layer.input_layernorm(x), cos, sin, cache, plan)
+            x = x + self.mlp(index, layer.mlp, layer.post_attention_layernorm(x), plan)
+            if index + 1 in layers and index + 1 < last:
+                states.append(x)
+        return x, states
+
     def __call__(self, ids: torch.Tensor, cache: StaticCache, layers: tuple[int, ...] = (), keep: int = 0,
                  block_visible: torch.Tensor | None = None, positions: torch.Tensor | None = None):
         """Feed ids (T,) after the cache's valid positions and advance it by T; return logits (T or keep, V) and
@@ -374,17 +424,12 @@ class LeanForward:
             positions = torch.arange(past, past + fed, device=ids.device)  # (T,)
         if block_visible is None:
             block_visible = torch.ones(fed, fed, dtype=torch.bool, device=ids.device).tril()  # (T, T)
-        plan = self.plan(past, block_visible)
-        cos, sin = self.rope_tables(positions)  # (T, 1, D) each
-        x = self.base.embed_tokens(ids)  # (T, E)
-        states = [x] if 0 in layers else []
-        last = len(self.base.layers)
-        for index, layer in enumerate(self.base.layers):
-            x = x + self.attention(index, layer.self_attn, layer.input_layernorm(x), cos, sin, cache, plan)
-            x = x + self.mlp(index, layer.mlp, layer.post_attention_layernorm(x), plan)
-            if index + 1 in layers and index + 1 < last:
-                states.append(x)
+        embedded = self.base.embed_tokens(ids)  # (T, E)
+        run = self._native_layers if self.native is not None and fed <= PREFILL_ROWS else self._python_layers
+        x, inner = run(embedded, cache, block_visible, positions, layers)
         cache.length = past + fed
+        states = ([embedded] if 0 in layers else []) + inner
+        last = len(self.base.layers)
         if last in layers:  # transformers' last hidden state is the normalised one
             x = self.base.norm(x)  # (T, E)
             states.append(x)

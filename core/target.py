@@ -330,7 +330,7 @@ def _dtype_for(cfg: TargetConfig, device: torch.device) -> torch.dtype:
 def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype) -> Target:
     """On a CPU, the forward's batch invariance checked once per machine (core.exactness): a low precision that fails
     is refused when asked for and replaced by fp32 under auto; the verdict is what `target.precision` says."""
-    engine = "lean" if target.lean is not None else "transformers"
+    engine = "transformers" if target.lean is None else "native lean" if target.lean.native is not None else "lean"
     if target.device.type != "cpu":
         target.extra["precision"] = f"{_weights(cfg, dtype)}, {engine} forward (batch invariance not checked on GPU)"
         return target
@@ -373,8 +373,20 @@ def _setup_forward(target: Target, cfg: TargetConfig) -> Target:
     if cfg.quant == "q4" and why_not:
         raise TargetLoadError(f"--quant q4 runs through the lean forward, which does not serve this model: {why_not}")
     if cfg.engine != "transformers" and why_not is None and not _quantised(target.model):
-        target.lean = LeanForward(target.model, weights="q4" if cfg.quant == "q4" else "packed")
+        native = _native_step(cfg, target) if cfg.quant == "q4" else None
+        target.lean = LeanForward(target.model, weights="q4" if cfg.quant == "q4" else "packed", native=native)
     return target
+
+
+def _native_step(cfg: TargetConfig, target: Target):
+    """The compiled decode step (core.native) for a q4 forward, or None with one line saying why not."""
+    from core import native
+
+    module, why = native.load()
+    target.extra["native_step"] = "native" if module is not None else why
+    if module is None:
+        print(f"note: {why}; the decode step runs op by op in Python (slower, equally exact)", flush=True)
+    return module
 
 
 def _quantised(model) -> bool:

@@ -1,4 +1,4 @@
-"""Plain decoding speed under each CPU thread policy, alone and beside one busy process (issue #14).
+"""Plain decoding speed under each CPU thread policy, alone and beside one busy process.
 
 python -m scripts.thread_policy [--tokens 128] [--repeats 2] [--out FILE.json] [--save [--data-dir DIR]]
 

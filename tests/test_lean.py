@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 
+from core import native
 from core.cpu_linear import pack_linears
 from core.engine import GenerationConfig, generate_all
 from core.exactness import check_invariance, probe_prompt
@@ -13,19 +14,29 @@ from core.lean import KEY_BLOCK, LeanForward, StaticCache, ancestor_columns, lea
 from core.target import NATIVE_BF16_CPU_FLAGS, pick_dtype
 from core.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
 from core.threads import cpu_flags
-from core.tree import ancestor_mask, build_trie
+from core.tree import ancestor_mask, build_trie, tree_positions
 from tests.test_engine import NoisyOracle
 
 NATIVE_BF16 = bool(NATIVE_BF16_CPU_FLAGS & cpu_flags())
 
 
+def native_step():
+    """The compiled decode step (core.native), or skip the test with the reason it could not be built."""
+    module, why = native.load()
+    if module is None:
+        pytest.skip(why)
+    return module
+
+
 def lean_target(model, weights: str = "packed", dtype=torch.float32, template=None):
-    """A tiny target served by the lean forward: dtype, prepacked CPU linears, weights "packed" or "q4"."""
+    """A tiny target served by the lean forward: dtype, prepacked CPU linears, weights "packed", "q4" or
+    "q4-native" (q4 with the compiled decode step)."""
     model = copy.deepcopy(model).to(dtype)
     pack_linears(model)
     kwargs = {"template": template} if template else {}
     target = make_target(model, **kwargs)
-    target.lean = LeanForward(model, weights=weights)
+    native_module = native_step() if weights == "q4-native" else None
+    target.lean = LeanForward(model, weights=weights.removesuffix("-native"), native=native_module)
     return target
 
 
@@ -91,6 +102,7 @@ def invariance_cases():
     for name, model in models():
         cases.append((f"{name}-bf16", model, "packed"))
         cases.append((f"{name}-q4", model, "q4"))
+        cases.append((f"{name}-q4-native", model, "q4-native"))
     return cases
 
 
@@ -114,7 +126,7 @@ def test_fp32_is_reported_honestly():
 
 
 @pytest.mark.skipif(not NATIVE_BF16, reason="bf16 is offered on CPUs with native bf16 only")
-@pytest.mark.parametrize("weights", ["packed", "q4"])
+@pytest.mark.parametrize("weights", ["packed", "q4", "q4-native"])
 def test_speculative_equals_plain_through_the_lean_forward_in_low_precision(weights):
     target = lean_target(tiny_qwen3(vocab_size=64, layers=2), weights, torch.bfloat16, QWEN3_TEMPLATE)
     for seed, prompt in enumerate([[5, 6, 7, 8], [9, 30, 31], [12] * 7, list(range(4, 40))]):  # the last: a prefill
@@ -166,3 +178,26 @@ def test_a_precision_that_fails_the_check_is_refused_when_asked_and_replaced_und
         load_target(TargetConfig(str(tmp_path), device="cpu", dtype="bf16", cache_dir=""))
     fallback = load_target(TargetConfig(str(tmp_path), device="cpu", cache_dir=""))
     assert fallback.model.dtype == torch.float32 and "fp32" in fallback.precision
+
+
+@pytest.mark.skipif(not NATIVE_BF16, reason="q4 runs on CPUs with native bf16 only")
+@pytest.mark.parametrize("name,model", models())
+def test_the_native_step_computes_the_q4_forward(name, model):
+    """The compiled step (fp32 residual, its own exp and sums) against the op-by-op q4 forward: the same logits and
+    hidden states up to bf16 rounding, for steps, a chain and a tree, after a prefill the two share."""
+    python, compiled = lean_target(model, "q4", torch.bfloat16), lean_target(model, "q4-native", torch.bfloat16)
+    caches = [t.lean.new_cache(128) for t in (python, compiled)]
+    prompt = torch.tensor(probe_prompt(64, 30))
+    trie = build_trie([[7, 8, 9], [7, 10], [11]], budget=8)
+    visible = ancestor_mask(trie)  # (1 + N, 1 + N): the anchor, then the nodes
+    feeds = [(torch.tensor([5]), None, None), (torch.tensor([6, 7, 8, 9, 10]), None, None),
+             (torch.tensor([12, *trie.tokens]), visible, tree_positions(trie, 36, "cpu"))]  # 36 cached by then
+    with torch.no_grad():
+        for target, cache in zip((python, compiled), caches):
+            target.lean(prompt, cache)  # > 17 positions: the shared prefill path
+        for ids, block, positions in feeds:
+            out = [t.lean(ids, c, layers=(0, 1, 2), block_visible=block, positions=positions)
+                   for t, c in zip((python, compiled), caches)]
+            (logits_py, states_py), (logits_native, states_native) = out
+            assert torch.allclose(logits_native.float(), logits_py.float(), atol=0.008, rtol=0), name
+            assert torch.allclose(states_native.float(), states_py.float(), atol=0.04, rtol=0.02), name

@@ -1,0 +1,338 @@
+// The decoder layers of a q4 (4-bit weight, bf16 activation) forward over at most a verify round's positions, as one
+// native call: core/native.py builds it, core/lean.py calls it. Python used to dispatch ~55 small ops a layer here,
+// which cost more than the weights themselves; this does the norms, rotary embedding, cache writes, attention and
+// activations in plain loops and calls torch's int4 kernel for the products.
+//
+// Batch invariance by construction: every value a row computes (norms, scores, softmax, weighted sums) is the same
+// sequence of float operations whether the row is fed alone, in a chain or in a tree. Reductions over a row's keys
+// run over its visible keys in the order of their position in the sequence they belong to (the cached context, then
+// the fed ancestors by depth), which is where they sit after those tokens are accepted; lanes are assigned by that
+// index, never by where a key happens to lie in the cache or a tile. Built with -ffp-contract=off, so a product and
+// a sum fuse only where written (fma below).
+//
+// Shape letters: T = fed positions, E = hidden size, H = query heads, G = key/value heads, R = H / G, D = head dim,
+// S = cache capacity, P = cached positions before this forward, I = MLP width, C = compact (visible) keys of a row.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#include <cstring>
+#include <vector>
+
+namespace {
+
+using bf16 = at::BFloat16;
+constexpr int LANES = 16;
+
+inline float fma_(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+
+// Sixteen float lanes: AVX-512 where the build has it, else plain arrays doing the same lane-wise operations (a
+// machine computes every row with one of the two, so rows stay equal to each other either way).
+#if defined(__AVX512F__)
+struct V16 {
+  __m512 v;
+};
+inline V16 zeros() { return {_mm512_setzero_ps()}; }
+inline V16 splat(float x) { return {_mm512_set1_ps(x)}; }
+inline __mmask16 first(int64_t n) { return n >= LANES ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
+inline V16 load(const float* p, int64_t n = LANES) { return {_mm512_maskz_loadu_ps(first(n), p)}; }
+inline V16 load_or(const float* p, int64_t n, float fill) { return {_mm512_mask_loadu_ps(_mm512_set1_ps(fill), first(n), p)}; }
+inline V16 load(const bf16* p, int64_t n = LANES) {  // bf16 -> fp32 is the 16 bits moved up
+  const __m256i raw = _mm256_maskz_loadu_epi16(first(n), p);
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16))};
+}
+inline void store(float* p, V16 x, int64_t n = LANES) { _mm512_mask_storeu_ps(p, first(n), x.v); }
+inline V16 operator+(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline V16 operator-(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline V16 operator*(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline V16 operator/(V16 a, V16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline V16 fma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline V16 max(V16 a, V16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline V16 min(V16 a, V16 b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline V16 floor(V16 a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)}; }
+inline V16 pow2(V16 k) {  // 2^k for whole k in -126..127
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k.v), _mm512_set1_epi32(127)), 23))};
+}
+inline float sum(V16 a) { return _mm512_reduce_add_ps(a.v); }
+inline float top(V16 a) { return _mm512_reduce_max_ps(a.v); }
+#else
+struct V16 {
+  float v[LANES];
+};
+inline V16 zeros() { return V16{}; }
+inline V16 splat(float x) { V16 r; for (int l = 0; l < LANES; ++l) r.v[l] = x; return r; }
+inline V16 load(const float* p, int64_t n = LANES) { V16 r{}; for (int64_t l = 0; l < n && l < LANES; ++l) r.v[l] = p[l]; return r; }
+inline V16 load(const bf16* p, int64_t n = LANES) { V16 r{}; for (int64_t l = 0; l < n && l < LANES; ++l) r.v[l] = static_cast<float>(p[l]); return r; }
+inline V16 load_or(const float* p, int64_t n, float fill) { V16 r = splat(fill); for (int64_t l = 0; l < n && l < LANES; ++l) r.v[l] = p[l]; return r; }
+inline void store(float* p, V16 x, int64_t n = LANES) { for (int64_t l = 0; l < n && l < LANES; ++l) p[l] = x.v[l]; }
+#define LANEWISE(expr) V16 r; for (int l = 0; l < LANES; ++l) r.v[l] = (expr); return r
+inline V16 operator+(V16 a, V16 b) { LANEWISE(a.v[l] + b.v[l]); }
+inline V16 operator-(V16 a, V16 b) { LANEWISE(a.v[l] - b.v[l]); }
+inline V16 operator*(V16 a, V16 b) { LANEWISE(a.v[l] * b.v[l]); }
+inline V16 operator/(V16 a, V16 b) { LANEWISE(a.v[l] / b.v[l]); }
+inline V16 fma(V16 a, V16 b, V16 c) { LANEWISE(fma_(a.v[l], b.v[l], c.v[l])); }
+inline V16 max(V16 a, V16 b) { LANEWISE(a.v[l] > b.v[l] ? a.v[l] : b.v[l]); }
+inline V16 min(V16 a, V16 b) { LANEWISE(a.v[l] < b.v[l] ? a.v[l] : b.v[l]); }
+inline V16 floor(V16 a) { LANEWISE(__builtin_floorf(a.v[l])); }
+inline V16 pow2(V16 k) {
+  V16 r;
+  for (int l = 0; l < LANES; ++l) {
+    const int32_t bits = (static_cast<int32_t>(k.v[l]) + 127) << 23;
+    std::memcpy(&r.v[l], &bits, sizeof(float));
+  }
+  return r;
+}
+#undef LANEWISE
+inline float sum(V16 a) {  // pairwise in a fixed tree
+  for (int width = LANES / 2; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) a.v[l] += a.v[l + width];
+  return a.v[0];
+}
+inline float top(V16 a) { float t = a.v[0]; for (int l = 1; l < LANES; ++l) t = a.v[l] > t ? a.v[l] : t; return t; }
+#endif
+
+// exp by range reduction and a degree-6 polynomial (Cephes' expf), lane by lane: a value's exponential does not
+// depend on the vector it was computed in
+inline V16 exp(V16 x) {
+  x = min(max(x, splat(-87.0f)), splat(88.0f));
+  const V16 k = floor(fma(x, splat(1.44269504088896341f), splat(0.5f)));
+  V16 r = fma(k, splat(-0.693359375f), x);
+  r = fma(k, splat(2.12194440e-4f), r);
+  V16 p = splat(1.9875691500e-4f);
+  p = fma(p, r, splat(1.3981999507e-3f));
+  p = fma(p, r, splat(8.3334519073e-3f));
+  p = fma(p, r, splat(4.1665795894e-2f));
+  p = fma(p, r, splat(1.6666665459e-1f));
+  p = fma(p, r, splat(5.0000001201e-1f));
+  p = fma(p, r * r, r) + splat(1.0f);
+  return p * pow2(k);
+}
+
+// x (n,) -> sum of x[i] (or x[i]^2) with element i in lane i % 16, the lanes then reduced in a fixed order
+template <typename T>
+inline float lane_sum(const T* x, int64_t n, bool squares) {
+  V16 acc = zeros();
+  for (int64_t i = 0; i < n; i += LANES) {
+    const V16 v = load(x + i, n - i);
+    acc = squares ? fma(v, v, acc) : acc + v;
+  }
+  return sum(acc);
+}
+
+// dot product of a (n,) fp32 and b (n,) bf16: lane-wise products summed over the chunks in order, then the lanes
+// reduced
+inline float dot(const float* a, const bf16* b, int64_t n) {
+  V16 acc = load(a, n) * load(b, n);
+  for (int64_t i = LANES; i < n; i += LANES) acc = fma(load(a + i, n - i), load(b + i, n - i), acc);
+  return sum(acc);
+}
+
+// RMSNorm of one row x (n,) fp32 -> out (n,) fp32 = x / sqrt(mean(x^2) + eps) * weight
+inline void rms_norm_row(const float* x, const bf16* weight, int64_t n, double eps, float* out) {
+  const V16 inv = splat(1.0f / std::sqrt(lane_sum(x, n, true) / static_cast<float>(n) + static_cast<float>(eps)));
+  for (int64_t i = 0; i < n; i += LANES) store(out + i, load(x + i, n - i) * inv * load(weight + i, n - i), n - i);
+}
+
+// residual (T, E) fp32 -> normalised rows (T, E) bf16, the int4 kernel's input
+at::Tensor rms_norm(const at::Tensor& residual, const at::Tensor& weight, double eps) {
+  const int64_t rows = residual.size(0), width = residual.size(1);
+  auto out = at::empty({rows, width}, residual.options().dtype(at::kBFloat16));
+  std::vector<float> row(width);
+  for (int64_t t = 0; t < rows; ++t) {
+    rms_norm_row(residual.data_ptr<float>() + t * width, weight.data_ptr<bf16>(), width, eps, row.data());
+    bf16* dst = out.data_ptr<bf16>() + t * width;
+    for (int64_t i = 0; i < width; ++i) dst[i] = bf16(row[i]);
+  }
+  return out;
+}
+
+struct Linear {  // one product from 4-bit codes (core.cpu_linear.Int4Linear's tensors)
+  at::Tensor packed, scales_zeros, bias;
+  at::Tensor operator()(const at::Tensor& x, int64_t group) const {  // (N, in) bf16 -> (N, out) bf16
+    auto out = at::_weight_int4pack_mm_for_cpu(x, packed, group, scales_zeros);
+    return bias.numel() ? out.add_(bias) : out;
+  }
+};
+
+// residual (T, E) fp32 += x (T, E) bf16
+void add_into(at::Tensor& residual, const at::Tensor& x) {
+  float* dst = residual.data_ptr<float>();
+  const bf16* src = x.data_ptr<bf16>();
+  for (int64_t i = 0, n = residual.numel(); i < n; i += LANES) store(dst + i, load(dst + i, n - i) + load(src + i, n - i), n - i);
+}
+
+// gate_up (T, 2I) bf16 -> silu(gate) * up (T, I) bf16
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
+  auto out = at::empty({rows, width}, gate_up.options());
+  std::vector<float> row(width);
+  for (int64_t t = 0; t < rows; ++t) {
+    const bf16* gate = gate_up.data_ptr<bf16>() + t * 2 * width;
+    const bf16* up = gate + width;
+    for (int64_t i = 0; i < width; i += LANES) {
+      const V16 g = load(gate + i, width - i);
+      store(row.data() + i, g / (splat(1.0f) + exp(zeros() - g)) * load(up + i, width - i), width - i);
+    }
+    bf16* dst = out.data_ptr<bf16>() + t * width;
+    for (int64_t i = 0; i < width; ++i) dst[i] = bf16(row[i]);
+  }
+  return out;
+}
+
+struct Shape {
+  int64_t fed, past, heads, kv_heads, dim, rep;
+};
+
+// one head of one row, (D,) bf16 at src -> (D,) fp32: optional per-head RMSNorm (Qwen3), then the rotary embedding
+// x * cos + roll(x, D/2) * signed_sin, times `scale`
+void rotate(const bf16* src, const at::Tensor& norm, double eps, const float* cos, const float* sin, int64_t dim,
+            float scale, float* out) {
+  std::vector<float> x(dim);
+  for (int64_t d = 0; d < dim; ++d) x[d] = static_cast<float>(src[d]);
+  if (norm.numel()) rms_norm_row(x.data(), norm.data_ptr<bf16>(), dim, eps, x.data());
+  const int64_t half = dim / 2;
+  for (int64_t d = 0; d < dim; ++d) out[d] = fma_(x[(d + half) % dim], sin[d], x[d] * cos[d]) * scale;
+}
+
+// attention of every fed row's R query heads in group g over its visible keys: the P cached ones, then the fed ones
+// it sees (visible (T, T)) by increasing index, that is in the order of their compact index c, which is the
+// position each would hold in a chain; writes out (T, H * D) bf16 at heads g * R ..
+void attend_group(int64_t g, const Shape& s, const std::vector<float>& queries /* (T, H, D) */, const at::Tensor& keys,
+                  const at::Tensor& values, const bool* visible, bf16* out) {
+  const int64_t dim = s.dim, rep = s.rep, kstride = keys.stride(1), vstride = values.stride(1);
+  const bf16* kbase = keys.data_ptr<bf16>() + g * keys.stride(0);
+  const bf16* vbase = values.data_ptr<bf16>() + g * values.stride(0);
+  std::vector<std::vector<int64_t>> fed_rows(s.fed);  // the cache rows of each row's visible fed keys
+  for (int64_t t = 0; t < s.fed; ++t)
+    for (int64_t j = 0; j < s.fed; ++j)
+      if (visible[t * s.fed + j]) fed_rows[t].push_back(s.past + j);
+  const int64_t width = s.past + s.fed;  // a row's compact keys are at most this many
+  const int64_t pairs = s.fed * rep;  // (row, head) pairs, p = t * R + r
+  auto query = [&](int64_t p) { return queries.data() + ((p / rep) * s.heads + g * rep + p % rep) * dim; };
+  std::vector<float> scores(pairs * width);  // (T * R, C) by compact index
+  for (int64_t c = 0; c < s.past; ++c)  // cached keys: the same for every row
+    for (int64_t p = 0; p < pairs; ++p) scores[p * width + c] = dot(query(p), kbase + c * kstride, dim);
+  for (int64_t p = 0; p < pairs; ++p) {
+    const auto& rows = fed_rows[p / rep];
+    for (size_t k = 0; k < rows.size(); ++k) scores[p * width + s.past + k] = dot(query(p), kbase + rows[k] * kstride, dim);
+  }
+  std::vector<float> denom(pairs);
+  for (int64_t p = 0; p < pairs; ++p) {  // unnormalised softmax weights and their sum
+    float* w = scores.data() + p * width;
+    const int64_t length = s.past + fed_rows[p / rep].size();
+    V16 peak = splat(-3.0e38f);  // the maximum is exact in any order
+    for (int64_t c = 0; c < length; c += LANES) peak = max(peak, load_or(w + c, length - c, -3.0e38f));
+    const V16 shift = splat(top(peak));
+    for (int64_t c = 0; c < length; c += LANES) store(w + c, exp(load(w + c, length - c) - shift), length - c);
+    denom[p] = lane_sum(w, length, false);
+  }
+  // weighted sums of values by compact index, even and odd indices in two accumulators: (T * R, 2, D)
+  std::vector<float> acc(pairs * 2 * dim, 0.0f), value(dim);
+  auto accumulate = [&](int64_t p, int64_t c) {
+    const V16 w = splat(scores[p * width + c]);
+    float* a = acc.data() + (p * 2 + (c & 1)) * dim;
+    for (int64_t d = 0; d < dim; d += LANES)
+      store(a + d, fma(w, load(value.data() + d, dim - d), load(a + d, dim - d)), dim - d);
+  };
+  auto load_value = [&](int64_t row) {
+    for (int64_t d = 0; d < dim; d += LANES) store(value.data() + d, load(vbase + row * vstride + d, dim - d), dim - d);
+  };
+  for (int64_t c = 0; c < s.past; ++c) {
+    load_value(c);
+    for (int64_t p = 0; p < pairs; ++p) accumulate(p, c);
+  }
+  for (int64_t p = 0; p < pairs; ++p) {
+    const auto& rows = fed_rows[p / rep];
+    for (size_t k = 0; k < rows.size(); ++k) {
+      load_value(rows[k]);
+      accumulate(p, s.past + k);
+    }
+  }
+  for (int64_t p = 0; p < pairs; ++p) {
+    const float* even = acc.data() + p * 2 * dim;
+    const float* odd = even + dim;
+    bf16* dst = out + ((p / rep) * s.heads + g * rep + p % rep) * dim;
+    for (int64_t d = 0; d < dim; ++d) dst[d] = bf16((even[d] + odd[d]) / denom[p]);
+  }
+}
+
+// qkv (T, (H + 2G) D) bf16 -> attention output (T, H D) bf16; the fed keys and values written to the cache at P..
+at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& visible,
+                     const Shape& s, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& q_norm,
+                     const at::Tensor& k_norm, double eps, double scale) {
+  const int64_t dim = s.dim, width = (s.heads + 2 * s.kv_heads) * dim;
+  std::vector<float> queries(s.fed * s.heads * dim), key(dim);
+  for (int64_t t = 0; t < s.fed; ++t) {
+    const bf16* row = qkv.data_ptr<bf16>() + t * width;
+    const float* c = cos.data_ptr<float>() + t * dim;
+    const float* sn = sin.data_ptr<float>() + t * dim;
+    for (int64_t h = 0; h < s.heads; ++h)
+      rotate(row + h * dim, q_norm, eps, c, sn, dim, static_cast<float>(scale), queries.data() + (t * s.heads + h) * dim);
+    for (int64_t g = 0; g < s.kv_heads; ++g) {
+      rotate(row + (s.heads + g) * dim, k_norm, eps, c, sn, dim, 1.0f, key.data());
+      bf16* kdst = keys.data_ptr<bf16>() + g * keys.stride(0) + (s.past + t) * keys.stride(1);
+      bf16* vdst = values.data_ptr<bf16>() + g * values.stride(0) + (s.past + t) * values.stride(1);
+      const bf16* vsrc = row + (s.heads + s.kv_heads + g) * dim;
+      for (int64_t d = 0; d < dim; ++d) {
+        kdst[d] = bf16(key[d]);
+        vdst[d] = vsrc[d];
+      }
+    }
+  }
+  auto out = at::empty({s.fed, s.heads * dim}, qkv.options());
+  const bool* seen = visible.data_ptr<bool>();
+  at::parallel_for(0, s.kv_heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) attend_group(g, s, queries, keys, values, seen, out.data_ptr<bf16>());
+  });
+  return out;
+}
+
+constexpr int64_t SLOTS = 16;  // tensors per layer, in this order:
+enum Slot { IN_NORM, QKV, QKV_SZ, QKV_BIAS, O, O_SZ, O_BIAS, POST_NORM, GATE_UP, GATE_UP_SZ, GATE_UP_BIAS, DOWN,
+            DOWN_SZ, DOWN_BIAS, Q_NORM, K_NORM };
+
+// x (T, E) bf16 embeddings of the fed positions -> [residual after the last layer (T, E) bf16, then the residual after
+// each layer in `state_layers` (1-based), (T, E) bf16 each]. cos, signed sin (T, D) fp32; visible (T, T) bool;
+// weights: SLOTS per layer (an empty tensor where a layer has no such tensor); keys, values: each layer's cache
+// (G, S, D) and (G, S, D or D + 1) bf16, P positions valid.
+std::vector<at::Tensor> layers(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                               const at::Tensor& visible, int64_t past, const std::vector<at::Tensor>& weights,
+                               const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
+                               int64_t heads, int64_t kv_heads, int64_t group, double eps,
+                               const std::vector<int64_t>& state_layers) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (T, E) bf16");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+              sin.is_contiguous(), "cos, sin must be contiguous fp32");
+  TORCH_CHECK(visible.scalar_type() == at::kBool && visible.is_contiguous(), "visible must be (T, T) bool");
+  const int64_t n_layers = static_cast<int64_t>(keys.size());
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == n_layers * SLOTS, "expected ", SLOTS, " tensors a layer");
+  const int64_t dim = keys[0].size(2);
+  TORCH_CHECK(past + x.size(0) <= keys[0].size(1), "static KV cache full");
+  const Shape s{x.size(0), past, heads, kv_heads, dim, heads / kv_heads};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+  at::Tensor residual = x.to(at::kFloat);  // (T, E) fp32
+  std::vector<at::Tensor> result{at::Tensor()};
+  for (int64_t i = 0; i < n_layers; ++i) {
+    const at::Tensor* w = weights.data() + i * SLOTS;
+    const Linear qkv{w[QKV], w[QKV_SZ], w[QKV_BIAS]}, o{w[O], w[O_SZ], w[O_BIAS]};
+    const Linear gate_up{w[GATE_UP], w[GATE_UP_SZ], w[GATE_UP_BIAS]}, down{w[DOWN], w[DOWN_SZ], w[DOWN_BIAS]};
+    auto mixed = attention(qkv(rms_norm(residual, w[IN_NORM], eps), group), cos, sin, visible, s, keys[i], values[i],
+                           w[Q_NORM], w[K_NORM], eps, scale);
+    add_into(residual, o(mixed, group));
+    add_into(residual, down(silu_mul(gate_up(rms_norm(residual, w[POST_NORM], eps), group)), group));
+    for (int64_t layer : state_layers)
+      if (layer == i + 1) result.push_back(residual.to(at::kBFloat16));
+  }
+  result[0] = residual.to(at::kBFloat16);
+  return result;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("layers", &layers, "the decoder layers of a q4 forward over at most a verify round's positions");
+  m.attr("SLOTS") = SLOTS;
+}

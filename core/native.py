@@ -1,0 +1,61 @@
+"""The engine's native decode step (core/csrc/lean_step.cpp): built once per machine with the system's C++ compiler
+through torch's extension builder, cached on disk, loaded on later starts in about a second.
+
+Why a native step: the q4 forward of the embedded target spent most of a decode step dispatching ~55 small tensor
+ops a layer from Python (norms, rotary, attention pieces, casts); one native call for all layers leaves the weights'
+products as the main cost. Where it cannot be built (no compiler, a build error), `load` says why and the lean
+forward keeps its Python path: slower, equally exact.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+
+from core.threads import cpu_flags
+
+SOURCE = Path(__file__).parent / "csrc" / "lean_step.cpp"
+# -march=native: the build is keyed by the CPU's flags, so a cache shared between machines never runs code built
+# for another CPU; -ffp-contract=off: products and sums fuse only where the source says so (batch invariance)
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
+
+_loaded: dict[str, object] = {}
+
+
+def build_key() -> str:
+    """What the compiled step depends on: its source, flags, torch's build and the CPU."""
+    parts = [SOURCE.read_text(), " ".join(CFLAGS), torch.__version__, " ".join(sorted(cpu_flags()))]
+    return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def build_root() -> Path:
+    """Where builds are kept: FLASHMAP_NATIVE_DIR, else ~/.cache/flashmap-chat/native (one build per key, shared by
+    every cache folder and test run on this machine)."""
+    default = Path.home() / ".cache" / "flashmap-chat" / "native"
+    return Path(os.environ.get("FLASHMAP_NATIVE_DIR", default))
+
+
+def load() -> tuple[object | None, str]:
+    """(the compiled module, "") or (None, why not), built on first use under build_root(); FLASHMAP_NATIVE=0 turns
+    it off."""
+    if os.environ.get("FLASHMAP_NATIVE", "1") == "0":
+        return None, "turned off (FLASHMAP_NATIVE=0)"
+    key = build_key()
+    if key in _loaded:
+        return _loaded[key], ""
+    from torch.utils import cpp_extension
+
+    name = f"flashmap_lean_step_{key}"
+    folder = build_root() / name
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not any(folder.glob("*.so")):
+            print("Compiling the native decode step for this CPU (once, about 20 s; cached)…", flush=True)
+        module = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(CFLAGS),
+                                    build_directory=str(folder), verbose=False)
+    except Exception as err:  # noqa: BLE001 - any build failure (no compiler, no ninja, a compile error) means: eager
+        return None, f"could not build the native decode step ({type(err).__name__}: {str(err).strip()[:200]})"
+    _loaded[key] = module
+    return module, ""

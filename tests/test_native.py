@@ -1,0 +1,44 @@
+"""core.native: the compiled decode step is keyed by what it depends on, and anything that stops it from building
+leaves a reason and the Python path, never a crash."""
+from __future__ import annotations
+
+import torch
+
+from core import native
+from core.testing import make_target, tiny_llama
+
+
+def test_the_build_key_follows_the_source_and_the_cpu(monkeypatch, tmp_path):
+    key = native.build_key()
+    monkeypatch.setattr(native, "cpu_flags", lambda: frozenset({"sse2"}))
+    assert native.build_key() != key
+    monkeypatch.undo()
+    source = tmp_path / "step.cpp"
+    source.write_text(native.SOURCE.read_text() + "\n// changed\n")
+    monkeypatch.setattr(native, "SOURCE", source)
+    assert native.build_key() != key
+
+
+def test_turned_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("FLASHMAP_NATIVE", "0")
+    module, why = native.load()
+    assert module is None and "FLASHMAP_NATIVE=0" in why
+
+
+def test_a_build_that_fails_says_why(monkeypatch, tmp_path):
+    source = tmp_path / "broken.cpp"
+    source.write_text("this is not C++\n")
+    monkeypatch.setattr(native, "SOURCE", source)
+    monkeypatch.setenv("FLASHMAP_NATIVE_DIR", str(tmp_path / "builds"))
+    module, why = native.load()
+    assert module is None and why.startswith("could not build the native decode step")
+
+
+def test_load_target_falls_back_to_the_python_step_with_one_line(monkeypatch, capsys):
+    from core import target as target_module
+
+    monkeypatch.setattr(native, "load", lambda: (None, "no compiler here"))
+    tiny = make_target(tiny_llama(vocab_size=64).to(torch.bfloat16))
+    module = target_module._native_step(target_module.TargetConfig(), tiny)
+    assert module is None and tiny.extra["native_step"] == "no compiler here"
+    assert capsys.readouterr().out.count("no compiler here") == 1
