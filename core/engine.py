@@ -14,6 +14,7 @@ cache then keeps the anchor and the accepted path (`keep_positions`).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -166,6 +167,9 @@ class MeasuredPays(SkipEmpty):
     max_skip: int = 32
     window: int = 16
     min_rounds: int = 3  # rounds of each kind measured before the first verdict
+    # a drafter measured far slower than plain steps is re-measured rarely enough that its tries cost at most this
+    # share of the time (budget_wait), up to 8 max_skip rounds, beyond the back-off's own limit
+    budget: float = 0.02
     drafted_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent drafting rounds
     plain_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent plain rounds
 
@@ -186,7 +190,15 @@ class MeasuredPays(SkipEmpty):
         rounds.append((committed, seconds))
         del rounds[: -self.window]
         if drafted and self.max_skip and self._measured():
-            self.drafted(paid=self.rate(self.drafted_rounds) >= self.rate(self.plain_rounds))
+            ratio = self.rate(self.drafted_rounds) / self.rate(self.plain_rounds)
+            self.drafted(paid=ratio >= 1)
+            if ratio < 1:
+                self.wait = max(self.wait, min(self.budget_wait(ratio), 8 * self.max_skip))
+
+    def budget_wait(self, ratio: float) -> int:
+        """Plain rounds to wait after a drafting round measured at `ratio` of plain steps' tokens a second: such a
+        round costs 1 / ratio - 1 plain rounds more than it brings, which must stay within `budget` of the rounds."""
+        return math.ceil((1 / max(ratio, 1e-3) - 1) / self.budget)
 
     def _measured(self) -> bool:
         return len(self.drafted_rounds) >= self.min_rounds and len(self.plain_rounds) >= self.min_rounds

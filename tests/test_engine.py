@@ -349,7 +349,7 @@ def test_measured_pays_backs_off_while_drafting_rounds_commit_fewer_tokens_a_sec
         policy.observe(drafting, 2 if drafting else 1, 3.0 if drafting else 1.0)
     assert kinds[:4] == [True, False, True, False]  # both kinds measured first
     assert sum(kinds[-20:]) <= 2  # then waits of 1, 2, 4, 8, 8 ... plain rounds between single tries
-    for _ in range(9):  # drafting turns profitable (5 tokens in 2 s): a drafting round that pays resets the wait
+    for _ in range(80):  # drafting turns profitable (5 tokens in 2 s): the next try pays and resets the wait
         drafting = policy.draft_now()
         policy.observe(drafting, 5 if drafting else 1, 2.0 if drafting else 1.0)
     assert policy.losses == 0 and all(policy.draft_now() for _ in range(3))
@@ -358,6 +358,23 @@ def test_measured_pays_backs_off_while_drafting_rounds_commit_fewer_tokens_a_sec
         assert never.draft_now()
         never.observe(True, 1, 10.0)
         never.observe(False, 1, 1.0)
+
+
+def test_a_drafter_far_slower_than_plain_steps_is_retried_within_the_time_budget():
+    from core.engine import MeasuredPays
+
+    policy = MeasuredPays(max_skip=8, window=4, min_rounds=2)
+    kinds = []
+    for _ in range(300):  # drafting rounds: 2 tokens in 5 s (0.4 of plain steps' rate); plain: 1 token in 1 s
+        drafting = policy.draft_now()
+        kinds.append(drafting)
+        policy.observe(drafting, 2 if drafting else 1, 5.0 if drafting else 1.0)
+    assert policy.budget_wait(0.4) == 75  # (1 / 0.4 - 1) / 0.02 rounds
+    tries = [i for i, drafting in enumerate(kinds) if drafting]
+    gaps = [b - a for a, b in zip(tries[2:], tries[3:])]  # after the first measurements
+    assert len(tries) <= 8 and min(gaps) >= 64  # 8 x max_skip: far beyond the back-off's own 8
+    close = MeasuredPays(max_skip=8, window=4, min_rounds=2)
+    assert close.budget_wait(0.95) == 3  # a close call is measured again soon
 
 
 class SlowDrafter(AlwaysDrafts):
