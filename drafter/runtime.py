@@ -99,19 +99,38 @@ class FlowDrafter:
         self.target_vocab = target.vocab_size
         self.input_embeddings = target.model.get_input_embeddings().weight.detach()  # (V_t, D_t)
         self.projected: torch.Tensor | None = None  # projected context window (<=W, D), ctx_in applied
+        self.pending: list[torch.Tensor] = []  # newer features (N_i, F) not projected yet, oldest first
+        self.pending_rows = 0
 
     def reset(self) -> None:
-        self.projected = None
+        self.projected, self.pending, self.pending_rows = None, [], 0
 
     def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
-        """Project the new positions' features once (N, F) -> (N, D) and keep the last W."""
+        """Keep the new positions' features (N, F); they are projected (ctx_in, row by row) when the drafter next
+        proposes, the last W at most, in one call: rounds in which the engine does not draft (a policy skip, a plain
+        probe) cost no projection."""
+        window = self.net.cfg.context_window
+        self.pending.append(features)
+        self.pending_rows += features.shape[0]
+        while self.pending_rows - self.pending[0].shape[0] >= window:  # the oldest block is out of the window
+            self.pending_rows -= self.pending.pop(0).shape[0]
+        if self.pending_rows >= window:  # so is everything projected before
+            self.projected = None
+
+    def project_pending(self) -> None:
+        """Project the features kept since the last proposal (N, F) -> (N, D) and keep the last W."""
+        if not self.pending:
+            return
+        window = self.net.cfg.context_window
         with torch.inference_mode():
-            projected = self.net.ctx_in(features.float().cpu())  # (N, D)
+            projected = self.net.ctx_in(torch.cat(self.pending)[-window:].float().cpu())  # (<=W, D)
         if self.projected is not None:
             projected = torch.cat([self.projected, projected])
-        self.projected = projected[-self.net.cfg.context_window :]  # (<=W, D)
+        self.projected = projected[-window:]  # (<=W, D)
+        self.pending, self.pending_rows = [], 0
 
     def context(self, anchor: int):
+        self.project_pending()
         ctx = self.projected[None]  # (1, W, D)
         anchor_embed = self.input_embeddings[anchor].float().cpu()[None]  # (1, D_t)
         mask = torch.ones(ctx.shape[:2], dtype=torch.bool)  # (1, W)

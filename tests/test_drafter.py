@@ -490,3 +490,24 @@ def test_a_shorter_draft_is_the_whole_blocks_prefix(setup, tiny_target):
             cut = drafter.propose(7, k, greedy, torch.Generator().manual_seed(0))
             assert cut.tokens.tolist() == whole.tokens[:k].tolist()
             assert torch.equal(cut.confidence, whole.confidence[:k])
+
+
+def test_features_are_projected_when_the_drafter_next_proposes_within_its_window(setup, tiny_target):
+    """extend only keeps features; the context a proposal sees is the last W positions projected, whatever
+    mixture of single rounds, multi-token rounds and proposals came before (context_window = 8 here)."""
+    _seqs, vocab_ids, _blocks = setup
+    lazy = flow_drafters(tiny_target, vocab_ids)[0]
+    feats = torch.randn(23, 2 * tiny_target.model.config.hidden_size)
+    for start, stop in [(0, 5), (5, 6), (6, 7)]:
+        lazy.extend(list(range(start, stop)), feats[start:stop])
+    first = lazy.context(3)[0]
+    for start, stop in [(7, 8), (8, 11), (11, 12), (12, 20), (20, 21), (21, 23)]:  # 16 rows: beyond the window
+        lazy.extend(list(range(start, stop)), feats[start:stop])
+    assert lazy.pending_rows <= 8 + 7  # what the window cannot reach is dropped as it arrives
+    ctx = lazy.context(3)[0]
+    with torch.inference_mode():
+        eager_first = lazy.net.context_projected(lazy.net.ctx_in(feats[:7])[None], torch.ones(1, 7, dtype=torch.bool),
+                                                 lazy.input_embeddings[3].float()[None])[0]
+        eager = lazy.net.context_projected(lazy.net.ctx_in(feats[-8:])[None], torch.ones(1, 8, dtype=torch.bool),
+                                           lazy.input_embeddings[3].float()[None])[0]
+    assert torch.allclose(first, eager_first, atol=1e-5) and torch.allclose(ctx, eager, atol=1e-5)
