@@ -71,13 +71,51 @@ class NgramDrafter:
         self.history.extend(int(t) for t in token_ids)
 
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
+        return Draft(torch.as_tensor(self.lookup(anchor, block_size)[0], dtype=torch.long), None)
+
+    def lookup(self, anchor: int, block_size: int) -> tuple[list[int], int]:
+        """(what followed the latest earlier occurrence of the longest matching suffix, at most block_size
+        tokens; the length of that suffix), ([], 0) when nothing matches."""
         seq = np.asarray(self.history + [anchor], dtype=np.int64)  # (L,)
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             start = latest_match(seq, n)
             if start is not None:
-                follow = seq[start + n : start + n + block_size]  # (<=K,)
-                return Draft(torch.as_tensor(follow, dtype=torch.long), None)
-        return Draft(torch.empty(0, dtype=torch.long), None)
+                return seq[start + n : start + n + block_size].tolist(), n  # (<=K,)
+        return [], 0
+
+
+class LookupHybrid:
+    """A drafter whose rounds also consult prompt lookup, which costs nothing to compute (App. D's trie with one
+    more source). At T = 0 the lookup's continuation joins the drafter's block(s) as one more branch of the trie
+    verified in the round, at most `branch` tokens long, and a strong lookup (a suffix of `strong` tokens or more
+    matched, `branch` tokens or more to copy) is proposed alone, without calling the drafter. At T > 0, where a
+    trie is not exact, a round takes one source: the strong lookup, else the drafter. Every choice depends on
+    committed tokens only, never on the token being sampled, so the output stays exact."""
+
+    def __init__(self, main: Drafter, strong: int = 3, branch: int = 4):
+        self.main, self.strong, self.branch = main, strong, branch
+        self.ngram = NgramDrafter()
+        self.name = f"{main.name}+lookup"
+        self.feature_layers = main.feature_layers
+        self.max_block_size = main.max_block_size
+
+    def reset(self) -> None:
+        self.main.reset()
+        self.ngram.reset()
+
+    def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
+        self.main.extend(token_ids, features)
+        self.ngram.extend(token_ids, None)
+
+    def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
+        copied, matched = self.ngram.lookup(anchor, block_size)
+        if matched >= self.strong and len(copied) >= self.branch:  # the conversation repeats itself: copy it
+            return Draft(torch.tensor(copied, dtype=torch.long), None)
+        draft = self.main.propose(anchor, block_size, sampling, generator)
+        branch = tuple(copied[: self.branch])
+        if not sampling.greedy or not branch or draft.tokens.tolist()[: len(branch)] == list(branch):
+            return draft
+        return Draft(draft.tokens, draft.q_draft, draft.confidence, (*draft.alternatives, branch))
 
 
 def latest_match(seq: np.ndarray, n: int) -> int | None:

@@ -169,7 +169,7 @@ class MeasuredPays(SkipEmpty):
     min_rounds: int = 3  # rounds of each kind measured before the first verdict
     # a drafter measured far slower than plain steps is re-measured rarely enough that its tries cost at most this
     # share of the time (budget_wait), up to 8 max_skip rounds, beyond the back-off's own limit
-    budget: float = 0.02
+    budget: float = 0.01
     drafted_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent drafting rounds
     plain_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent plain rounds
 
@@ -193,12 +193,14 @@ class MeasuredPays(SkipEmpty):
             ratio = self.rate(self.drafted_rounds) / self.rate(self.plain_rounds)
             self.drafted(paid=ratio >= 1)
             if ratio < 1:
-                self.wait = max(self.wait, min(self.budget_wait(ratio), 8 * self.max_skip))
+                tokens = sum(c for c, _ in self.drafted_rounds) / len(self.drafted_rounds)
+                self.wait = max(self.wait, min(self.budget_wait(ratio, tokens), 8 * self.max_skip))
 
-    def budget_wait(self, ratio: float) -> int:
-        """Plain rounds to wait after a drafting round measured at `ratio` of plain steps' tokens a second: such a
-        round costs 1 / ratio - 1 plain rounds more than it brings, which must stay within `budget` of the rounds."""
-        return math.ceil((1 / max(ratio, 1e-3) - 1) / self.budget)
+    def budget_wait(self, ratio: float, tokens: float = 1.0) -> int:
+        """Plain rounds to wait after drafting rounds measured at `ratio` of plain steps' tokens a second, `tokens`
+        committed a round: such a round takes tokens * (1 / ratio - 1) plain rounds longer than plain steps would
+        for its tokens, which must stay within `budget` of the rounds."""
+        return math.ceil(tokens * (1 / max(ratio, 1e-3) - 1) / self.budget)
 
     def _measured(self) -> bool:
         return len(self.drafted_rounds) >= self.min_rounds and len(self.plain_rounds) >= self.min_rounds

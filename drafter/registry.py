@@ -1,7 +1,7 @@
 """Drafters from a spec: the one place a DrafterSpec becomes a drafter the engine can call."""
 from __future__ import annotations
 
-from core.drafting import Drafter, NgramDrafter
+from core.drafting import Drafter, LookupHybrid, NgramDrafter
 from core.target import Target
 from drafter.checkpoint import CheckpointError
 from drafter.runtime import load_engine_drafter
@@ -21,6 +21,7 @@ def build_drafter(spec: DrafterSpec, target: Target, allow_download: bool = Fals
     if spec.is_hf_baseline:
         raise DrafterUnavailable(f"{spec.name} is transformers' own generate, not a drafter for this engine")
     try:
-        return load_engine_drafter(spec, target, allow_download=allow_download)
+        drafter = load_engine_drafter(spec, target, allow_download=allow_download)
     except CheckpointError as err:
         raise DrafterUnavailable(str(err)) from err
+    return LookupHybrid(drafter) if spec.lookup else drafter

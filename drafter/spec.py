@@ -16,6 +16,9 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
                (engine.draft_pays; 0: never; default 8)
   calibrated=0 network drafters: the cut reads the raw confidence, not the checkpoint's calibration.json
                (drafter/calibration.py; applied at T = 0 when one was fitted for this way of drafting)
+  lookup=1     network drafters: prompt lookup joins each round (core.drafting.LookupHybrid): at T = 0 its
+               continuation is one more branch of the verified trie, a strong match is copied without calling the
+               network; at T > 0 a round takes one of the two
   weights=DIR  a checkpoint other than weights/<target>/<name>
 
 `DrafterSpec.__post_init__` holds every rule about which option suits which drafter; `validate(sampling)`
@@ -38,7 +41,8 @@ LABELS = {"flashmap": "FlashMap", "flashmap-teacher": "FlashMap teacher", "dflas
           "hf-prompt-lookup": "transformers prompt lookup"}
 # text key -> field; the order is the canonical text's
 KEYS = {"steps": "steps", "noise": "noise", "best_of": "best_of", "tree": "tree", "scale": "noise_scale",
-        "k": "block_size", "adaptive": "adaptive", "skip": "max_skip", "calibrated": "calibrated", "weights": "weights"}
+        "k": "block_size", "adaptive": "adaptive", "skip": "max_skip", "calibrated": "calibrated", "lookup": "lookup",
+        "weights": "weights"}
 
 
 class SpecError(ValueError):
@@ -57,6 +61,7 @@ class DrafterSpec:
     adaptive: bool = False
     max_skip: int = 8
     calibrated: bool = True
+    lookup: bool = False
     weights: str | None = None
 
     def __post_init__(self):
@@ -85,6 +90,8 @@ class DrafterSpec:
             return "transformers' generate takes no adaptive cut and no drafter weights"
         if not self.calibrated and name not in NET_DRAFTERS:
             return f"calibrated applies to the network drafters ({', '.join(NET_DRAFTERS)}) only"
+        if self.lookup and name not in NET_DRAFTERS:
+            return f"lookup joins the network drafters ({', '.join(NET_DRAFTERS)}); n-gram is prompt lookup itself"
         if name == "none" and self.weights:
             return "plain decoding has no drafter to give weights to"
         return None
@@ -117,6 +124,7 @@ class DrafterSpec:
                        else " (drafter skipped after drafts that did not pay)")
         words += [f"adaptive K{every_round}"] if self.adaptive else []
         words += ["raw confidence"] if not self.calibrated else []
+        words += ["with prompt lookup"] if self.lookup else []
         words += [f"{Path(self.weights).parent.name} checkpoint"] if self.weights else []
         return ", ".join(words)
 
@@ -168,7 +176,7 @@ def _cast(field: str, raw: str, text: str):
             return raw
         if field == "noise_scale":
             return float(raw)
-        if field in ("adaptive", "calibrated"):
+        if field in ("adaptive", "calibrated", "lookup"):
             return bool(int(raw))
         return int(raw)
     except ValueError as err:
