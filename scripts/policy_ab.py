@@ -2,7 +2,7 @@
 one run (app.suite's rotation).
 
 python -m scripts.policy_ab --prompts eval_math eval_code eval_chat --limit 5 --max-new-tokens 96 \
-    --drafters flashmap,scale=0 dflash --out docs/results/policy_ab_t0.json
+    --drafters flashmap,scale=0 dflash --out docs/results/policy-ab-t0-DATE.json
 
 For each drafter spec, with adaptive=1:
   new          the app's default now: calibrated confidence (drafter/calibration.py), and the skips charge each

@@ -1,7 +1,7 @@
 """Where a training step's time goes (issue #15, learning per CPU-second), measured on the real data.
 
 python -m scripts.profile_train --stages dflash teacher distill --steps 6 --threads 2 --jobs 2 \
-    --out docs/results/profile_train.json
+    --out docs/results/train-profile-DATE.json
 
 Three measurements per stage, each on the same batches:
 - the profile below (torch.profiler roughly doubles a step's time: its shares are what to read, not its seconds);

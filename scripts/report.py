@@ -23,55 +23,21 @@ DOMAINS = ("math", "code", "chat")
 MAIN_ORDER = ("ngram", "hf-prompt-lookup", "dflash", "flashmap,steps=1", "flashmap,steps=2",
               "flashmap,steps=1,adaptive=1,skip=0", "flashmap,steps=1,adaptive=1")
 SLOT_DRAFTERS = ("dflash", "flashmap,steps=1", "flashmap,steps=2")
-ENGINE_DEFAULTS = ("defaults16_t0.json", "defaults16_t0_rerun.json", "defaults16_t1.json")
-# Each later version's engine run of its shipped flow map against the previous one (scripts/bench_report.sh).
-SESSION_DEFAULTS = (
-    (("defaults18_t0.json", "defaults18_t1.json"),
-     "Version 0.11: the flow map distilled from the teacher trained on all three response sets, against "
-     "version 0.10's, "
-     "in the engine"),
-    (("defaults19_t0.json", "defaults19_t1.json"),
-     "Version 0.12: the flow map distilled with the noise path, against version 0.11's, in the engine"),
-    (("defaults20_t0.json", "defaults20_t1.json", "defaults20_t1_zero.json"),
-     "Version 0.14: the flow map distilled from the chat-trained teacher, against version 0.12's, in the engine"),
-    (("defaults21_t0.json", "defaults21_t1.json"),
-     "Version 0.16: the flow map distilled in full from version 0.14's teacher, against version 0.14's, in the engine"),
-)
-
-# offline runs of flow-map checkpoints side by side before shipping one: (file, section title, what the shipped one
-# is measured against)
-CANDIDATE_RUNS = (
-    ("offline_zero_weighted_s8.json", "Version 0.13: the zero-noise path weighted up, two candidates",
-     "one more distillation cycle from it with 48 zero-noise and 16 noise-path blocks a step (800 steps, WSD, lr 5e-5, "
-     "the shipped teacher): its best checkpoint by the curve (`…/best`, step 400) and its decayed end (step 800)."),
-    ("offline_warm5_copy_s8.json", "Version 0.14: the flow map distilled from the chat-trained teacher",
-     "the flow map distilled from version 0.13's teacher, starting as a copy of it (800 steps, WSD, lr 5e-5, 32 "
-     "zero-noise-path blocks a step, all four data sets; its decayed end, also its best by the curve), shipped since."),
-    ("offline_warm6_copy_s8.json", "Version 0.15: the flow map distilled from the teacher of one more cycle",
-     "the flow map distilled from version 0.14's teacher, starting as a copy of it (520 steps, WSD, lr 5e-5, fp32, 32 "
-     "zero-noise-path blocks a step, responses and chat follow-ups; its decayed end), not shipped: below on both "
-     "drafts."),
-    ("offline_warm6_full_s8.json", "Version 0.16: the same distillation at full length",
-     "the flow map distilled from version 0.14's teacher at full length (800 steps, WSD, lr 5e-5, fp32, 32 "
-     "zero-noise-path blocks a step, responses, responses-2 and chat follow-ups): its best checkpoint by the curve "
-     "(`…/best`, step 400) and its decayed end (`runs/s16/final`, step 800), shipped since."),
-)
-
-
-# the 2-step shuffle test (§6.2), paired two ways (shuffle_section): (file, which flow map it measured)
+# the 2-step shuffle test (§6.2), paired two ways (shuffle_section): (results name, which flow map it measured)
 SHUFFLE_RUNS = (
-    ("offline_issue15_s16.json", "version 0.16's flow map"),
-    ("offline_shuffle_coupled_s16.json", "version 0.16's flow map"),
-    ("offline_shuffle_s8.json", "version 0.16's flow map"),
-    ("offline_shuffle_coupled_s8.json", "version 0.16's flow map"),
-    ("offline_shuffle_coupled_s4.json", "version 0.16's flow map"),
-    ("offline_shuffle_coupled_teacher_s32.json", "version 0.16's flow map"),
+    ("offline-variants-stride16", "version 0.16's flow map"),
+    ("offline-shuffle-coupled-stride16", "version 0.16's flow map"),
+    ("offline-shuffle-stride8", "version 0.16's flow map"),
+    ("offline-shuffle-coupled-stride8", "version 0.16's flow map"),
+    ("offline-shuffle-coupled-stride4", "version 0.16's flow map"),
+    ("offline-shuffle-coupled-teacher-stride32", "version 0.16's flow map"),
 )
 
 
 def load(folder: Path, name: str) -> dict | None:
-    path = folder / name
-    return json.loads(path.read_text()) if path.exists() else None
+    """The newest run of this name: docs/results/NAME-YYYY-MM-DD.json (bench_report.sh dates every run it writes)."""
+    runs = sorted(folder.glob(f"{name}-20[0-9][0-9]-[0-9][0-9]-[0-9][0-9].json"))
+    return json.loads(runs[-1].read_text()) if runs else None
 
 
 def fmt(value, digits=2) -> str:
@@ -180,26 +146,6 @@ def shuffle_table(run: dict) -> list[str]:
             continue
         a, b = r["acceptance_length"], shuffled["acceptance_length"]
         lines.append(f"| {label(name)} | {fmt(a, 3)} | {fmt(b, 3)} | {a - b:+.3f} |")
-    return lines + [""]
-
-
-def verify_section(cost: dict, mains: dict) -> list[str]:
-    rel = {int(k): v for k, v in cost["relative_to_one"].items()}
-    sec = {int(k): v for k, v in cost["seconds"].items()}
-    lines = ["| positions T | " + " | ".join(str(t) for t in sorted(rel)) + " |", "|---|" + "---|" * len(rel),
-             "| ms | " + " | ".join(f"{1000 * sec[t]:.1f}" for t in sorted(rel)) + " |",
-             "| × one position | " + " | ".join(f"{rel[t]:.2f}" for t in sorted(rel)) + " |", ""]
-    if 17 in rel:
-        lines.append(f"A K=16 round feeds 17 positions, {rel[17]:.2f}× the cost of one plain step, so even a free "
-                     f"drafter must commit more than {rel[17]:.2f} tokens per round to break even, and the speedup "
-                     f"can be at most acceptance length / {rel[17]:.2f}. With the measured acceptance lengths:")
-        lines += ["", "| run | acceptance length | ceiling (free drafter) | measured speedup |", "|---|---|---|---|"]
-        for (d, t), run in sorted(mains.items()):
-            for name in ("dflash", "flashmap,steps=1", "flashmap,steps=2"):
-                r = by_variant(run).get(name)
-                if r and r["acceptance_length"]:
-                    lines.append(f"| {d} T={t} {label(name)} | {fmt(r['acceptance_length'])} | "
-                                 f"{r['acceptance_length'] / rel[17]:.2f}× | {fmt(r['speedup'])}× |")
     return lines + [""]
 
 
@@ -379,22 +325,22 @@ def tree_section(engine: dict[str, dict], offline: list[dict]) -> list[str]:
 
 
 def build(results: Path, out: Path) -> str:
-    mains = {(d, t): run for d in DOMAINS for t in (0, 1) if (run := load(results, f"main_{d}_t{t}.json"))}
+    mains = {(d, t): run for d in DOMAINS for t in (0, 1) if (run := load(results, f"drafters-{d}-t{t}"))}
     doc = ["# Benchmarks: SmolLM2-135M-Instruct on a 2-core CPU", "",
            "Generated by `python -m scripts.report` from the JSON files in `docs/results/`, which "
            "`bash scripts/bench_report.sh` writes (each file is one side-by-side run: for every prompt, plain "
            "decoding and every drafter run back to back, in a rotating order). Speedups are ratios of "
            "tokens/s within one run.", ""]
     if mains:
-        doc += ["## The trained drafters' targets", ""] + targets_section(mains, load(results, "shuffle_t0.json"),
-                                                             load(results, "offline_val.json"),
-                                                             load(results, "offline_val_sparse.json"))
+        doc += ["## The trained drafters' targets", ""] + targets_section(mains, load(results, "shuffle-test-t0"),
+                                                             load(results, "offline-val-stride2"),
+                                                             load(results, "offline-val-stride16"))
         doc += ["## Speedup and acceptance length", ""]
         for key in sorted(mains, key=lambda k: (k[1], DOMAINS.index(k[0]))):
             doc += main_table(mains[key], *key)
         plot_speedups(mains, out / "bench-speedup.png")
         doc += ["![speedup per domain](bench-speedup.png)", ""]
-    if ksweep := load(results, "ksweep_t0.json"):
+    if ksweep := load(results, "k-sweep-t0"):
         doc += ["## Acceptance length against proposal length K (paper Fig. 2)", "",
                 f"T=0, prompts: {', '.join(Path(p).name for p in ksweep['prompts_files'])}, first "
                 f"{ksweep['limit']} of each.", ""]
@@ -406,65 +352,36 @@ def build(results: Path, out: Path) -> str:
         doc += plot_slots(mains, out / "bench-slots.png")
         doc += ["![per-slot acceptance](bench-slots.png)", ""]
     for t in (0, 1):
-        if shuffle := load(results, f"shuffle_t{t}.json"):
+        if shuffle := load(results, f"shuffle-test-t{t}"):
             first = shuffle["results"][0]
             doc += [f"## Shuffle test (paper Table 2), T={t}", "",
                     f"Acceptance length with one noise draw shared by the block against each slot taken from its "
                     f"own independent draw (same per-slot marginals, no joint structure); {first['prompts']} "
                     f"prompts, K={first['block_size']}.", ""]
             doc += shuffle_table(shuffle)
-    tree_runs = {d: run for d in DOMAINS if (run := load(results, f"tree_{d}_t0.json"))}
-    tree_offline = [run for name in ("offline_tree.json", "offline_tree_k4.json") if (run := load(results, name))]
+    tree_runs = {d: run for d in DOMAINS if (run := load(results, f"tree-{d}-t0"))}
+    tree_offline = [run for name in ("offline-tree", "offline-tree-k4") if (run := load(results, name))]
     if tree_runs or tree_offline:
         doc += tree_section(tree_runs, tree_offline)
-    if val := load(results, "offline_val.json"):
-        doc += offline_section(val, load(results, "offline_val_sparse.json"), load(results, "offline_val_phase1.json"),
-                               load(results, "offline_seen.json"))
-    if cost := load(results, "verify_cost.json"):
-        doc += ["## Verify cost and the ceiling it sets", "",
-                "`python -m core.verify_cost`: median time of one target forward over T new positions after "
-                f"{cost['context']} cached ones (fp32, as every run above).", ""]
-        doc += verify_section(cost, mains)
-        if bf16 := load(results, "verify_cost_bf16.json"):
-            rel = {int(k): v for k, v in bf16["relative_to_one"].items()}
-            one = 1000 * bf16["seconds"]["1"]
-            doc += [f"With the target in bf16 (`--dtype bf16`, AVX512-BF16 matmuls) one position takes {one:.1f} ms "
-                    f"and 17 positions {rel[17]:.2f}× that, against {1000 * cost['seconds']['1']:.1f} ms and "
-                    f"{cost['relative_to_one']['17']:.2f}× in fp32.", ""]
-        if probe := load(results, "bf16_probe_t0.json"):
-            differ = [r for r in probe["results"] if not r["identical_to_baseline"]]
-            doc += [f"bf16 would make the method pay on this CPU, but it breaks exactness: in a side-by-side bf16 run "
-                    f"(`python -m app.suite --dtype bf16 --prompts eval_math eval_code --limit {probe['limit']} "
-                    f"--max-new-tokens {probe['max_new_tokens']}`, `docs/results/bf16_probe_t0.json`) {len(differ)} "
-                    f"of {len(probe['results'])} drafter variants did not reproduce plain bf16 decoding token for "
-                    "token: one batched forward over K + 1 positions and one position at a time round differently "
-                    "in bf16, enough to flip near-tied argmaxes. The CPU default stays fp32, where every run here is "
-                    "identical.", ""]
+    if val := load(results, "offline-val-stride2"):
+        doc += offline_section(val, load(results, "offline-val-stride16"), None, load(results, "offline-seen"))
+    doc += ["## Verify cost and speed against llama.cpp", "",
+            "The engine's verify cost per precision, its speed against plain decoding and llama.cpp, and the thread "
+            "policy are measured by `bash scripts/engine_ladder.sh` and tabled in `docs/engine.md` "
+            "(`docs/results/engine/`).", ""]
     doc += curves_section(results / "curves", out / "learning-curves.png")
-    if gate := load(results, "offline_teacher_gate3.json"):
-        doc += teacher_gate_section(gate)
-    if final := load(results, "offline_issue15.json"):
-        doc += issue15_section(final)
+    if final := load(results, "offline-acceptance-stride16"):
+        doc += acceptance_section(final)
     if shuffles := [(run, which) for name, which in SHUFFLE_RUNS if (run := load(results, name))]:
         doc += shuffle_section(shuffles)
-    if runs := [run for name in ENGINE_DEFAULTS if (run := load(results, name))]:
-        doc += engine_defaults_section(runs)
-    if kernels := load(results, "verify_cost_kernels.json"):
-        doc += cpu_linear_section(kernels, [run for name in ("defaults17_t0.json", "defaults17_t0_rerun.json",
-                                                              "defaults17_t1.json") if (run := load(results, name))])
-    if profile := load(results, "profile_train.json"):
+    if profile := load(results, "train-profile"):
         doc += profile_section(profile)
-    if walk := load(results, "offline_walk.json"):
-        doc += walk_section(walk, load(results, "offline_issue15.json"))
-    if calibration := load(results, "calibration.json"):
-        doc += calibration_section(calibration, [run for name in ("policy_ab_t0.json", "policy_ab_2step_t0.json",
-                                                                  "policy_ab_t1.json") if (run := load(results, name))])
-    for name, title, against in CANDIDATE_RUNS:
-        if candidates := load(results, name):
-            doc += candidates_section(candidates, title, against)
-    for names, title in SESSION_DEFAULTS:
-        if runs := [run for name in names if (run := load(results, name))]:
-            doc += engine_defaults_section(runs, title)
+    if walk := load(results, "offline-walk"):
+        doc += walk_section(walk, load(results, "offline-acceptance-stride16"))
+    if (results / "calibration.json").exists():
+        calibration = json.loads((results / "calibration.json").read_text())
+        doc += calibration_section(calibration, [run for name in ("policy-ab-t0", "policy-ab-2step-t0",
+                                                                  "policy-ab-t1") if (run := load(results, name))])
     return "\n".join(doc)
 
 
@@ -474,7 +391,7 @@ def walk_section(walk: dict, uniform: dict | None) -> list[str]:
            "`python -m drafter.evaluate --data data/smollm2-val --walk`: each response walked as the engine walks it "
            "at T = 0 without a cut (the next anchor one accepted block after the last), "
            f"{walk['results'][0]['all']['rounds']:,} rounds per drafter. Rounds crowd where drafts fail, so tokens per "
-           "round here is lower than the every-16th-anchor average that the issue's targets use, and it is what the "
+           "round here is lower than the every-16th-anchor average that the acceptance targets use, and it is what the "
            "engine's acceptance length is at K = 16.", ""] + acceptance_rows(walk)
     if uniform:
         by_variant = {r["variant"]: r["all"]["acceptance_length"] for r in uniform["results"]}
@@ -537,55 +454,6 @@ def domain_speedups(run: dict, result: dict) -> dict[str, float]:
             for name, rows in groups.items()}
 
 
-def engine_defaults_section(runs: list[dict], title: str = "In the engine: the app's defaults against plain decoding "
-                                                           "(torch's CPU linear kernels)") -> list[str]:
-    """The engine target of the acceptance work: the app's default drafter settings against plain decoding, side by
-    side."""
-    doc = [f"## {title}", "",
-           f"`python -m app.suite --prompts eval_math eval_code eval_chat --limit {runs[0]['limit']} --max-new-tokens "
-           f"{runs[0]['max_new_tokens']} [--temperature 1] --variants …` (the variants below; one run per "
-           "temperature): for every prompt plain decoding and each variant back to back, in rotated order, the "
-           "background training paused"
-           + ("; the second T = 0 block is a later run of the default alone on the first 5 math and code prompts "
-              "(`--limit 5`)" if sum(run["temperature"] == 0 for run in runs) > 1 else "")
-           + ". Speedup = tokens/s against the plain runs of the same prompts; acceptance length = tokens per target "
-           "forward.", "",
-           "| T | drafter | math | code | chat | all | acceptance length | identical to plain |",
-           "|---|---|---|---|---|---|---|---|"]
-    for run in runs:
-        for r in run["results"]:
-            sp = domain_speedups(run, r)
-            same = "yes" if r["identical_to_baseline"] else ("—" if run["temperature"] else "**no**")
-            doc.append(f"| {run['temperature']:g} | {label(r['variant'])} ({run['limit']} prompts each) | "
-                       + " | ".join(f"{sp[d]:.2f}×" if d in sp else "—" for d in ("math", "code", "chat", "all"))
-                       + f" | {r['acceptance_length']:.2f} | {same} |")
-    return doc + [""]
-
-
-def cpu_linear_section(kernels: dict, runs: list[dict]) -> list[str]:
-    """Version 0.9: the target's linear layers prepacked for oneDNN (core.cpu_linear), the verify cost curve of both
-    kernels side by side, and the app's defaults in the engine with it."""
-    curves = kernels["cpu_linear"]
-    positions = sorted(int(t) for t in curves["onednn"]["seconds"])
-    doc = ["## Prepacked oneDNN linear layers: a flatter verify cost (version 0.9)", "",
-           f"`python -m core.verify_cost --compare-cpu-linear --repeats {kernels.get('repeats', 20)}` "
-           f"({kernels['threads']} threads, {kernels['context']} cached positions, the target loaded with each kernel "
-           "in one process, passes interleaved): median ms of one target forward over T new positions.", "",
-           "| kernel | " + " | ".join(f"T={t}" for t in positions) + " |", "|---|" + "---|" * len(positions)]
-    for kernel in ("torch", "onednn"):
-        sec, rel = curves[kernel]["seconds"], curves[kernel]["relative_to_one"]
-        cells = [f"{1000 * sec[str(t)]:.1f} ms ({rel[str(t)]:.2f}×)" for t in positions]
-        doc.append(f"| {kernel} | " + " | ".join(cells) + " |")
-    one = curves["torch"]["seconds"]["1"] / curves["onednn"]["seconds"]["1"]
-    doc += ["", f"One position (a plain decoding step) is {one:.2f}× faster with oneDNN; 17 positions cost "
-            f"{curves['onednn']['relative_to_one']['17']:.2f}× one position instead of "
-            f"{curves['torch']['relative_to_one']['17']:.2f}×.", ""]
-    if runs:
-        doc += engine_defaults_section(runs, "In the engine with oneDNN linear layers (the default since version 0.9): "
-                                             "the app's defaults against plain decoding")
-    return doc
-
-
 def acceptance_rows(run: dict, with_ce: bool = False) -> list[str]:
     """A table of each variant's held-out acceptance length per domain (and its slots' cross-entropy)."""
     domains = [d for d in DOMAINS if d in run["results"][0]] + ["all"]
@@ -603,33 +471,6 @@ def delta_table(run: dict, pairs: list[tuple[str, str, str]]) -> list[str]:
     domains = [d for d in DOMAINS if d in run["results"][0]] + ["all"]
     return (["| comparison (accepted tokens per round, paired) | " + " | ".join(domains) + " |",
              "|---|" + "---|" * len(domains)] + delta_rows(run, pairs) + [""])
-
-
-def teacher_gate_section(gate: dict) -> list[str]:
-    """The teacher gate: distill only a teacher whose t = 0 pass is as good as DFlash-style's and whose flow beats its
-    own t = 0 pass."""
-    rounds = gate["results"][0]["all"]["rounds"]
-    teacher = next(r["variant"] for r in gate["results"] if r["variant"].startswith("flashmap-teacher,weights"))
-    weights = teacher.split("weights=")[1]
-    flows = [r["variant"] for r in gate["results"] if "steps=16" in r["variant"]]
-    noise = {v: f"teacher 16 steps from noise × {DrafterSpec.parse(v).noise_scale:g}" for v in flows}
-    pairs = [("teacher t = 0 pass − DFlash-style", teacher, "dflash")]
-    pairs += [(f"{noise[v]} − its t = 0 pass", v, teacher) for v in flows]
-    pairs += [(f"{noise[v]} − DFlash-style", v, "dflash") for v in flows]
-    pairs += [("FlashMap 1-step: zero noise − noise", "flashmap,scale=0", "flashmap")]
-    start = "the teacher's weights as a flow map (distillation's start): zero-noise jump − DFlash-style"
-    pairs += [(start, v, "dflash") for v in (r["variant"] for r in gate["results"])
-              if v.startswith("flashmap,scale=0,weights")]
-    return (["## The teacher gate", "",
-             f"`python -m drafter.evaluate --data data/smollm2-val --stride {gate['stride']}` ({rounds:,} rounds, "
-             f"T = 0, K = 16) on the flow teacher warm-started from the DFlash-style net (`{weights}`, 30% of blocks "
-             "at t = 0, 800 steps, its t = 0 pass starting exactly as DFlash-style's: `DraftNet.start_from_mask`). "
-             "Gate: its t = 0 pass as good as DFlash-style's (cross-entropy per slot), and its "
-             "integrated flow better than that one pass. Integrated from random noise (× 1) the flow loses to its "
-             "own t = 0 pass — a sampled trajectory misses the greedy token where a slot is uncertain; from x0 = 0 "
-             "(or shrunken noise) it wins, and beats DFlash-style: the flow map's draft from x0 = 0 is the one to "
-             "train and use at T = 0 (`--zero-noise-blocks`, `flashmap,scale=0`).", ""]
-            + acceptance_rows(gate, with_ce=True) + delta_table(gate, pairs))
 
 
 def coupled(run: dict) -> bool:
@@ -676,8 +517,8 @@ def shuffle_pairing(run: dict) -> str:
     return ", independent of the shared draft's noise (before version 0.17)"
 
 
-def issue15_section(run: dict) -> list[str]:
-    """The issue's offline targets, paired on the same anchors."""
+def acceptance_section(run: dict) -> list[str]:
+    """The shipped drafters' offline acceptance, paired on the same anchors."""
     names = [r["variant"] for r in run["results"]]
     pairs = [(f"{label(a)} − {label(b)}", a, b) for a, b in (
         ("flashmap,scale=0", "dflash"), ("flashmap", "dflash"), ("flashmap,steps=2,scale=0", "flashmap,scale=0"),
@@ -693,22 +534,6 @@ def issue15_section(run: dict) -> list[str]:
              f"{run['results'][0]['all']['rounds']:,} rounds per drafter, the checkpoints shipped when it ran). The "
              "last row is the 2-step shuffle test (paper Table 2): one shared noise draw against each slot from its "
              "own draw" + shuffle_pairing(run) + ".", ""]
-            + acceptance_rows(run) + delta_table(run, pairs))
-
-
-def candidates_section(run: dict, title: str, against: str) -> list[str]:
-    """Checkpoints of the flow map side by side (variants `…,weights=DIR`; the first DIR is the shipped one): per
-    checkpoint its 2-step draft against its 1-step draft, and each candidate's 1-step draft against the shipped."""
-    names = [r["variant"] for r in run["results"]]
-    dirs = list(dict.fromkeys(name.split("weights=")[1] for name in names if "weights=" in name))
-    one, two = "flashmap,scale=0,weights={}", "flashmap,steps=2,scale=0,weights={}"
-    pairs = [(f"2 jumps − 1 jump, `{d}`", two.format(d), one.format(d)) for d in dirs]
-    pairs += [(f"1 jump: `{d}` − `{dirs[0]}`", one.format(d), one.format(dirs[0])) for d in dirs[1:]]
-    return (["## " + title, "",
-             f"`python -m drafter.evaluate --data data/smollm2-val --stride {run['stride']} --variants "
-             "flashmap,scale=0,weights=DIR flashmap,steps=2,scale=0,weights=DIR …` for each DIR below "
-             f"({run['results'][0]['all']['rounds']:,} rounds, T = 0, K = 16, drafts from x0 = 0): the flow map "
-             f"shipped at the time (`{dirs[0]}`, then a copy of `weights/…/flashmap`) against {against}", ""]
             + acceptance_rows(run) + delta_table(run, pairs))
 
 
