@@ -7,7 +7,8 @@ torch.set_num_threads(1)  # tiny models: threads only add sync cost, and CI boxe
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: runs the embedded default target (SmolLM2-135M) on the CPU")
+    config.addinivalue_line("markers", "slow: runs the embedded default target (SmolLM2-135M) on the CPU, or builds "
+                                       "a native extension")
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 leaves a reason and the Python path, never a crash."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from core import native
@@ -42,3 +43,29 @@ def test_load_target_falls_back_to_the_python_step_with_one_line(monkeypatch, ca
     module = target_module._native_step(target_module.TargetConfig(), tiny)
     assert module is None and tiny.extra["native_step"] == "no compiler here"
     assert capsys.readouterr().out.count("no compiler here") == 1
+
+
+@pytest.mark.slow
+def test_the_portable_build_without_avx512_is_exact_too(monkeypatch, tmp_path):
+    """The step's plain-array lanes (what a CPU without AVX-512 compiles) built here with AVX-512 turned off: the
+    q4 forward through it is batch-invariant and agrees with the op-by-op forward."""
+    from core.exactness import check_invariance, probe_prompt
+    from core.lean import LeanForward
+    from tests.test_lean import lean_target, models
+
+    monkeypatch.setattr(native, "CFLAGS", (*native.CFLAGS, "-mno-avx512f"))
+    monkeypatch.setenv("FLASHMAP_NATIVE_DIR", str(tmp_path))
+    module, why = native.load()
+    assert module is not None, why
+    for _name, model in models():
+        python = lean_target(model, "q4", torch.bfloat16)
+        portable = lean_target(model, "q4", torch.bfloat16)
+        portable.lean = LeanForward(portable.model, weights="q4", native=module)
+        report = check_invariance(portable, probe_prompt(portable.vocab_size, 70), steps=40)
+        assert report.exact, report.describe()
+        caches = [t.lean.new_cache(128) for t in (python, portable)]
+        prompt = torch.tensor(probe_prompt(64, 30))
+        with torch.no_grad():
+            logits = [t.lean(prompt, c) and t.lean(torch.tensor([5, 6, 7]), c)[0] for t, c in zip((python, portable),
+                                                                                               caches)]
+        assert torch.allclose(logits[0].float(), logits[1].float(), atol=0.008)
