@@ -348,7 +348,7 @@ def settings_controls(service: ChatService, choices, default: str, k_max: int) -
             temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature")
             top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p")
         max_new = gr.Slider(16, 2048, value=256, step=16, label="Max new tokens")
-        adaptive = gr.Checkbox(True, label=ADAPTIVE_LABEL)
+        adaptive = gr.Checkbox(True, label=ADAPTIVE_LABEL, elem_id="chat-adaptive")
         tree = gr.Radio(TREE_CHOICES, value=1, label=TREE_LABEL, interactive=default in FLOW_DRAFTERS)
         thinking = gr.Checkbox(False, label="Thinking (Qwen3)", visible=service.target.supports_thinking())
     drafter.change(lambda n, k: drafter_options(service, n, k), [drafter, block], [block, steps, tree, adaptive],
