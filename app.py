@@ -84,7 +84,7 @@ def main(argv=None) -> None:
     from app.ui import CSS, build_ui
 
     service = ChatService(target, {args.drafter: args.weights} if args.weights else None, args.allow_download,
-                          data_dir=Path(args.data_dir))
+                          data_dir=Path(args.data_dir), thread_policy=policy if args.threads is None else None)
     for name, why in service.unavailable.items():
         print(f"note: {name} drafter unavailable ({why})", flush=True)
     print(f"Forward: {target.precision}", flush=True)

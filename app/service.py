@@ -21,6 +21,7 @@ from core.engine import PLAIN_PROBE_EVERY, GenerationConfig, MeasuredPays, Round
 from core.sampling import SamplingConfig
 from core.stats import ReplySpeed
 from core.target import Target
+from core.threads import apply_thread_policy
 from core.verify_cost import draft_cost as measure_draft_cost
 from core.verify_cost import load_cached, relative_from, save_cached, timed_passes
 from drafter.registry import DrafterUnavailable, build_drafter
@@ -88,8 +89,9 @@ class ChatSettings:
 
 class ChatService:
     def __init__(self, target: Target, weights: dict[str, str] | None = None, allow_download: bool = False,
-                 data_dir: Path | None = None):
+                 data_dir: Path | None = None, thread_policy=None):
         self.target = target
+        self.thread_policy = thread_policy  # core.threads.ThreadPolicy: each reply's thread count; None: left as set
         self.weights = weights or {}
         self.allow_download = allow_download
         self.lock = FairLock()
@@ -156,6 +158,8 @@ class ChatService:
             if gen.charges_draft_cost() and drafter is not None:  # measured only where the engine charges it
                 gen = replace(gen, draft_cost=self.draft_cost(drafter))
             measured = None if drafter is None else self._measured.setdefault(id(drafter), MeasuredPays())
+            if self.thread_policy is not None:  # more threads only while nothing else runs (ThreadPolicy.threads_now)
+                apply_thread_policy(self.thread_policy.threads_now())
             for ev in generate(self.target, prompt_ids, gen, drafter, cancel, measured=measured):
                 speed.add(ev, time.perf_counter())
                 self.last_events.append(ev)
@@ -215,4 +219,7 @@ class ChatService:
     def threads(self) -> str:
         from core.threads import wait_policy
 
-        return f"{torch.get_num_threads()} (OpenMP wait: {wait_policy()})"
+        policy = self.thread_policy
+        count = (f"{policy.threads}, {policy.idle_threads} while nothing else runs"
+                 if policy is not None and policy.idle_threads else str(torch.get_num_threads()))
+        return f"{count} (OpenMP wait: {wait_policy()})"

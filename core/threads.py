@@ -28,29 +28,68 @@ BUSY_SLOWDOWN_LIMIT = 1.5  # beside one busy process, a policy may be at most th
 class ThreadPolicy:
     threads: int  # torch threads; 0: one per core
     wait: str  # a WAIT_POLICIES key
+    # torch threads for a reply that starts while no other process runs (0: always `threads`): spinning threads are
+    # fastest on an idle machine and collapse beside a busy neighbour, so each reply looks first (machine_idle)
+    idle_threads: int = 0
 
     def describe(self) -> str:
-        return f"{self.threads or os.cpu_count()} thread(s), {self.wait} wait"
+        idle = f" ({self.idle_threads} when nothing else runs)" if self.idle_threads else ""
+        return f"{self.threads or os.cpu_count()} thread(s){idle}, {self.wait} wait"
+
+    def threads_now(self) -> int:
+        """The thread count for a reply starting now (0: one per core)."""
+        return self.idle_threads if self.idle_threads and machine_idle() else self.threads
 
 
-DEFAULT_POLICY = ThreadPolicy(threads=1, wait="passive")
+DEFAULT_POLICY = ThreadPolicy(threads=1, wait="short-spin", idle_threads=os.cpu_count() or 1)
 
 
 def choose(rows: list[dict]) -> ThreadPolicy:
     """The fastest policy alone among those that stay within BUSY_SLOWDOWN_LIMIT of it beside a busy process (the
     most robust one when none does). rows: {"threads", "wait_policy", "busy_neighbour", "tokens_per_s"}, several
     runs of a configuration averaged."""
-    speed: dict[tuple[int, str, bool], list[float]] = {}
+    speed: dict[tuple[int, str, int, bool], list[float]] = {}
     for row in rows:
-        speed.setdefault((row["threads"], row["wait_policy"], row["busy_neighbour"]), []).append(row["tokens_per_s"])
+        key = (row["threads"], row["wait_policy"], row.get("idle_threads", 0), row["busy_neighbour"])
+        speed.setdefault(key, []).append(row["tokens_per_s"])
     mean = {key: sum(v) / len(v) for key, v in speed.items()}
-    candidates = {(t, w) for t, w, _ in mean if (t, w, False) in mean and (t, w, True) in mean}
+    candidates = {(t, w, i) for t, w, i, _ in mean if (t, w, i, False) in mean and (t, w, i, True) in mean}
     if not candidates:
         raise ValueError("no configuration was measured both alone and beside a busy process")
     robust = [c for c in candidates if mean[(*c, False)] <= BUSY_SLOWDOWN_LIMIT * mean[(*c, True)]]
     best = max(robust, key=lambda c: mean[(*c, False)]) if robust else max(
         candidates, key=lambda c: mean[(*c, True)] / mean[(*c, False)])
     return ThreadPolicy(*best)
+
+
+def others_running() -> int:
+    """Threads of other processes runnable at this instant: /proc/stat's procs_running less this process's own
+    running threads (0 where /proc is absent)."""
+    try:
+        stat = Path("/proc/stat").read_text()
+        running = next(int(line.split()[1]) for line in stat.splitlines() if line.startswith("procs_running"))
+    except (OSError, StopIteration, ValueError):
+        return 0
+    ours = 0
+    for task in Path("/proc/self/task").glob("*/stat"):
+        try:
+            ours += task.read_text().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, IndexError):
+            pass
+    return max(0, running - ours)
+
+
+def machine_idle(samples: int = 5, gap_s: float = 0.002) -> bool:
+    """Whether no other process keeps a core busy: in most of a few snapshots ~2 ms apart, nothing else is runnable
+    (a busy neighbour is runnable in nearly all of them; a daemon waking now and then in few)."""
+    import time
+
+    busy = 0
+    for i in range(samples):
+        busy += others_running() > 0
+        if i + 1 < samples:
+            time.sleep(gap_s)
+    return busy <= samples // 2
 
 
 def cpu_flags() -> frozenset[str]:
@@ -88,7 +127,7 @@ def load_policy(cache_dir: Path | None) -> tuple[ThreadPolicy, str]:
     if cache_dir is not None:
         try:
             data = json.loads(policy_file(cache_dir).read_text())["policy"]
-            policy = ThreadPolicy(int(data["threads"]), str(data["wait"]))
+            policy = ThreadPolicy(int(data["threads"]), str(data["wait"]), int(data.get("idle_threads", 0)))
             if policy.wait in WAIT_POLICIES:
                 return policy, "measured on this machine"
         except (OSError, ValueError, KeyError, TypeError):

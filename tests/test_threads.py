@@ -49,3 +49,21 @@ def test_a_wait_policy_the_user_set_is_kept(monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     set_wait_policy(ThreadPolicy(1, "short-spin"))
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in os.environ
+
+
+def test_a_policy_that_takes_all_cores_only_while_nothing_else_runs(monkeypatch, tmp_path):
+    measured = rows({(2, "spin", False): 150, (2, "spin", True): 50, (1, "spin", False): 110, (1, "spin", True): 118})
+    measured += [{"threads": 1, "idle_threads": 2, "wait_policy": "spin", "busy_neighbour": busy, "tokens_per_s": tps}
+                 for busy, tps in ((False, 148), (True, 117))]
+    policy = choose(measured)
+    assert policy == ThreadPolicy(1, "spin", 2) and "2 when nothing else runs" in policy.describe()
+    save_policy(tmp_path, policy, measured)
+    assert load_policy(tmp_path)[0] == policy  # the idle thread count survives the cache
+    snapshots = iter([0, 1, 0, 0, 0, 1, 1, 1, 0, 1])  # others runnable: rarely, then mostly
+    monkeypatch.setattr(threads_mod, "others_running", lambda: next(snapshots))
+    assert policy.threads_now() == 2 and policy.threads_now() == 1
+    assert ThreadPolicy(1, "passive").threads_now() == 1  # no idle count: nothing is looked at
+
+
+def test_others_running_reads_this_machine():
+    assert threads_mod.others_running() >= 0 and isinstance(threads_mod.machine_idle(samples=2, gap_s=0), bool)
