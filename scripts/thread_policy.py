@@ -5,7 +5,8 @@ python -m scripts.thread_policy [--tokens 128] [--repeats 2] [--out FILE.json] [
 Every configuration runs in a fresh process (OpenMP reads its wait policy once, at start): torch threads 1, all
 cores, or 1 that takes all cores while nothing else runs (as the app decides before each reply), each wait policy of
 core.threads.WAIT_POLICIES, each measured alone and with one other process keeping a core busy (a single-threaded
-matmul loop, like a training job or a browser), `--repeats` times in turn. Run it on an otherwise idle machine. --save caches the choice (core.threads.choose) where `python app.py` reads it.
+matmul loop, like a training job or a browser), `--repeats` times in turn. Run it on an otherwise idle machine.
+--save caches the choice (core.threads.choose) where `python app.py` reads it.
 """
 from __future__ import annotations
 
