@@ -69,7 +69,8 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     policy, source = THREAD_POLICY
     threads = apply_thread_policy(policy.threads if args.threads is None else args.threads)
-    print(f"CPU threads: {threads}, OpenMP wait: {wait_policy()} ({source})", flush=True)
+    chosen = policy.describe() if args.threads is None else f"{threads} thread(s)"
+    print(f"CPU threads: {chosen}, OpenMP wait: {wait_policy()} ({source})", flush=True)
     print(f"Loading target {args.target} …", flush=True)
     try:
         target = load_target(target_config_from_args(args, cache_dir=str(Path(args.data_dir) / "cache")))
