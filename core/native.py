@@ -45,17 +45,57 @@ def load() -> tuple[object | None, str]:
     key = build_key()
     if key in _loaded:
         return _loaded[key], ""
-    from torch.utils import cpp_extension
-
     name = f"flashmap_lean_step_{key}"
     folder = build_root() / name
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if not any(folder.glob("*.so")):
-            print("Compiling the native decode step for this CPU (once, about 20 s; cached)…", flush=True)
-        module = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(CFLAGS),
-                                    build_directory=str(folder), verbose=False)
+        module = _import_built(name, folder) or _build(name, folder)
     except Exception as err:  # noqa: BLE001 - any build failure (no compiler, no ninja, a compile error) means: eager
         return None, f"could not build the native decode step ({type(err).__name__}: {str(err).strip()[:200]})"
     _loaded[key] = module
     return module, ""
+
+
+def _import_built(name: str, folder: Path):
+    """The module from an earlier build of this key, imported directly (no builder, no lock), or None."""
+    import importlib.util
+
+    library = folder / f"{name}.so"
+    if not library.is_file():
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, library)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except ImportError:  # a build cut short: build again
+        return None
+
+
+def _build(name: str, folder: Path):
+    from torch.utils import cpp_extension
+
+    folder.mkdir(parents=True, exist_ok=True)
+    clear_stale_lock(folder)
+    print("Compiling the native decode step for this CPU (once, about 20 s; cached)…", flush=True)
+    return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(CFLAGS),
+                              build_directory=str(folder), verbose=False)
+
+
+STALE_LOCK_S = 180  # a build takes ~20-60 s; a lock older than this was left by a process that died mid-build
+
+
+def clear_stale_lock(folder: Path, wait_s: float = STALE_LOCK_S) -> None:
+    """torch's builder waits for its lock file for ever, and a start killed mid-build leaves one behind: wait while
+    another build may hold it, then remove it once it is older than any build takes."""
+    import time
+
+    lock = Path(folder) / "lock"
+    while lock.exists():
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except OSError:  # removed meanwhile
+            return
+        if age >= wait_s:
+            lock.unlink(missing_ok=True)
+            return
+        time.sleep(0.5)

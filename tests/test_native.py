@@ -35,6 +35,34 @@ def test_a_build_that_fails_says_why(monkeypatch, tmp_path):
     assert module is None and why.startswith("could not build the native decode step")
 
 
+def test_a_built_step_is_imported_without_the_builder_and_a_dead_builds_lock_is_cleared(monkeypatch, tmp_path):
+    import os
+    import time
+
+    from torch.utils import cpp_extension
+
+    module, why = native.load()
+    if module is None:
+        pytest.skip(why)
+    native._loaded.clear()
+
+    def no_builder(**kwargs):
+        raise AssertionError("rebuilt what was built")
+
+    monkeypatch.setattr(cpp_extension, "load", no_builder)
+    assert native.load()[0] is not None  # imported from the earlier build
+    lock = tmp_path / "lock"
+    lock.touch()
+    old = time.time() - native.STALE_LOCK_S - 1
+    os.utime(lock, (old, old))
+    native.clear_stale_lock(tmp_path)
+    assert not lock.exists()
+    lock.touch()  # a fresh lock: another build may hold it, so it is waited for, not removed, within the wait
+    start = time.monotonic()
+    native.clear_stale_lock(tmp_path, wait_s=1.0)
+    assert not lock.exists() and time.monotonic() - start >= 0.9
+
+
 def test_load_target_falls_back_to_the_python_step_with_one_line(monkeypatch, capsys):
     from core import target as target_module
 
