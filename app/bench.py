@@ -196,8 +196,8 @@ def warm_up(target: Target) -> None:
 
 
 def threads_now(cfg: BenchConfig) -> int:
-    """Before each of this engine's runs, the thread count the app would take for a reply starting now
-    (ThreadPolicy.threads_now), unless --threads fixed it."""
+    """Before each run, the thread count the app would take for a reply starting now (ThreadPolicy.threads_now),
+    unless --threads fixed it."""
     return apply_thread_policy(cfg.threads if cfg.threads is not None else THREAD_POLICY[0].threads_now())
 
 
@@ -214,11 +214,11 @@ def bench(cfg: BenchConfig) -> dict:
     for i, prompt in enumerate(tqdm(prompts, desc=f"bench {cfg.spec.text()}", unit="prompt")):
         ids = target.chat_ids([{"role": "user", "content": prompt}])
         gen = runner.generation(GenerationConfig(cfg.max_new_tokens, sampling=cfg.sampling, seed=cfg.seed + i), curve)
-        runs = [lambda: threads_now(cfg) and base.append(run_engine(target, ids, gen, None)),
-                lambda: threads_now(cfg) and spec.append(runner.run(ids, gen))]
+        runs = [lambda: base.append(run_engine(target, ids, gen, None)), lambda: spec.append(runner.run(ids, gen))]
         if anchor is not None:
             runs.append(lambda: anchored.append(anchor.run(ids, cfg.max_new_tokens)))
         for k in range(len(runs)):  # rotate the order so drift on a noisy machine hits every side alike
+            threads_now(cfg)  # as the app before each reply (llama.cpp, in its own process, keeps its own)
             runs[(i + k) % len(runs)]()
     result = summarize(runner, cfg.sampling, target, base, spec)
     if anchor is not None:

@@ -373,12 +373,12 @@ def _setup_forward(target: Target, cfg: TargetConfig) -> Target:
     if cfg.quant == "q4" and why_not:
         raise TargetLoadError(f"--quant q4 runs through the lean forward, which does not serve this model: {why_not}")
     if cfg.engine != "transformers" and why_not is None and not _quantised(target.model):
-        native = _native_step(cfg, target) if cfg.quant == "q4" else None
+        native = _native_step(target) if cfg.quant == "q4" else None
         target.lean = LeanForward(target.model, weights="q4" if cfg.quant == "q4" else "packed", native=native)
     return target
 
 
-def _native_step(cfg: TargetConfig, target: Target):
+def _native_step(target: Target):
     """The compiled decode step (core.native) for a q4 forward, or None with one line saying why not."""
     from core import native
 

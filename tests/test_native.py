@@ -68,7 +68,7 @@ def test_load_target_falls_back_to_the_python_step_with_one_line(monkeypatch, ca
 
     monkeypatch.setattr(native, "load", lambda: (None, "no compiler here"))
     tiny = make_target(tiny_llama(vocab_size=64).to(torch.bfloat16))
-    module = target_module._native_step(target_module.TargetConfig(), tiny)
+    module = target_module._native_step(tiny)
     assert module is None and tiny.extra["native_step"] == "no compiler here"
     assert capsys.readouterr().out.count("no compiler here") == 1
 
