@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 KINDS = ("flashmap", "dflash")
+# per sub-layer (attention, MLP) what the z-lab backbone's time modulation produces, in this order
+MODULATIONS = {"shift-scale-gate": ("shift", "scale", "gate"), "scale-gate": ("scale", "gate")}
 
 
 @dataclass(frozen=True)
@@ -62,12 +64,17 @@ class ZLabFlowConfig:
     context_window: int = 256
     kappa: float = 7.0
     d_cond: int = 256  # width of the time conditioning feeding each layer's zero-initialised modulation
+    # what the time conditioning sets in each sub-layer: shift-scale-gate (adaLN, the first design) or scale-gate,
+    # which a fixed (s, t) folds exactly into the published network's norm and output weights (drafter/export.py)
+    modulation: str = "shift-scale-gate"
 
     backbone = "zlab"  # class attribute: the checkpoint's dispatch key, not a field
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.modulation not in MODULATIONS:
+            raise ValueError(f"modulation must be one of {tuple(MODULATIONS)}, got {self.modulation!r}")
         if min(self.context_window, self.d_cond) < 1:
             raise ValueError("sizes must be positive")
 

@@ -31,11 +31,11 @@ from core.target import TargetConfig, add_target_args, load_target, pick_device,
 from core.threads import cpu_flags
 from drafter.blocks import Blocks
 from drafter.checkpoint import save_checkpoint
-from drafter.config import DrafterConfig, spread_layers
+from drafter.config import MODULATIONS, DrafterConfig, ZLabFlowConfig, spread_layers
 from drafter.data import blocks_from_sequences, draft_vocabulary, load_sequences, target_to_draft_map
 from drafter.losses import dflash_loss, distill_loss, teacher_loss
 from drafter.runtime import build_net, load_net, zlab_warm_start
-from drafter.zlab_dflash import is_zlab_folder
+from drafter.zlab_dflash import assumed_layout, is_zlab_folder
 
 STAGES = ("teacher", "distill", "dflash")
 
@@ -172,7 +172,9 @@ def earlier_runs(previous: dict, cfg: TrainConfig) -> list[dict]:
 @dataclass(frozen=True)
 class NetShape:
     """The shape of a new network (teacher / dflash from scratch); distillation and warm starts keep the shape
-    of the checkpoint they start from."""
+    of the checkpoint they start from. backbone zlab: the published DFlash layout at the target's width and heads
+    (d_model, n_heads and draft_vocab do not apply: its vocabulary is the target's whole one), exportable as a
+    DFlash folder (drafter/export.py) when its modulation is scale-gate."""
 
     block_size: int = 16
     d_model: int = 256
@@ -181,17 +183,45 @@ class NetShape:
     n_feature_layers: int = 4  # target layers read, spread over its depth (config.spread_layers)
     draft_vocab: int = 4096
     context_window: int = 128
+    backbone: str = "dit"  # dit: the project's own network | zlab: the published DFlash layout
+    modulation: str = "scale-gate"  # zlab: the time modulation (config.MODULATIONS)
+    mask_token_id: int = -1  # zlab: the id whose embedding fills the masked slots; -1: the tokenizer's mask or unk
+
+    def __post_init__(self):
+        if self.backbone not in ("dit", "zlab"):
+            raise ValueError(f"--backbone must be dit or zlab, got {self.backbone!r}")
+        if self.modulation not in MODULATIONS:
+            raise ValueError(f"--modulation must be one of {tuple(MODULATIONS)}")
 
 
-def network_config(cfg: TrainConfig, shape: NetShape, target) -> DrafterConfig:
-    """The DrafterConfig of a new network for this stage and target, built once."""
+def network_config(cfg: TrainConfig, shape: NetShape, target) -> DrafterConfig | ZLabFlowConfig:
+    """The config of a new network for this stage and target, built once."""
     layers = spread_layers(target.model.config.num_hidden_layers, shape.n_feature_layers)
+    kind = "dflash" if cfg.stage == "dflash" else "flashmap"
+    if shape.backbone == "zlab":
+        zlab = assumed_layout(target.model.config, target.vocab_size, shape.n_layers, shape.block_size + 1,
+                              mask_token(shape, target), tuple(i - 1 for i in layers))  # z-lab counts from layer 0
+        return ZLabFlowConfig(zlab=zlab, kind=kind, context_window=shape.context_window, modulation=shape.modulation)
     return DrafterConfig(
-        kind="dflash" if cfg.stage == "dflash" else "flashmap", block_size=shape.block_size, d_model=shape.d_model,
+        kind=kind, block_size=shape.block_size, d_model=shape.d_model,
         n_layers=shape.n_layers, n_heads=shape.n_heads, feature_layers=layers,
         target_hidden=target.model.config.hidden_size, draft_vocab=shape.draft_vocab,
         context_window=shape.context_window,
     )
+
+
+def mask_token(shape: NetShape, target) -> int:
+    """--mask-token-id, else the tokenizer's mask token, else its unknown token, else 0."""
+    if shape.mask_token_id >= 0:
+        if shape.mask_token_id >= target.vocab_size:
+            raise ValueError(f"--mask-token-id {shape.mask_token_id} is outside the vocabulary ({target.vocab_size})")
+        return shape.mask_token_id
+    tok = getattr(target, "tokenizer", None)
+    for name in ("mask_token_id", "unk_token_id"):
+        value = getattr(tok, name, None)
+        if isinstance(value, int) and 0 <= value < target.vocab_size:
+            return value
+    return 0
 
 
 def build_student(cfg: TrainConfig, net_cfg: DrafterConfig, target, seqs):
@@ -214,7 +244,8 @@ def build_student(cfg: TrainConfig, net_cfg: DrafterConfig, target, seqs):
             teacher = net.requires_grad_(False)
             return distill_student(cfg, teacher, vocab_ids, target), teacher, vocab_ids
         return net.train().requires_grad_(True), None, vocab_ids
-    vocab_ids = draft_vocabulary(seqs, net_cfg.draft_vocab)
+    vocab_ids = (torch.arange(target.vocab_size) if isinstance(net_cfg, ZLabFlowConfig)  # DFlash's: the whole one
+                 else draft_vocabulary(seqs, net_cfg.draft_vocab))
     return build_net(net_cfg, target, vocab_ids).train(), None, vocab_ids
 
 
@@ -360,9 +391,10 @@ def add_train_args(parser: argparse.ArgumentParser, with_steps: bool = True) -> 
         parser.add_argument(f"--{field}", type=float, default=default,
                             help="default 6e-4 (5e-5 for distill)" if field == "lr" else f"default {default}")
     # network shape (new teacher / dflash only; distill and --init keep their checkpoint's)
+    choices = {"backbone": ["dit", "zlab"], "modulation": list(MODULATIONS)}
     for field in fields(NetShape):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=int, default=field.default,
-                            help="new networks only: " + field.name.replace("_", " "))
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default,
+                            choices=choices.get(field.name), help="new networks only: " + field.name.replace("_", " "))
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"],
                         help="bf16: matmuls under bf16 autocast; auto (default): bf16 on a GPU or a CPU with AMX, "
                              "else fp32 (faster there, measured)")

@@ -72,17 +72,27 @@ class ZLabConfig:
         )
 
 
-def assumed_layout(facts, vocab_size: int, layers: int = 5, block_size: int = 16) -> dict:
-    """A published-format config at a target's width when the real file is not at hand (plans, random-weight
-    measurements): `layers` Qwen3-style layers reading five target layers spread as the paper's 1, 9, 17, 25, 33
-    of 36, block 16. facts: the target's config (hidden_size, num_hidden_layers, heads, head_dim, ...)."""
+def assumed_layout(facts, vocab_size: int, layers: int = 5, block_size: int = 16, mask_token_id: int = 0,
+                   target_layer_ids: tuple[int, ...] | None = None) -> dict:
+    """A published-format config.json at a target's width: for a new drafter of this format, or the plan when the
+    real file is not at hand. `layers` Qwen3-style layers reading five target layers spread as the paper's
+    1, 9, 17, 25, 33 of 36 unless target_layer_ids are given, block 16 (anchor included). facts: the target's config
+    (hidden_size, num_hidden_layers, heads, head_dim, intermediate_size). Every field the published file has is
+    written, so that the engines serving this format read it as they read z-lab's."""
     n = facts.num_hidden_layers
     ids = [1 + round(i * (n - 4) / 4) for i in range(5)] if n > 8 else [0, n - 1]  # 36 -> 1, 9, 17, 25, 33
-    return {"architectures": [ARCHITECTURE], "hidden_size": facts.hidden_size, "num_hidden_layers": layers,
-            "num_attention_heads": facts.num_attention_heads, "num_key_value_heads": facts.num_key_value_heads,
-            "head_dim": facts.head_dim, "intermediate_size": facts.intermediate_size, "rms_norm_eps": 1e-6,
-            "rope_theta": 1000000, "block_size": block_size, "num_target_layers": n, "vocab_size": vocab_size,
-            "dflash_config": {"mask_token_id": 0, "target_layer_ids": ids}}  # the mask id matters to no plan
+    heads = facts.num_attention_heads
+    return {"architectures": [ARCHITECTURE], "model_type": "qwen3", "attention_bias": False, "attention_dropout": 0.0,
+            "block_size": block_size, "dtype": "bfloat16", "hidden_act": "silu", "hidden_size": facts.hidden_size,
+            "head_dim": getattr(facts, "head_dim", None) or facts.hidden_size // heads,
+            "intermediate_size": facts.intermediate_size, "layer_types": ["full_attention"] * layers,
+            "max_position_embeddings": int(getattr(facts, "max_position_embeddings", 8192)),
+            "num_attention_heads": heads, "num_hidden_layers": layers,
+            "num_key_value_heads": getattr(facts, "num_key_value_heads", None) or heads, "num_target_layers": n,
+            "rms_norm_eps": 1e-6, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+            "tie_word_embeddings": False, "use_cache": True, "vocab_size": vocab_size,
+            "dflash_config": {"mask_token_id": mask_token_id,
+                              "target_layer_ids": list(target_layer_ids) if target_layer_ids else ids}}
 
 
 def rope(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

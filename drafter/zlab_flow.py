@@ -13,10 +13,16 @@ network at t = 0 *is* the published drafter (tests/test_zlab_flow.py checks the 
   every slot's state is h_0 whatever the noise, so the input is exactly the mask embedding there, always.
 - each layer's two sub-layers are modulated by (s, t) as in adaLN, h = norm(x)(1 + scale) + shift and
   x + (1 + gate) f(h), with shift, scale, gate from a zero-initialised linear map of the time conditioning.
+  With `modulation = "scale-gate"` there is no shift: at a fixed (s, t) the scale is then a factor on the norm's
+  weight and the gate one on the output projection's rows, so the drafter at that (s, t) is a published DFlash
+  network with other weights (drafter/export.py). A shift is not foldable: the published attention and MLP
+  have no biases, and a bias before k_norm would also move the context's keys.
 Times are fed as tau(s), tau(t) (eq. 6): equal steps of decoding progress, so t = 0 and the early times the
 samplers use are spread apart instead of crowded near 0 (issue #15).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -24,9 +30,9 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from drafter.checkpoint import CheckpointError
-from drafter.config import ZLabFlowConfig
+from drafter.config import MODULATIONS, ZLabFlowConfig
 from drafter.flow import tau_of_t
-from drafter.network import FlowNet, modulate, time_embedding
+from drafter.network import FlowNet, time_embedding
 from drafter.zlab_dflash import ZLabConfig, ZLabDFlashNet, apply_rope, rope
 
 
@@ -46,8 +52,9 @@ class ZLabFlowNet(FlowNet):
         self.state_norm, self.raw_norm = nn.RMSNorm(d), nn.RMSNorm(d)
         self.state_in = nn.Linear(d, d, bias=False)
         self.time_mlp = nn.Sequential(nn.Linear(2 * cfg.d_cond, cfg.d_cond), nn.SiLU())
-        # per layer, for attention and MLP each: shift, scale, gate
-        self.ada = nn.ModuleList(nn.Linear(cfg.d_cond, 6 * d) for _ in range(layers))
+        # per layer, for attention and MLP each: (shift,) scale, gate
+        self.ada = nn.ModuleList(nn.Linear(cfg.d_cond, 2 * len(MODULATIONS[cfg.modulation]) * d)
+                                 for _ in range(layers))
         for layer in (self.state_in, *self.ada):
             nn.init.zeros_(layer.weight)
             if layer.bias is not None:
@@ -55,15 +62,20 @@ class ZLabFlowNet(FlowNet):
 
     @classmethod
     def from_zlab(cls, zlab: dict, state: dict[str, torch.Tensor], embed_rows, head_rows,
-                  context_window: int = 256) -> "ZLabFlowNet":
+                  context_window: int = 256, modulation: str = "shift-scale-gate") -> "ZLabFlowNet":
         """The flow network warm-started from a published drafter: its config.json as read and its tensors, which
         load into the backbone."""
-        net = cls(ZLabFlowConfig(zlab=zlab, context_window=context_window), embed_rows, head_rows)
+        cfg = ZLabFlowConfig(zlab=zlab, context_window=context_window, modulation=modulation)
+        net = cls(cfg, embed_rows, head_rows)
         missing, unexpected = net.backbone.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
         if missing or unexpected:
             raise CheckpointError(f"tensors do not match the config (missing {missing[:4]}, "
                                   f"unexpected {unexpected[:4]})")
         return net
+
+    def start_from_mask(self) -> None:
+        """A DFlash-style net on this backbone already is the flow's t = 0 pass: its slots enter as E[mask] through
+        state_in(h_0 - h_0) = 0, and both condition on (0, 0). Nothing to move (DraftNet's counterpart shifts a bias)."""
 
     # ---- the FlowNet interface ----------------------------------------------------------------------------
     def ctx_in(self, features: torch.Tensor) -> torch.Tensor:
@@ -97,26 +109,49 @@ class ZLabFlowNet(FlowNet):
         x = torch.cat([anchor, x.to(anchor.dtype)], dim=1)  # (B, 1+K, D)
         w, n = ctx.shape[1], x.shape[1]
         cos, sin = rope(torch.arange(w + n, device=x.device), self.zc.head_dim, self.zc.rope_theta)  # (W+1+K, Hd)
-        vocab = self.cfg.draft_vocab
-        times = torch.cat([time_embedding(tau_of_t(s.float().cpu(), vocab).to(x.device), self.cfg.d_cond),
-                           time_embedding(tau_of_t(t.float().cpu(), vocab).to(x.device), self.cfg.d_cond)], -1)
-        cond = F.silu(self.time_mlp(times))  # (B, Dc)
         attend = torch.cat([context_mask[:, :-1], torch.ones_like(context_mask[:, :1]).expand(-1, n)], 1)  # (B, W+n)
-        for layer, ada in zip(self.backbone.layers, self.ada):
-            args = (layer, ada(cond), x, ctx, attend, cos, sin)
+        for layer, mods in zip(self.backbone.layers, self.modulations(s, t, x.device)):
+            args = (layer, mods, x, ctx, attend, cos, sin)
             x = checkpoint(modulated_layer, *args, use_reentrant=False) if self.grad_checkpoint and self.training \
                 else modulated_layer(*args)
         hidden = self.backbone.norm(x)[:, 1:]  # (B, K, D)
         return hidden @ self.head_matrix().T.to(hidden.dtype)  # (B, K, V)
 
+    def modulations(self, s: torch.Tensor, t: torch.Tensor, device) -> list[tuple["SubLayerMod", "SubLayerMod"]]:
+        """Per backbone layer, the (attention, MLP) modulation at times s, t (B,), fed as tau(s), tau(t) (eq. 6)."""
+        vocab, d_cond = self.cfg.draft_vocab, self.cfg.d_cond
+        times = torch.cat([time_embedding(tau_of_t(s.float().cpu(), vocab).to(device), d_cond),
+                           time_embedding(tau_of_t(t.float().cpu(), vocab).to(device), d_cond)], -1)  # (B, 2Dc)
+        cond = F.silu(self.time_mlp(times))  # (B, Dc)
+        names = MODULATIONS[self.cfg.modulation]
+        out = []
+        for ada in self.ada:
+            parts = dict(zip([f"{n}{i}" for i in (1, 2) for n in names], ada(cond).chunk(2 * len(names), -1)))
+            out.append(tuple(SubLayerMod(parts.get(f"shift{i}"), parts[f"scale{i}"], parts[f"gate{i}"])
+                             for i in (1, 2)))  # each part (B, D)
+        return out
 
-def modulated_layer(layer, mods, x, ctx, attend, cos, sin) -> torch.Tensor:
-    """One backbone decoder layer with its time modulation. mods (B, 6D), x (B, n, D), ctx (B, W, D)."""
-    shift1, scale1, gate1, shift2, scale2, gate2 = mods.chunk(6, dim=-1)  # 6 x (B, D)
-    h = modulate(layer.input_layernorm(x), shift1, scale1)
-    x = x + (1 + gate1[:, None]) * batched_attention(layer.self_attn, h, ctx, attend, cos, sin)
-    h = modulate(layer.post_attention_layernorm(x), shift2, scale2)
-    return x + (1 + gate2[:, None]) * layer.mlp(h)
+
+class SubLayerMod(NamedTuple):
+    """A sub-layer's time modulation (B, D) each: h = norm(x)(1 + scale) + shift, x + (1 + gate) f(h)."""
+    shift: torch.Tensor | None  # None: the foldable scale-gate design
+    scale: torch.Tensor
+    gate: torch.Tensor
+
+    def input(self, normed: torch.Tensor) -> torch.Tensor:
+        h = normed * (1 + self.scale[:, None])  # (B, n, D)
+        return h if self.shift is None else h + self.shift[:, None]
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        return (1 + self.gate[:, None]) * out  # (B, n, D)
+
+
+def modulated_layer(layer, mods: tuple[SubLayerMod, SubLayerMod], x, ctx, attend, cos, sin) -> torch.Tensor:
+    """One backbone decoder layer with its time modulation. x (B, n, D), ctx (B, W, D)."""
+    attn_mod, mlp_mod = mods
+    h = attn_mod.input(layer.input_layernorm(x))
+    x = x + attn_mod.output(batched_attention(layer.self_attn, h, ctx, attend, cos, sin))
+    return x + mlp_mod.output(layer.mlp(mlp_mod.input(layer.post_attention_layernorm(x))))
 
 
 def batched_attention(attn, x, ctx, attend, cos, sin) -> torch.Tensor:
