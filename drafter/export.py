@@ -1,7 +1,8 @@
 """Export a drafter on the z-lab backbone as a published DFlash folder (config.json + model.safetensors under the
 published tensor names), the format vLLM, SGLang and llama.cpp serve with no code of ours.
 
-python -m drafter.export --format dflash WEIGHTS OUT/ [--jump S T] [--dtype bfloat16|float32]
+python -m drafter.export --format dflash WEIGHTS OUT/ [--jump S T] [--tensor-dtype bfloat16|float32]
+python -m drafter.export --target-out TARGET_DIR [--target ID]     (the target too, as a safetensors folder)
 
 Shape letters: D = drafter width (= target width), H = query heads, Hd = head dim, I = MLP width.
 
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from core.target import add_target_args, load_target, target_config_from_args
 from drafter.checkpoint import CheckpointError, read_checkpoint
 from drafter.config import ZLabFlowConfig
 from drafter.zlab_dflash import ARCHITECTURE, ZLabConfig
@@ -80,21 +82,52 @@ def export_dflash(weights, out, jump: tuple[float, float] | None = None, dtype: 
     return out
 
 
+def export_target(target, out, dtype: str = "float32") -> Path:
+    """The loaded target as a transformers folder (config.json, model.safetensors, tokenizer) that vLLM and llama.cpp's
+    converter read: the embedded default ships as GGUF only, which transformers dequantizes on load (so the folder
+    holds the same weights this project's fp32 engine computes with) but will not save itself."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = target.model
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    state = {name: value.detach().to("cpu", DTYPES[dtype]).clone().contiguous()
+             for name, value in model.state_dict().items() if not (tied and name == "lm_head.weight")}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)  # the GGUF's: the folder holds plain tensors
+    config["torch_dtype"] = config["dtype"] = dtype
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    target.tokenizer.save_pretrained(str(out))
+    return out
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--format", choices=["dflash"], default="dflash", help="the published z-lab DFlash layout")
-    parser.add_argument("weights", help="a drafter checkpoint on the z-lab backbone (modulation scale-gate)")
-    parser.add_argument("out", help="the folder to write (config.json + model.safetensors)")
+    parser.add_argument("weights", nargs="?", help="a drafter checkpoint on the z-lab backbone (modulation scale-gate)")
+    parser.add_argument("out", nargs="?", help="the folder to write (config.json + model.safetensors)")
     parser.add_argument("--jump", type=float, nargs=2, metavar=("S", "T"), default=None,
                         help="fold the draft at these times (default: 0 0 for DFlash-style, 0 1 for FlashMap)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
+    parser.add_argument("--tensor-dtype", choices=sorted(DTYPES), default="bfloat16",
                         help="tensor type written (the published files are bfloat16; float32 keeps the fold exact)")
+    parser.add_argument("--target-out", default=None,
+                        help="also write the target (--target) as a safetensors folder, in float32, for vLLM and "
+                             "llama.cpp's converter")
+    add_target_args(parser, cpu_precision="reference")  # the fp32 transformers model: its tensors are saved
     args = parser.parse_args(argv)
-    try:
-        out = export_dflash(args.weights, args.out, tuple(args.jump) if args.jump else None, args.dtype)
-    except (CheckpointError, ValueError) as err:
-        raise SystemExit(f"cannot export {args.weights}: {err}") from err
-    print(f"wrote {out}/config.json and {out}/model.safetensors")
+    if not args.target_out and not (args.weights and args.out):
+        parser.error("give WEIGHTS and OUT, or --target-out")
+    if args.weights:
+        if not args.out:
+            parser.error("OUT is required with WEIGHTS")
+        try:
+            out = export_dflash(args.weights, args.out, tuple(args.jump) if args.jump else None,
+                                args.tensor_dtype)
+        except (CheckpointError, ValueError) as err:
+            raise SystemExit(f"cannot export {args.weights}: {err}") from err
+        print(f"wrote {out}/config.json and {out}/model.safetensors")
+    if args.target_out:
+        print(f"wrote {export_target(load_target(target_config_from_args(args)), args.target_out)}")
 
 
 if __name__ == "__main__":

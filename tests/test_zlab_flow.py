@@ -146,3 +146,40 @@ def test_a_published_folder_for_another_target_or_with_missing_tensors_is_refuse
     tensors = {k: v for k, v in zlab_tensors(cfg).items() if k != "norm.weight"}
     with pytest.raises(CheckpointError, match="missing"):
         zlab_warm_start(write_zlab(tmp_path / "partial", cfg, tensors), tiny_qwen3_target, context_window=8)
+
+
+def test_a_new_published_layout_drafter_trains_from_scratch_warm_starts_a_flow_and_exports(
+        tiny_target, tmp_path, monkeypatch):
+    """--backbone zlab on a Llama target: DFlash-style from scratch, the FlashMap teacher warm-started from it
+    (its t = 0 pass starts as DFlash-style's), both exported and drafting exactly."""
+    from drafter.export import export_dflash
+
+    seqs = tiny_seqs(n=8)
+    data = tmp_path / "data"
+    data.mkdir()
+    write_shard(data / "shard-00000.safetensors", [s.tokens[:6] for s in seqs], [s.tokens[6:] for s in seqs])
+    monkeypatch.setattr(train_mod, "load_target", lambda cfg: tiny_target)
+
+    def run(stage, out, *extra):
+        args = train_mod.parse_args(["--stage", stage, "--data", str(data), "--out", str(out), "--steps", "2",
+                                     "--save-every", "2", "--batch-seqs", "2", "--anchors-per-seq", "4",
+                                     "--context-window", "8", "--block-size", "3", "--target", "tiny", *extra])
+        return train_mod.train(train_mod.config_from_args(args), train_mod.shape_from_args(args),
+                               train_mod.target_config_from_args(args))
+
+    dflash = run("dflash", tmp_path / "dflash", "--backbone", "zlab", "--n-layers", "1", "--mask-token-id", "4")
+    meta = json.loads((dflash / "config.json").read_text())["drafter"]
+    assert meta["backbone"] == "zlab" and meta["modulation"] == "scale-gate" and meta["kind"] == "dflash"
+    assert meta["zlab"]["block_size"] == 4 and meta["zlab"]["dflash_config"]["mask_token_id"] == 4
+    teacher = run("teacher", tmp_path / "teacher", "--init", str(dflash), "--t0-share", "0.3")
+    net, _vocab, _meta = load_net(teacher, tiny_target)
+    assert net.cfg.kind == "flashmap" and net.cfg.modulation == "scale-gate"
+    gen = GenerationConfig(max_new_tokens=12)
+    plain, _ = generate_all(tiny_target, [5, 6, 7, 8], gen)
+    for ckpt in (dflash, teacher):
+        folder = export_dflash(ckpt, tmp_path / f"export-{ckpt.name}", dtype="float32")
+        out, events = generate_all(tiny_target, [5, 6, 7, 8], gen,
+                                   build_drafter(DrafterSpec("dflash", weights=str(folder)), tiny_target))
+        assert out == plain and any(ev.drafted for ev in events)
+    with pytest.raises(SystemExit):
+        run("dflash", tmp_path / "bad", "--backbone", "other")
