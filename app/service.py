@@ -217,9 +217,9 @@ class ChatService:
             log.exception("verify cost measurement failed")
 
     def threads(self) -> str:
+        """The thread policy in effect for the status line: the measured one, else torch's own count."""
         from core.threads import wait_policy
 
-        policy = self.thread_policy
-        count = (f"{policy.threads}, {policy.idle_threads} while nothing else runs"
-                 if policy is not None and policy.idle_threads else str(torch.get_num_threads()))
-        return f"{count} (OpenMP wait: {wait_policy()})"
+        if self.thread_policy is not None:
+            return self.thread_policy.describe()
+        return f"{torch.get_num_threads()} thread(s), {wait_policy()} wait"

@@ -309,7 +309,9 @@ def api_functions(service: ChatService, default: str):
 
 
 def status_text(service: ChatService) -> str:
-    return (f"Forward: {service.target.precision} · Verify-cost curve: {service.curve_status} · "
+    native = service.target.extra.get("native_step")
+    slower = f" (native step off: {native}; op by op, slower)" if native not in (None, "native") else ""
+    return (f"Forward: {service.target.precision}{slower} · Verify-cost curve: {service.curve_status} · "
             f"CPU threads: {service.threads()}")
 
 

@@ -95,6 +95,7 @@ def export_target(target, out, dtype: str = "float32") -> Path:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = model.config.to_dict()
     config.pop("quantization_config", None)  # the GGUF's: the folder holds plain tensors
+    config["architectures"] = config.get("architectures") or [type(model).__name__]  # GGUF loads leave it empty
     config["torch_dtype"] = config["dtype"] = dtype
     (out / "config.json").write_text(json.dumps(config, indent=2))
     target.tokenizer.save_pretrained(str(out))

@@ -62,9 +62,10 @@ class ZLabFlowNet(FlowNet):
 
     @classmethod
     def from_zlab(cls, zlab: dict, state: dict[str, torch.Tensor], embed_rows, head_rows,
-                  context_window: int = 256, modulation: str = "shift-scale-gate") -> "ZLabFlowNet":
+                  context_window: int = 256, modulation: str = "scale-gate") -> "ZLabFlowNet":
         """The flow network warm-started from a published drafter: its config.json as read and its tensors, which
-        load into the backbone."""
+        load into the backbone. Its modulation is the foldable one unless asked otherwise, so that what it learns
+        exports back to the published format (drafter/export.py)."""
         cfg = ZLabFlowConfig(zlab=zlab, context_window=context_window, modulation=modulation)
         net = cls(cfg, embed_rows, head_rows)
         missing, unexpected = net.backbone.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)

@@ -240,3 +240,10 @@ def test_an_adaptive_reply_charges_drafts_for_the_drafter_measured_once(service,
     hot = ChatSettings(**dict(SETTINGS, temperature=1.0))
     service.run_once(service.prompt_ids([], "w10 w11", hot), hot, drafter)
     assert calls == [drafter] and seen == [0.4, 0.4, 0.0, 0.0]  # measured on the first adaptive reply, kept; T = 0 only
+
+
+def test_the_status_line_says_why_the_native_step_is_off(service, monkeypatch):
+    assert "native step off" not in ui.status_text(service)
+    monkeypatch.setitem(service.target.extra, "native_step", "no C++ compiler (g++) on this machine")
+    text = ui.status_text(service)
+    assert "native step off: no C++ compiler (g++) on this machine" in text and "CPU threads: " in text

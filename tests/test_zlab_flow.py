@@ -118,6 +118,12 @@ def test_teacher_warm_started_from_a_published_folder_trains_distils_and_drafts_
     run("teacher", tmp_path / "teacher", 4, zlab_folder)  # resumes from its own save
     net, _vocab, meta = load_net(teacher, tiny_qwen3_target)
     assert meta["training"]["resumed_from"] == 2 and net.cfg.context_window == 8
+    assert net.cfg.modulation == "scale-gate"  # a warm start exports back to the published format
+    from drafter.export import export_dflash
+
+    exported = build_drafter(DrafterSpec("dflash", weights=str(export_dflash(teacher, tmp_path / "export"))),
+                             tiny_qwen3_target)
+    assert exported.max_block_size == BLOCK - 1
     student = run("distill", tmp_path / "flashmap", 2, teacher)
     with pytest.raises(ValueError, match="teacher only"):
         run("distill", tmp_path / "bad", 2, zlab_folder)
