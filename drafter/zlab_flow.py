@@ -115,8 +115,12 @@ class ZLabFlowNet(FlowNet):
             args = (layer, mods, x, ctx, attend, cos, sin)
             x = checkpoint(modulated_layer, *args, use_reentrant=False) if self.grad_checkpoint and self.training \
                 else modulated_layer(*args)
-        hidden = self.backbone.norm(x)[:, 1:]  # (B, K, D)
-        return hidden @ self.head_matrix().T.to(hidden.dtype)  # (B, K, V)
+        hidden = self.backbone.norm(x)[:, 1:]  # (B, K, D), a strided slice
+        b, k, d = hidden.shape
+        # one (B*K, D) x (D, V) product: on the strided 3-d slice torch ran a batched product per block, half as fast
+        # (0.75 s against 0.36 s for 480 rows over SmolLM2's 49,152 tokens, one thread)
+        logits = hidden.reshape(b * k, d) @ self.head_matrix().T.to(hidden.dtype)  # (B*K, V)
+        return logits.view(b, k, -1)  # (B, K, V)
 
     def modulations(self, s: torch.Tensor, t: torch.Tensor, device) -> list[tuple["SubLayerMod", "SubLayerMod"]]:
         """Per backbone layer, the (attention, MLP) modulation at times s, t (B,), fed as tau(s), tau(t) (eq. 6)."""
