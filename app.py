@@ -47,7 +47,27 @@ def parse_args(argv=None):
                              "core; shown in the UI)")
     parser.add_argument("--no-measure", action="store_true",
                         help="do not re-measure the verify-cost curve in the background (use the cached one)")
+    parser.add_argument("--backend", default="engine", choices=["engine", "vllm"],
+                        help="vllm: a vLLM server (--vllm-url) writes the replies of the 'vllm' drafter choice, with "
+                             "the drafter it was started with (docs/serving.md); this engine keeps the others")
+    parser.add_argument("--vllm-url", default="http://127.0.0.1:8000", help="the vLLM server for --backend vllm")
     return parser.parse_args(argv)
+
+
+def connect_backend(args):
+    """The vLLM server for --backend vllm, or None: one line says why when it does not answer (the app then serves
+    every reply with its own engine)."""
+    if args.backend != "vllm":
+        return None
+    from app.remote import RemoteUnavailable, VllmServer
+
+    server = VllmServer(args.vllm_url)
+    try:
+        print(f"vLLM backend: {server.check()} at {args.vllm_url}", flush=True)
+    except RemoteUnavailable as err:
+        print(f"note: {err}; serving with this app's own engine", flush=True)
+        return None
+    return server
 
 
 def serve(app, host: str, port: int) -> None:
@@ -81,11 +101,12 @@ def main(argv=None) -> None:
     from fastapi import FastAPI
 
     from app.openai_api import add_openai_routes
-    from app.service import ChatService
+    from app.service import REMOTE, ChatService
     from app.ui import CSS, build_ui
 
     service = ChatService(target, {args.drafter: args.weights} if args.weights else None, args.allow_download,
-                          data_dir=Path(args.data_dir), thread_policy=policy if args.threads is None else None)
+                          data_dir=Path(args.data_dir), thread_policy=policy if args.threads is None else None,
+                          remote=connect_backend(args))
     for name, why in service.unavailable.items():
         print(f"note: {name} drafter unavailable ({why})", flush=True)
     print(f"Forward: {target.precision}", flush=True)
@@ -93,8 +114,9 @@ def main(argv=None) -> None:
     if not args.no_measure:
         service.measure_in_background()
     api = FastAPI(title="FlashMap Chat")
-    add_openai_routes(api, service, args.drafter)
-    app = gr.mount_gradio_app(api, build_ui(service, args.drafter), path="/", css=CSS)
+    default = REMOTE if service.remote is not None else args.drafter
+    add_openai_routes(api, service, default)
+    app = gr.mount_gradio_app(api, build_ui(service, default), path="/", css=CSS)
     serve(app, args.host, args.port)
 
 

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app import __version__
+from app.remote import RemoteUnavailable
 from app.service import ChatService, ChatSettings
 from core.engine import PromptError
 from core.stats import AcceptanceStats
@@ -126,7 +127,7 @@ class Completion:
         self.service, self.settings = service, settings_for(req, default_drafter)
         history, message = conversation(req)
         try:
-            self.drafter = service.drafter(self.settings.spec())
+            self.drafter = service.drafter_for(self.settings)
         except DrafterUnavailable as err:
             raise ApiError(400, f"drafter {self.settings.drafter!r} unavailable: {err}", param="drafter") from err
         self.prompt_ids = service.prompt_ids(history, message, self.settings)
@@ -141,6 +142,8 @@ class Completion:
             first = next(stream)
         except PromptError as err:
             raise ApiError(400, str(err), code="context_length_exceeded", param="messages") from err
+        except RemoteUnavailable as err:
+            raise ApiError(502, str(err), code="backend_unavailable") from err
         for ev, speed in [first, *stream]:
             self.stats.add(ev)
             self.tokens += len(ev.committed)

@@ -7,9 +7,14 @@ import re
 
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from app.service import REMOTE
 from core.engine import RoundEvent
 from core.stats import AcceptanceStats, ReplySpeed
-from drafter.spec import LABELS as DRAFTER_LABELS
+from drafter.spec import LABELS as ENGINE_LABELS
+
+DRAFTER_LABELS = {**ENGINE_LABELS, REMOTE: "vLLM server (its own drafter)"}
+REMOTE_PANEL = ("<div class='fm-row'>The vLLM server does not expose its drafted blocks or which of their slots it "
+                "accepted; the stats give the acceptance its own counters measured during the reply.</div>")
 
 PANEL_ROUNDS = 12
 SLOT_MARKS = {"acc": "✓", "rej": "✗", "unr": "·"}
@@ -83,6 +88,8 @@ def render_plain_run(tokenizer, first: int, events: list[RoundEvent]) -> str:
 
 def render_panel(tokenizer, events: list[RoundEvent]) -> str:
     """The latest PANEL_ROUNDS rows, newest first: one per drafted round, one per run of plain steps."""
+    if any(ev.kind == "remote" for ev in events):
+        return f"<div class='fm-panel'>{REMOTE_PANEL}</div>"
     rounds = [ev for ev in events if ev.kind == "round" and ev.finish_reason != "cancelled"]
     rows, run_start = [], None
     for i, ev in enumerate(rounds, start=1):
@@ -95,6 +102,20 @@ def render_panel(tokenizer, events: list[RoundEvent]) -> str:
             rows.append(render_round(tokenizer, i, ev))
     body = "".join(reversed(rows[-PANEL_ROUNDS:])) or "<div class='fm-row'>No rounds yet.</div>"
     return f"<div class='fm-panel'>{LEGEND}{body}</div>"
+
+
+def remote_lines(speed: ReplySpeed | None, remote: dict | None) -> list[str]:
+    """A reply the vLLM server wrote: its speed, and the acceptance its spec-decode counters moved by (no ratio to
+    plain decoding: the server makes no plain steps inside a drafting reply; the Compare tab measures one)."""
+    lines = [f"**This reply:** {speed.tokens_per_s:.1f} tokens/s (streamed by the server)"
+             if speed is not None and speed.tokens_per_s else "**This reply:** –"]
+    if remote and remote.get("acceptance_length"):
+        rates = " ".join(f"{r:.2f}" for r in remote["per_position"][:8])
+        lines.append(f"**Server's acceptance length:** {remote['acceptance_length']:.2f} tokens / verify round over "
+                     f"{remote['drafts']} drafts (its counters during this reply; per position: {rates} …)")
+    else:
+        lines.append("**Server's acceptance length:** – (no drafts counted: started without a drafter?)")
+    return lines
 
 
 def speed_lines(speed: ReplySpeed | None, drafting: bool) -> list[str]:
@@ -114,9 +135,9 @@ def speed_lines(speed: ReplySpeed | None, drafting: bool) -> list[str]:
 
 
 def render_stats(stats: AcceptanceStats, speed: ReplySpeed | None, drafter: str, context: tuple[int, int],
-                 curve_status: str, threads: str) -> str:
+                 curve_status: str, threads: str, remote: dict | None = None) -> str:
     lines = [f"**Drafter:** {DRAFTER_LABELS.get(drafter, drafter)}"]
-    lines += speed_lines(speed, drafter != "none")
+    lines += speed_lines(speed, drafter != "none") if drafter != REMOTE else remote_lines(speed, remote)
     if stats.acceptance_length:
         lines.append(f"**Mean acceptance length (conversation):** {stats.acceptance_length:.2f} tokens / "
                      "target forward")

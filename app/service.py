@@ -28,6 +28,7 @@ from drafter.registry import DrafterUnavailable, build_drafter
 from drafter.spec import DrafterSpec, app_default
 
 APP_DRAFTERS = ("flashmap", "dflash", "ngram", "none")  # what the UI offers (the teacher is for analysis)
+REMOTE = "vllm"  # the drafter choice that sends replies to the vLLM server (--backend vllm, app/remote.py)
 CURVE_REPEATS = 7  # passes over 1..17 positions; the curve is their per-position median
 log = logging.getLogger("flashmap")
 
@@ -75,8 +76,10 @@ class ChatSettings:
         return SamplingConfig(self.temperature, self.top_p)
 
     def spec(self) -> DrafterSpec:
-        """The app's drafter settings for these choices (drafter.spec.app_default, shared with the bench)."""
-        return app_default(self.temperature, self.drafter, self.steps, self.tree, self.block_size, self.adaptive)
+        """The app's drafter settings for these choices (drafter.spec.app_default, shared with the bench); the vLLM
+        server drafts with its own drafter, so this engine's side of it is plain."""
+        name = "none" if self.drafter == REMOTE else self.drafter
+        return app_default(self.temperature, name, self.steps, self.tree, self.block_size, self.adaptive)
 
     def generation(self, verify_cost: tuple[float, ...] = (), drafting: bool = False) -> GenerationConfig:
         """The engine's settings; a drafting reply makes a plain step at least every PLAIN_PROBE_EVERY rounds, so
@@ -89,8 +92,10 @@ class ChatSettings:
 
 class ChatService:
     def __init__(self, target: Target, weights: dict[str, str] | None = None, allow_download: bool = False,
-                 data_dir: Path | None = None, thread_policy=None):
+                 data_dir: Path | None = None, thread_policy=None, remote=None):
         self.target = target
+        self.remote = remote  # app.remote.VllmServer (checked) or None: the "vllm" choice writes replies there
+        self.last_remote: dict | None = None  # what the server's spec-decode counters moved by in its last reply
         self.thread_policy = thread_policy  # core.threads.ThreadPolicy: each reply's thread count; None: left as set
         self.weights = weights or {}
         self.allow_download = allow_download
@@ -118,7 +123,16 @@ class ChatService:
                 self.unavailable[name] = str(err)
 
     def available(self) -> list[str]:
-        return [name for name in APP_DRAFTERS if name not in self.unavailable]
+        remote = [REMOTE] if self.remote is not None else []
+        return [name for name in APP_DRAFTERS if name not in self.unavailable] + remote
+
+    def drafter_for(self, settings: ChatSettings):
+        """The drafter these settings ask for: the vLLM server for "vllm", else drafter(settings.spec())."""
+        if settings.drafter == REMOTE:
+            if self.remote is None:
+                raise DrafterUnavailable("no vLLM server: start the app with --backend vllm --vllm-url URL")
+            return self.remote
+        return self.drafter(settings.spec())
 
     def drafter(self, spec: DrafterSpec):
         """The drafter for this spec on this target (cached; K is the engine's business, not the drafter's),
@@ -133,6 +147,8 @@ class ChatService:
 
     def max_block_size(self, name: str) -> int:
         """The largest K the drafter can propose (its trained block); the engine's limit when unavailable."""
+        if name == REMOTE:
+            return MAX_BLOCK_SIZE  # the server's drafter sets its own block
         try:
             drafter = self.drafter(DrafterSpec(name))
         except DrafterUnavailable:
@@ -154,6 +170,9 @@ class ChatService:
         with self.lock:
             self.cancel_event = cancel = cancel or threading.Event()
             speed, self.last_events = ReplySpeed(), []
+            if drafter is not None and drafter is self.remote:  # the server drafts: no cost curve, no probes here
+                yield from self._remote_stream(prompt_ids, settings.generation(), cancel, speed)
+                return
             gen = settings.generation(self.verify_cost, drafting=drafter is not None)
             if gen.charges_draft_cost() and drafter is not None:  # measured only where the engine charges it
                 gen = replace(gen, draft_cost=self.draft_cost(drafter))
@@ -165,6 +184,19 @@ class ChatService:
                 self.last_events.append(ev)
                 yield ev, speed
             self.last_speed = speed
+
+    def _remote_stream(self, prompt_ids: list[int], gen: GenerationConfig, cancel, speed: ReplySpeed):
+        """One reply written by the vLLM server, and what its spec-decode counters moved by meanwhile."""
+        from app.remote import reply_acceptance
+
+        before, self.last_remote = self.remote.spec_counters(), None
+        for ev in self.remote.events(self.target, prompt_ids, gen, cancel):
+            speed.add(ev, time.perf_counter())
+            self.last_events.append(ev)
+            if ev.finished:  # read before the last event goes out, so that its stats show this reply's
+                self.last_remote = reply_acceptance(before, self.remote.spec_counters())
+            yield ev, speed
+        self.last_speed = speed
 
     def draft_cost(self, drafter) -> float:
         """One call of this drafter relative to a one-position target step, measured on its first adaptive reply

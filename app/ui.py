@@ -15,14 +15,24 @@ import gradio as gr
 import torch
 
 from app import __version__
-from app.render import CSS, SLOT_MARKS, render_panel, render_stats, slot_chart, slot_kinds, speed_chart, speed_lines
-from app.service import ChatService, ChatSettings
+from app.remote import RemoteUnavailable
+from app.render import (
+    CSS,
+    DRAFTER_LABELS,
+    SLOT_MARKS,
+    render_panel,
+    render_stats,
+    slot_chart,
+    slot_kinds,
+    speed_chart,
+    speed_lines,
+)
+from app.service import REMOTE, ChatService, ChatSettings
 from core.engine import PromptError
 from core.prompts import read_prompt_file
 from core.stats import AcceptanceStats
 from drafter.registry import DrafterUnavailable
 from drafter.spec import FLOW_DRAFTERS
-from drafter.spec import LABELS as DRAFTER_LABELS
 
 __all__ = ["CSS", "build_ui"]
 UPDATE_EVERY_S = 0.1  # at most ~10 screen updates a second: the browser shares the CPU with the model
@@ -69,7 +79,7 @@ def prepare(service: ChatService, text: str, values: dict) -> tuple[ChatSettings
         raise UserError("Type a message first: the prompt is empty.")
     settings = settings_from(**values)
     try:
-        return settings, service.drafter(settings.spec())
+        return settings, service.drafter_for(settings)
     except DrafterUnavailable as err:
         label = DRAFTER_LABELS.get(settings.drafter, settings.drafter)
         gr.Warning(f"{label} unavailable, using plain decoding: {err}")
@@ -108,7 +118,7 @@ def plain_history(history) -> list[dict]:
 
 def stats_text(service, stats, speed, drafter_name, history, settings) -> str:
     return render_stats(stats, speed, drafter_name, context_usage(service, history, settings), service.curve_status,
-                        service.threads())
+                        service.threads(), service.last_remote if drafter_name == REMOTE else None)
 
 
 def chat(service: ChatService, message: str, history: list[dict], stats: AcceptanceStats | None,
@@ -134,7 +144,7 @@ def chat(service: ChatService, message: str, history: list[dict], stats: Accepta
             yield (history, render_panel(service.target.tokenizer, service.last_events),
                    stats_text(service, stats, speed, shown, history, settings), slot_chart(stats) if redraw
                    else gr.skip(), stats, conv_id)
-    except (UserError, PromptError, MemoryError, torch.OutOfMemoryError) as err:
+    except (UserError, PromptError, RemoteUnavailable, MemoryError, torch.OutOfMemoryError) as err:
         toast(err)
         yield unchanged
         return
@@ -218,7 +228,7 @@ def compare(service: ChatService, prompt: str, **settings_values):
                         sides["plain"][0], text, f"**{label}:** {tps}")
                     yield (*outputs, gr.skip())
             sides[side] = (text, tokens, speed)
-    except (UserError, PromptError, MemoryError, torch.OutOfMemoryError) as err:
+    except (UserError, PromptError, RemoteUnavailable, MemoryError, torch.OutOfMemoryError) as err:
         toast(err)
         yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
         return
@@ -245,7 +255,7 @@ def drafter_options(service: ChatService, name: str, block_size) -> tuple:
     """Updates for (K, steps, drafts per round, adaptive) when the drafter changes: K's range follows the block the
     drafter was trained for; options that do not apply to it are reset to their defaults and disabled."""
     k_max = service.max_block_size(name)
-    flow, drafts = name in FLOW_DRAFTERS, name != "none"
+    flow, drafts = name in FLOW_DRAFTERS, name not in ("none", REMOTE)  # the server's drafter has its own settings
     return (gr.update(maximum=k_max, value=min(int(block_size or k_max), k_max), interactive=drafts),
             gr.update(interactive=True) if flow else gr.update(value=1, interactive=False),
             gr.update(interactive=True) if flow else gr.update(value=1, interactive=False),
@@ -271,7 +281,7 @@ def api_functions(service: ChatService, default: str):
             settings, drafter_obj = prepare(service, message, values)
             for ev, _speed in service.stream(service.prompt_ids([], message, settings), settings, drafter_obj):
                 yield ev.text
-        except (UserError, PromptError) as err:
+        except (UserError, PromptError, RemoteUnavailable) as err:
             log.warning("user error (api /chat): %s", err)
             raise gr.Error(str(err)) from err
 
@@ -285,7 +295,7 @@ def api_functions(service: ChatService, default: str):
             ids = service.prompt_ids([], prompt, settings)
             plain = service.run_once(ids, settings, None)
             spec = service.run_once(ids, settings, drafter_obj)
-        except (UserError, PromptError) as err:
+        except (UserError, PromptError, RemoteUnavailable) as err:
             log.warning("user error (api /compare): %s", err)
             raise gr.Error(str(err)) from err
         return {"plain_text": plain[0], "text": spec[0], "plain_tokens_per_s": plain[2].tokens_per_s,

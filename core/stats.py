@@ -71,7 +71,7 @@ class ReplySpeed:
         if ev.finish_reason == "cancelled":
             return
         self.tokens += len(ev.committed)
-        plain = not ev.drafted and len(ev.committed) == 1
+        plain = ev.kind == "round" and not ev.drafted and len(ev.committed) == 1  # a server's chunks are not steps
         self.rounds.append((max(interval - ev.draft_s, 1e-9) if plain else interval, len(ev.committed), plain))
 
     @property
