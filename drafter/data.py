@@ -14,6 +14,9 @@ python -m drafter.data generate --prompts FILE.jsonl [FILE ...] --out DIR [--sta
 python -m drafter.data follow-up --source DIR --out DIR [--domains chat] [--per-conversation 2]
     (second turns: each conversation of DIR, the target's answer included, gets follow-up questions the target
     answers: more, and more varied, chat-style responses than the 427 train_chat prompts give)
+python -m drafter.data magpie --n N --out data/prompts/magpie_train.jsonl --check data/prompts/magpie_check.jsonl
+    (the target writes user requests itself from its chat template's user-turn opening, "Magpie"; every 10th is
+    held apart as a check set; the training ones are then answered by generate)
 python -m drafter.data features --data DIR --layers 1 10 20 29     (optional cache; ~4.6 KB per token)
 """
 from __future__ import annotations
@@ -362,6 +365,60 @@ def blocks_at(target: Target, seqs: list[Sequence], anchors: list[list[int]], bl
                   tokens, valid)
 
 
+# ---- Magpie: the target writes the user requests itself ---------------------------------------
+
+def user_turn_opening(target: Target) -> list[int]:
+    """The chat template's ids up to where a user message's text starts (e.g. `<|im_start|>user\n`): given only
+    these, an instruction-tuned model writes a plausible user request (Magpie)."""
+    mark = "\u2063MAGPIE\u2063"
+    text = target.tokenizer.apply_chat_template([{"role": "user", "content": mark}], tokenize=False)
+    return target.tokenizer(text[: text.index(mark)], add_special_tokens=False)["input_ids"]
+
+
+def sample_requests(target: Target, count: int, max_tokens: int, temperature: float, top_p: float,
+                    seed: int) -> list[str]:
+    """`count` requests sampled from the user-turn opening, EOS (end of the turn) excluded, stripped."""
+    opening = torch.tensor([user_turn_opening(target)] * count, device=target.device)  # (S, T)
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = target.model.generate(opening, attention_mask=torch.ones_like(opening), max_new_tokens=max_tokens,
+                                    do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
+                                    eos_token_id=list(target.eos_token_ids), pad_token_id=target.eos_token_ids[0])
+    rows = out[:, opening.shape[1]:].tolist()
+    return [target.decode(target.until_eos(row)).strip() if len(target.until_eos(row)) < len(row) else ""
+            for row in rows]  # a request cut by max_tokens is dropped ("")
+
+
+def usable_request(text: str, seen: set[str]) -> bool:
+    """Long enough to be a request, finished, not a template fragment, not seen before."""
+    key = " ".join(text.lower().split())
+    return len(key.split()) >= 4 and "<|" not in text and key not in seen
+
+
+def magpie(args) -> None:
+    """Append self-written requests to --out (training) and every --check-every-th one to --check (held apart),
+    resuming where the files end; each batch is seeded by how many requests were drawn before it."""
+    target = load_target(target_config_from_args(args))
+    out, check = Path(args.out), Path(args.check)
+    rows = [row for path in (out, check) if path.exists() for row in read_jsonl(path)]
+    seen = {" ".join(row["prompt"].lower().split()) for row in rows}
+    drawn = max((int(row["id"].rsplit("-", 1)[1]) + 1 for row in rows), default=0)
+    progress = tqdm(total=args.n, initial=len(rows), desc="magpie requests")
+    while len(rows) < args.n:
+        for text in sample_requests(target, args.batch_size, args.max_request_tokens, args.temperature, args.top_p,
+                                    args.seed + drawn):
+            drawn += 1
+            if len(rows) >= args.n or not usable_request(text, seen):
+                continue
+            seen.add(" ".join(text.lower().split()))
+            row = {"id": f"magpie-{drawn - 1}", "domain": "magpie", "prompt": text,
+                   "source": f"written by {target.name} from its chat template's user-turn opening (Magpie)"}
+            rows.append(row)
+            with open(check if len(rows) % args.check_every == 0 else out, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+            progress.update(1)
+
+
 def add_generation_args(parser: argparse.ArgumentParser) -> None:
     """What generate and follow-up share: how the target answers, and the target."""
     parser.add_argument("--max-new-tokens", type=int, default=256, help="longest response (default 256)")
@@ -386,6 +443,17 @@ def main(argv=None) -> None:
     turn2.add_argument("--per-conversation", type=int, default=2, help="follow-ups per first turn (default 2)")
     turn2.add_argument("--seed", type=int, default=0, help="which follow-ups each conversation draws")
     add_generation_args(turn2)
+    mag = sub.add_parser("magpie", help="the target writes user requests itself (prompts for generate)")
+    mag.add_argument("--n", type=int, required=True, help="requests in both files together")
+    mag.add_argument("--out", required=True, help="JSONL of training requests (appended; resumes)")
+    mag.add_argument("--check", required=True, help="JSONL of held-apart requests, never trained on")
+    mag.add_argument("--check-every", type=int, default=10, help="every N-th request goes to --check")
+    mag.add_argument("--batch-size", type=int, default=16)
+    mag.add_argument("--max-request-tokens", type=int, default=160)
+    mag.add_argument("--temperature", type=float, default=1.0)
+    mag.add_argument("--top-p", type=float, default=0.99)
+    mag.add_argument("--seed", type=int, default=0)
+    add_target_args(mag, cpu_precision="reference")
     feat = sub.add_parser("features", help="cache the target's hidden states at the drafter's layers")
     feat.add_argument("--data", required=True, help="a data folder written by generate")
     feat.add_argument("--layers", type=int, nargs="+", required=True, help="e.g. 1 10 20 29 for SmolLM2-135M")
@@ -399,6 +467,8 @@ def main(argv=None) -> None:
         generate(args)
     elif args.cmd == "follow-up":
         follow_up(args)
+    elif args.cmd == "magpie":
+        magpie(args)
     else:
         extract_features(args)
 

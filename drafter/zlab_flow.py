@@ -76,7 +76,7 @@ class ZLabFlowNet(FlowNet):
 
     def start_from_mask(self) -> None:
         """A DFlash-style net on this backbone already is the flow's t = 0 pass: its slots enter as E[mask] through
-        state_in(h_0 - h_0) = 0, and both condition on (0, 0). Nothing to move (DraftNet's counterpart shifts a bias)."""
+        state_in(h_0 - h_0) = 0, and both condition on (0, 0). Nothing to move (DraftNet's one shifts a bias)."""
 
     # ---- the FlowNet interface ----------------------------------------------------------------------------
     def ctx_in(self, features: torch.Tensor) -> torch.Tensor:

@@ -511,3 +511,27 @@ def test_features_are_projected_when_the_drafter_next_proposes_within_its_window
         eager = lazy.net.context_projected(lazy.net.ctx_in(feats[-8:])[None], torch.ones(1, 8, dtype=torch.bool),
                                            lazy.input_embeddings[3].float()[None])[0]
     assert torch.allclose(first, eager_first, atol=1e-5) and torch.allclose(ctx, eager, atol=1e-5)
+
+
+def test_magpie_requests_come_from_the_user_turn_opening_and_resume(tmp_path, monkeypatch, tiny_qwen3_target):
+    """drafter.data magpie: the target is prompted with its template's user-turn opening only; usable requests are
+    kept once each, every N-th held apart, and a rerun appends only what is missing."""
+    import drafter.data as data_mod
+    from core.prompts import read_jsonl
+
+    opening = data_mod.user_turn_opening(tiny_qwen3_target)
+    full = tiny_qwen3_target.chat_ids([{"role": "user", "content": "w5 w6"}])
+    assert opening and full[: len(opening)] == opening and len(full) > len(opening) + 2  # the turn up to its text
+    assert not data_mod.usable_request("too short", set()) and not data_mod.usable_request("a <|im_end|> b c d", set())
+    assert not data_mod.usable_request("What is the best way?", {"what is the best way?"})
+    texts = iter([f"Please tell me about topic number {i}." for i in range(40)])
+    monkeypatch.setattr(data_mod, "sample_requests", lambda target, count, *a: [next(texts) for _ in range(count)])
+    monkeypatch.setattr(data_mod, "target_config_from_args", lambda args: None)
+    monkeypatch.setattr(data_mod, "load_target", lambda cfg: tiny_qwen3_target)
+    out, check = tmp_path / "magpie_train.jsonl", tmp_path / "magpie_check.jsonl"
+    args = ["magpie", "--n", "7", "--out", str(out), "--check", str(check), "--check-every", "3", "--batch-size", "4"]
+    data_mod.main(args)
+    assert len(read_jsonl(out)) == 5 and len(read_jsonl(check)) == 2  # the 3rd and 6th held apart
+    data_mod.main([*args[:2], "12", *args[3:]])
+    rows = read_jsonl(out) + read_jsonl(check)
+    assert len(rows) == 12 and len({r["prompt"] for r in rows}) == 12 and len({r["id"] for r in rows}) == 12
