@@ -2,7 +2,7 @@
 # An exported DFlash-format drafter in llama.cpp (docs/serving.md): converted by llama.cpp's own converter and run by
 # its DFlash speculative decoding (`--spec-type draft-dflash`) on the embedded GGUF, beside llama.cpp's plain decoding
 # of the same prompt at T = 0.
-# Usage: bash scripts/llamacpp_dflash.sh EXPORT_DIR [PROMPT] [TOKENS]
+# Usage: bash scripts/llamacpp_dflash.sh EXPORT_DIR [PROMPT] [TOKENS]     (CONVERT_ONLY=1: the conversion alone)
 # The llama.cpp source is the one llama-cpp-python 0.3.36 vendors (its sdist, from PyPI); two tools are built from it
 # with the x86 features of this CPU named one by one, AMX off (as scripts/install_llamacpp.sh; ~10 minutes on 2 cores,
 # once). The converter runs in .venv-vllm (scripts/install_vllm.sh), which has what it imports (sentencepiece, gguf's
@@ -27,6 +27,7 @@ fi
 [ -f "$TARGET_DIR/config.json" ] || .venv/bin/python -m drafter.export --target-out "$TARGET_DIR"
 PYTHONPATH="$SRC/gguf-py" .venv-vllm/bin/python "$SRC/convert_hf_to_gguf.py" "$EXPORT" \
     --target-model-dir "$TARGET_DIR" --outfile "$OUT/drafter.gguf" --outtype f32
+[ -z "${CONVERT_ONLY:-}" ] || exit 0  # CONVERT_ONLY=1: stop at $OUT/drafter.gguf (tests/test_export.py)
 if [ ! -x "$BUILD/bin/llama-speculative-simple" ]; then
   flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
   on() { case " $flags " in *" $1 "*) echo ON ;; *) echo OFF ;; esac; }

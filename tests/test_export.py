@@ -2,6 +2,8 @@
 folder, read back by the project's own z-lab loader, drafts the blocks the unexported drafter drafts (fp32, every
 slot), on tiny random Llama and Qwen3 targets and on the embedded default."""
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,3 +122,29 @@ def test_the_fold_is_exact_on_the_embedded_default(embedded_target, tmp_path):
     _out, want = proposed_blocks(embedded_target, DrafterSpec("flashmap", weights=str(ckpt), noise_scale=0.0),
                                  prompt, tokens=12)
     assert got == want and len(got) > 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (Path(__file__).parent.parent / ".venv-vllm" / "bin" / "python").exists(),
+                    reason="the converter runs in the vLLM environment (bash scripts/install_vllm.sh)")
+def test_llama_cpps_own_converter_reads_the_export(embedded_target, tmp_path):
+    """llama.cpp's convert_hf_to_gguf.py (the source llama-cpp-python 0.3.36 vendors) turns an exported folder into
+    a DFlash GGUF with the block, mask token and target layers it carries (scripts/llamacpp_dflash.sh)."""
+    import subprocess
+
+    from gguf import GGUFReader
+
+    root = Path(__file__).parent.parent
+    ckpt = random_zlab_drafter(embedded_target, tmp_path / "ckpt", layers=1, block=15)
+    export = export_dflash(ckpt, tmp_path / "export")
+    subprocess.run(["bash", "scripts/llamacpp_dflash.sh", str(export)], cwd=root, check=True,
+                   env={**os.environ, "CONVERT_ONLY": "1"}, capture_output=True)
+    fields = GGUFReader(root / "runs" / "llama.cpp-dflash" / "drafter.gguf").fields
+
+    def value(name):
+        return fields[name].contents()
+
+    config = json.loads((export / "config.json").read_text())
+    assert value("general.architecture") == "dflash" and value("dflash.block_size") == 16
+    assert value("tokenizer.ggml.mask_token_id") == config["dflash_config"]["mask_token_id"]
+    assert value("dflash.target_layers") == [i + 1 for i in config["dflash_config"]["target_layer_ids"]]
