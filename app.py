@@ -54,7 +54,7 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def connect_backend(args):
+def connect_backend(args, target):
     """The vLLM server for --backend vllm, or None: one line says why when it does not answer (the app then serves
     every reply with its own engine)."""
     if args.backend != "vllm":
@@ -63,7 +63,9 @@ def connect_backend(args):
 
     server = VllmServer(args.vllm_url)
     try:
-        print(f"vLLM backend: {server.check()} at {args.vllm_url}", flush=True)
+        model = server.check()
+        server.check_tokenizer(target)
+        print(f"vLLM backend: {model} at {args.vllm_url}", flush=True)
     except RemoteUnavailable as err:
         print(f"note: {err}; serving with this app's own engine", flush=True)
         return None
@@ -106,7 +108,7 @@ def main(argv=None) -> None:
 
     service = ChatService(target, {args.drafter: args.weights} if args.weights else None, args.allow_download,
                           data_dir=Path(args.data_dir), thread_policy=policy if args.threads is None else None,
-                          remote=connect_backend(args))
+                          remote=connect_backend(args, target))
     for name, why in service.unavailable.items():
         print(f"note: {name} drafter unavailable ({why})", flush=True)
     print(f"Forward: {target.precision}", flush=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from core.engine import GenerationConfig, RoundEvent
 
 FINISH = {"stop": "eos", "length": "length", "abort": "cancelled"}  # vLLM's finish_reason -> the engine's
+PROBE = "Speculative decoding: 12 × 7 = 84, naïve café déjà-vu — 東京 🙂"  # words, digits, accents, CJK, emoji
 
 
 class RemoteUnavailable(RuntimeError):
@@ -48,6 +49,22 @@ class VllmServer:
         except (ValueError, KeyError, IndexError, TypeError) as err:
             raise RemoteUnavailable(f"{self.url}/v1/models did not list a model as vLLM does ({err})") from err
         return self.model
+
+    def check_tokenizer(self, target) -> None:
+        """Refuse a server whose model splits text unlike the target: the app sends token ids, which would then mean
+        other words (a server started on another model's folder)."""
+        want = target.tokenizer(PROBE, add_special_tokens=False)["input_ids"]
+        body = json.dumps({"model": self.model, "prompt": PROBE, "add_special_tokens": False}).encode()
+        request = urllib.request.Request(self.url.rstrip("/") + "/tokenize", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
+                got = json.loads(reply.read())["tokens"]
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as err:
+            raise RemoteUnavailable(f"the server at {self.url} does not tokenize as vLLM does ({err})") from err
+        if got != want:
+            raise RemoteUnavailable(f"the vLLM server at {self.url} serves {self.model!r}, whose tokenizer splits text "
+                                    f"unlike {target.name}'s: another model; start it on the target's folder "
+                                    "(python -m drafter.export --target-out DIR)")
 
     def spec_counters(self) -> dict:
         """vLLM's spec-decode counters from /metrics: drafts, draft_tokens, accepted_tokens, accepted_per_position."""

@@ -54,6 +54,13 @@ def server(target):
 
         def do_POST(self):
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/tokenize":  # a server on another model's folder splits the probe otherwise
+                tokens = target.tokenizer(req["prompt"], add_special_tokens=False)["input_ids"]
+                body = json.dumps({"tokens": tokens + [1] if counters.get("other_model") else tokens}).encode()
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(body)
+                return
             assert req["return_token_ids"] and req["stream"] and req["model"] == "tiny"
             out, _ = generate_all(target, req["prompt"], GenerationConfig(max_new_tokens=req["max_tokens"]))
             self.send_response(200)
@@ -74,6 +81,8 @@ def server(target):
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     remote = VllmServer(f"http://127.0.0.1:{httpd.server_address[1]}")
     assert remote.check() == "tiny"
+    remote.check_tokenizer(target)
+    remote.counters = counters  # for the test that plays another model
     yield remote
     httpd.shutdown()
 
@@ -132,7 +141,7 @@ def test_a_server_that_is_down_is_one_clear_line_and_the_app_keeps_its_engine(ca
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     args = script.parse_args(["--backend", "vllm", "--vllm-url", "http://127.0.0.1:9"])
-    assert script.connect_backend(args) is None
+    assert script.connect_backend(args, target) is None
     assert "no vLLM server answers at http://127.0.0.1:9" in capsys.readouterr().out
     with pytest.raises(RemoteUnavailable, match="no vLLM server answers"):
         VllmServer("http://127.0.0.1:9").check()
@@ -167,3 +176,12 @@ def test_the_openai_api_serves_the_vllm_choice_and_says_when_the_server_is_gone(
     with pytest.raises(openai.APIStatusError, match="no vLLM server answers"):
         client.chat.completions.create(model="tiny", temperature=0, max_tokens=4,
                                        messages=[{"role": "user", "content": "w3"}])
+
+
+def test_a_server_on_another_model_is_refused_by_its_tokenizer(server, target):
+    server.counters["other_model"] = True
+    try:
+        with pytest.raises(RemoteUnavailable, match="another model"):
+            server.check_tokenizer(target)
+    finally:
+        server.counters.pop("other_model")
