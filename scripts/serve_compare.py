@@ -24,6 +24,7 @@ from core.target import TargetConfig, load_target
 from drafter.export import export_target
 from drafter.registry import build_drafter
 from drafter.spec import DrafterSpec
+from drafter.zlab_dflash import is_zlab_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -62,6 +63,10 @@ def vllm_runs(target_dir: Path, drafters: list[str], prompt_ids, max_tokens: int
 
 
 def compare(drafters: list[str], limit: int, max_tokens: int, target_dir: Path) -> dict:
+    for folder in drafters:  # vLLM would fail deep in its start-up; say it here
+        if not is_zlab_folder(folder):
+            raise SystemExit(f"{folder} is not a DFlash-format folder (config.json with DFlashDraftModel): write one "
+                             "with python -m drafter.export --format dflash WEIGHTS OUT/")
     target = load_target(TargetConfig(cpu_precision="reference"))
     if not (target_dir / "config.json").exists():
         export_target(target, target_dir)

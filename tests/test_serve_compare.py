@@ -30,6 +30,12 @@ def test_without_the_vllm_environment_it_says_how_to_install_it(monkeypatch, tmp
         serve_compare.vllm_runs(tmp_path, [], [[1, 2]], 4)
 
 
+def test_a_folder_that_is_not_an_export_is_refused_before_vllm_starts(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="not a DFlash-format folder"):
+        serve_compare.compare([str(tmp_path)], limit=1, max_tokens=4, target_dir=tmp_path / "t")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not serve_compare.VLLM_PYTHON.exists(), reason="vLLM (optional) not installed")
 def test_vllm_serves_an_exported_drafter_exactly_on_21_eval_prompts(embedded_target, tmp_path):
