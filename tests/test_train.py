@@ -150,5 +150,8 @@ def test_precision_auto_picks_bf16_only_where_the_hardware_has_it():
     assert train_mod.resolve_precision("auto", gpu, frozenset()) == "bf16"
     assert train_mod.resolve_precision("bf16", cpu, avx2) == "bf16"  # an explicit choice stands
     assert train_mod.resolve_precision("fp32", gpu, frozenset()) == "fp32"
+    # a full-vocabulary head (the z-lab backbone) is one large product: AVX512-BF16 pays there (measured)
+    assert train_mod.resolve_precision("auto", cpu, avx2 | {"avx512_bf16"}, full_vocab_head=True) == "bf16"
+    assert train_mod.resolve_precision("auto", cpu, avx2, full_vocab_head=True) == "fp32"
     args = train_mod.parse_args(["--stage", "dflash", "--data", "d", "--out", "o", "--device", "cpu"])
     assert train_mod.config_from_args(args).precision in ("bf16", "fp32")  # resolved before the config is saved
