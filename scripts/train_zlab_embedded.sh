@@ -9,8 +9,8 @@
 # drafters were made. Every stage resumes: rerun the same command to continue.
 # Shape: 2 layers at the target's width (576, 9 heads / 3 KV heads of 64), block 16 (anchor + 15), the target's
 # layers 1, 10, 20, 29 as features, the last 128 positions as context, the scale-gate time modulation (foldable).
-# --precision auto picks bf16 autocast here even without AMX: the step is mostly the full-vocabulary head (480 rows x 49,152), which AVX512-BF16
-# multiplies 4x faster than fp32 (0.09 s against 0.37 s); a step took 0.70 s against 1.69 s in fp32 (2026-12-01).
+# --precision auto picks bf16 autocast here even without AMX: the step is mostly the full-vocabulary head (480 rows
+# x 49,152), which AVX512-BF16 multiplies 4x faster than fp32; a step took 0.70 s against 1.69 s (2026-12-01).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
