@@ -84,6 +84,19 @@ class NgramDrafter:
         return [], 0
 
 
+LOOKUP_STRONG = 3  # a suffix of this many tokens matched ...
+LOOKUP_BRANCH = 4  # ... with this many to copy: the lookup is proposed alone; else its first tokens join the trie
+
+
+def lookup_plan(copied: list[int], matched: int, strong: int = LOOKUP_STRONG,
+                branch: int = LOOKUP_BRANCH) -> tuple[bool, tuple[int, ...]]:
+    """What a round does with a lookup (copied continuation, matched suffix length): (propose it alone without
+    calling the drafter, the tokens it contributes: all of them, or the first `branch` as one more trie branch)."""
+    if matched >= strong and len(copied) >= branch:
+        return True, tuple(copied)
+    return False, tuple(copied[:branch])
+
+
 class LookupHybrid:
     """A drafter whose rounds also consult prompt lookup, which costs nothing to compute (App. D's trie with one
     more source). At T = 0 the lookup's continuation joins the drafter's block(s) as one more branch of the trie
@@ -92,7 +105,7 @@ class LookupHybrid:
     trie is not exact, a round takes one source: the strong lookup, else the drafter. Every choice depends on
     committed tokens only, never on the token being sampled, so the output stays exact."""
 
-    def __init__(self, main: Drafter, strong: int = 3, branch: int = 4):
+    def __init__(self, main: Drafter, strong: int = LOOKUP_STRONG, branch: int = LOOKUP_BRANCH):
         self.main, self.strong, self.branch = main, strong, branch
         self.ngram = NgramDrafter()
         self.name = f"{main.name}+lookup"
@@ -108,11 +121,10 @@ class LookupHybrid:
         self.ngram.extend(token_ids, None)
 
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
-        copied, matched = self.ngram.lookup(anchor, block_size)
-        if matched >= self.strong and len(copied) >= self.branch:  # the conversation repeats itself: copy it
-            return Draft(torch.tensor(copied, dtype=torch.long), None)
+        alone, branch = lookup_plan(*self.ngram.lookup(anchor, block_size), self.strong, self.branch)
+        if alone:  # the conversation repeats itself: copy it
+            return Draft(torch.tensor(branch, dtype=torch.long), None)
         draft = self.main.propose(anchor, block_size, sampling, generator)
-        branch = tuple(copied[: self.branch])
         if not sampling.greedy or not branch or draft.tokens.tolist()[: len(branch)] == list(branch):
             return draft
         return Draft(draft.tokens, draft.q_draft, draft.confidence, (*draft.alternatives, branch))

@@ -6,9 +6,10 @@ python -m drafter.evaluate --data data/smollm2-val --variants flashmap flashmap,
     flashmap-teacher,steps=16 flashmap,best_of=4 [--stride 2] [--out runs/eval.json]
 
 A variant is a drafter spec (drafter/spec.py): `drafter[,steps=N][,noise=shuffled][,best_of=M][,tree=M][,scale=S]
-[,k=K][,weights=FOLDER]` with drafter one of flashmap, flashmap-teacher, dflash (scale: the flow drafters' initial
-noise scale, 0 = the deterministic draft from x0 = 0 that the app makes at T = 0; tree=M: M drafts from
-independent noise merged into a trie of at most K nodes, App. D).
+[,k=K][,lookup=1][,weights=FOLDER]` with drafter one of flashmap, flashmap-teacher, dflash (scale: the flow drafters'
+initial noise scale, 0 = the deterministic draft from x0 = 0 that the app makes at T = 0; tree=M: M drafts from
+independent noise merged into a trie of at most K nodes, App. D; lookup=1: prompt lookup beside the network, as
+core.drafting.LookupHybrid drafts at T = 0).
 
 At T=0 the target's output is fixed: its greedy response, which `python -m drafter.data generate`
 stored. A round anchored at position a accepts the draft's longest prefix that equals the response
@@ -36,6 +37,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from core.drafting import NgramDrafter, lookup_plan
 from core.prompts import read_jsonl
 from core.target import add_target_args, load_target, target_config_from_args
 from core.tree import build_trie, depth_in, followed_branch
@@ -181,8 +183,33 @@ class Drafting:
             slot_nll, confidence = -truth.clamp_min(1e-12).log(), probs.max(-1).values  # (B, K) x2
         past_cut = torch.arange(k) >= length[:, None]  # (B, K)
         index = torch.tensor(jobs, dtype=torch.long).view(-1, 2)  # (B, 2)
-        return Rounds(index[:, 0], index[:, 1], torch.where(past_cut, -1, vocab_ids[draft]), accepted, length,
-                      slot_nll, confidence)
+        shown = torch.where(past_cut, -1, vocab_ids[draft])  # (B, K) target ids
+        if spec.lookup and spec.tree == 1:
+            shown, accepted, length = with_lookup(seqs, jobs, shown, accepted, length, k)
+        return Rounds(index[:, 0], index[:, 1], shown, accepted, length, slot_nll, confidence)
+
+
+def with_lookup(seqs, jobs: list[tuple[int, int]], shown: torch.Tensor, accepted: torch.Tensor, length: torch.Tensor,
+                k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rounds as LookupHybrid makes them at T = 0 (core.drafting.lookup_plan): prompt lookup over the sequence
+    before the anchor, proposed alone when strong (the network's draft is then not made), else one more branch of
+    the trie of at most K nodes verified in the round (the engine's round_trie). shown (B, K) target ids, accepted,
+    length (B,) -> the same three."""
+    shown, accepted, length = shown.clone(), accepted.clone(), length.clone()
+    for row, (i, a) in enumerate(jobs):
+        tokens = [int(t) for t in seqs[i].tokens]
+        lookup = NgramDrafter()
+        lookup.extend(tokens[:a], None)  # the engine's drafter history: everything committed before the anchor
+        alone, branch = lookup_plan(*lookup.lookup(tokens[a], k))
+        truth = tokens[a + 1 : a + 1 + k]
+        main = [t for t in shown[row].tolist() if t >= 0]
+        trie = build_trie([list(branch)] if alone else [main, list(branch)], k)
+        accepted[row] = depth_in(trie, truth)
+        if alone:
+            shown[row] = -1
+            shown[row, : len(branch)] = torch.tensor(branch[:k])
+            length[row] = len(branch)
+    return shown, accepted, length
 
 
 def concat(parts: list[Rounds]) -> Rounds:

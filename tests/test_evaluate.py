@@ -130,3 +130,41 @@ def test_offline_drafts_and_acceptance_equal_the_engine_rounds(tiny_target, tmp_
     probs = fold_unused(masked(loaded, *blocks.context(loaded), 4), vocab_ids >= 0)[0]  # (K, V)
     want = -probs[torch.arange(4), blocks.tokens[0]].log()  # (K,)
     assert torch.allclose(rounds.slot_nll[3], want, atol=1e-5)
+
+
+def test_offline_prompt_lookup_accepts_what_the_engines_hybrid_accepts(tiny_target, tmp_path):
+    """`dflash,lookup=1` offline: at each anchor the engine's LookupHybrid round visited with room for a whole block,
+    the same accepted slots (a strong lookup copied alone, else one more branch of the K-node trie); on these
+    repetitive responses it accepts more than the network alone."""
+    from drafter.registry import build_drafter
+
+    torch.manual_seed(2)
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]
+    gen = GenerationConfig(max_new_tokens=40, block_size=4)
+    outputs = [generate_all(tiny_target, p, gen)[0] for p in prompts]
+    seqs = [Sequence(p + out, len(p)) for p, out in zip(prompts, outputs)]
+    vocab_ids = draft_vocabulary(seqs + tiny_seqs(), 16)
+    net = build_net(tiny_cfg("dflash", 16, tiny_target.model.config.hidden_size), tiny_target, vocab_ids)
+    for p in net.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    torch.nn.init.zeros_(net.other_head)
+    save_checkpoint(tmp_path, net, vocab_ids, tiny_target.identity, {})
+    plain_v, hybrid_v = (Variant(t, DrafterSpec("dflash", block_size=4, lookup=lk, weights=str(tmp_path)))
+                         for t, lk in (("dflash", False), ("dflash,lookup=1", True)))
+    plain = draft_rounds(plain_v, *load_variant(plain_v, tiny_target), tiny_target, seqs)
+    hybrid = draft_rounds(hybrid_v, *load_variant(hybrid_v, tiny_target), tiny_target, seqs)
+    assert hybrid.n_accepted.sum() > plain.n_accepted.sum()
+    offline = {(int(i), int(a)): int(n) for i, a, n in zip(hybrid.seq_index, hybrid.anchor, hybrid.n_accepted)}
+    drafter = build_drafter(DrafterSpec("dflash", lookup=True, weights=str(tmp_path)), tiny_target)
+    compared = 0
+    for i, prompt in enumerate(prompts):
+        out, events = generate_all(tiny_target, prompt, gen, drafter)
+        assert out == outputs[i]
+        position = len(prompt)
+        for ev in events[1:]:
+            room = len(out) - (position - len(prompt) + 1)
+            if (i, position) in offline and room - 1 >= 4:
+                assert offline[(i, position)] == ev.n_accepted
+                compared += 1
+            position += len(ev.committed)
+    assert compared >= 4
