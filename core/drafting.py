@@ -74,15 +74,13 @@ class NgramDrafter:
         return Draft(torch.as_tensor(self.lookup(anchor, block_size)[0], dtype=torch.long), None)
 
     def lookup(self, anchor: int, block_size: int) -> tuple[list[int], int]:
-        """(what followed the latest earlier occurrence of the longest matching suffix, block_size tokens; the
-        length of that suffix), ([], 0) when nothing matches. The copy runs on into what it has copied (as an LZ77
-        copy overlaps itself), so a loop shorter than the block — a small model's greedy repetition — is copied
-        for the whole block instead of once."""
+        """(what followed the latest earlier occurrence of the longest matching suffix, at most block_size
+        tokens; the length of that suffix), ([], 0) when nothing matches."""
         seq = np.asarray(self.history + [anchor], dtype=np.int64)  # (L,)
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             start = latest_match(seq, n)
             if start is not None:
-                return np.resize(seq[start + n :], block_size).tolist(), n  # (K,) cyclic past the anchor
+                return seq[start + n : start + n + block_size].tolist(), n  # (<=K,)
         return [], 0
 
 
@@ -117,12 +115,6 @@ class LookupHybrid:
     def reset(self) -> None:
         self.main.reset()
         self.ngram.reset()
-
-    def free_draft(self, anchor: int, block_size: int) -> Draft | None:
-        """The strong lookup alone, or None: a draft that costs no network call, which the engine verifies even in
-        a round its policy skips the drafter (the lookup is a numpy search over the conversation, ~0.1 ms)."""
-        alone, branch = lookup_plan(*self.ngram.lookup(anchor, block_size), self.strong, self.branch)
-        return Draft(torch.tensor(branch, dtype=torch.long), None) if alone else None
 
     def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
         self.main.extend(token_ids, features)

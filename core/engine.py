@@ -393,8 +393,7 @@ def generate(
             room = gen.max_new_tokens - len(state.output)
             k = min(block_size, room - 1)
             asked = drafter is not None and k > 0 and policy.draft_now()
-            proposal = drafter.propose(anchor, k, gen.sampling, draft_gen) if asked else free_draft(drafter, anchor, k)
-            draft = policy.cut(proposal, k)
+            draft = policy.cut(drafter.propose(anchor, k, gen.sampling, draft_gen) if asked else None, k)
             trie = round_trie(draft, k)
             t1 = clock()
             block = [anchor, *trie.tokens]  # (T,) = (K+1,) for a full chain
@@ -413,13 +412,6 @@ def generate(
             )
             policy.observe(event)
             yield event
-
-
-def free_draft(drafter: Drafter | None, anchor: int, k: int) -> Draft | None:
-    """In a round the policy does not ask the drafter: a draft it offers at no call's cost (LookupHybrid's strong
-    prompt lookup, when the conversation repeats itself), else None. It reads committed tokens only: exact."""
-    offer = getattr(drafter, "free_draft", None)
-    return offer(anchor, k) if offer is not None and k > 0 else None
 
 
 def generate_all(target: Target, prompt_ids: list[int], gen: GenerationConfig, drafter: Drafter | None = None):

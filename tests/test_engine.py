@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from core.drafting import MAX_BLOCK_SIZE, Draft, NgramDrafter
-from core.engine import GenerationConfig, MeasuredPays, PromptError, generate, generate_all
+from core.engine import GenerationConfig, PromptError, generate, generate_all
 from core.sampling import SamplingConfig
 from core.testing import assert_sampled_distribution_exact, make_target, tiny_llama
 
@@ -219,26 +219,6 @@ def test_drafting_with_prompt_lookup_equals_plain_decoding(tiny_target):
                                    LookupHybrid(oracle, strong=2, branch=3))
         assert out == plain
     assert any(ev.branches > 1 for ev in events)  # some rounds verified a trie of both sources
-
-
-def test_a_strong_lookup_is_verified_even_in_rounds_the_policy_skips_the_drafter(tiny_target):
-    """free_draft: with the network drafter never asked (a policy that always skips), a reply that repeats itself is
-    still drafted by its strong lookups, at no network call, and equals plain decoding."""
-    from core.drafting import LookupHybrid
-
-    class NeverAsked(NoisyOracle):
-        def propose(self, *args):
-            raise AssertionError("the policy skipped every round: the network must not be called")
-
-    prompt = [5, 6, 7, 8]  # the tiny target's greedy reply to it loops (33, 49, 20, 18, 49, 20, 18, ...)
-    gen = GenerationConfig(max_new_tokens=40)
-    plain, _ = generate_all(tiny_target, prompt, gen)
-    never = MeasuredPays(max_skip=8)
-    never.draft_now = lambda: False
-    events = list(generate(tiny_target, prompt, gen, LookupHybrid(NeverAsked(plain, corrupt=0.0, vocab=64)),
-                           measured=never))
-    assert [t for ev in events for t in ev.committed] == plain
-    assert sum(ev.n_accepted for ev in events) >= 20  # the loop copied cyclically, a block at a time, and accepted
 
 
 def test_best_draft_length_trades_expected_tokens_against_verify_cost():
