@@ -33,9 +33,15 @@ class VllmServer:
     timeout_s: float = 5.0
     model: str = ""  # the served model's id, read by check()
 
+    def _url(self, path: str) -> str:
+        return self.url.rstrip("/") + path
+
+    def _post(self, path: str, body: dict) -> urllib.request.Request:
+        return urllib.request.Request(self._url(path), json.dumps(body).encode(), {"Content-Type": "application/json"})
+
     def _get(self, path: str) -> bytes:
         try:
-            with urllib.request.urlopen(self.url.rstrip("/") + path, timeout=self.timeout_s) as reply:
+            with urllib.request.urlopen(self._url(path), timeout=self.timeout_s) as reply:
                 return reply.read()
         except (urllib.error.URLError, OSError, ValueError) as err:
             raise RemoteUnavailable(f"no vLLM server answers at {self.url} ({err}); start one as docs/serving.md "
@@ -54,8 +60,7 @@ class VllmServer:
         """Refuse a server whose model splits text unlike the target: the app sends token ids, which would then mean
         other words (a server started on another model's folder)."""
         want = target.tokenizer(PROBE, add_special_tokens=False)["input_ids"]
-        body = json.dumps({"model": self.model, "prompt": PROBE, "add_special_tokens": False}).encode()
-        request = urllib.request.Request(self.url.rstrip("/") + "/tokenize", body, {"Content-Type": "application/json"})
+        request = self._post("/tokenize", {"model": self.model, "prompt": PROBE, "add_special_tokens": False})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
                 got = json.loads(reply.read())["tokens"]
@@ -76,8 +81,7 @@ class VllmServer:
         body = {"model": self.model, "prompt": prompt_ids, "max_tokens": gen.max_new_tokens, "stream": True,
                 "temperature": gen.sampling.temperature, "top_p": gen.sampling.top_p, "seed": gen.seed,
                 "stop": list(gen.stop_strings) or None, "return_token_ids": True}
-        request = urllib.request.Request(self.url.rstrip("/") + "/v1/completions", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
+        request = self._post("/v1/completions", body)
         tokens: list[int] = []
         last = time.perf_counter()
         try:

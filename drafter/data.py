@@ -389,9 +389,14 @@ def sample_requests(target: Target, count: int, max_tokens: int, temperature: fl
             for row in rows]  # a request cut by max_tokens is dropped ("")
 
 
+def request_key(text: str) -> str:
+    """What two requests share when they are the same one: the words, lower-cased."""
+    return " ".join(text.lower().split())
+
+
 def usable_request(text: str, seen: set[str]) -> bool:
     """Long enough to be a request, finished, not a template fragment, not seen before."""
-    key = " ".join(text.lower().split())
+    key = request_key(text)
     return len(key.split()) >= 4 and "<|" not in text and key not in seen
 
 
@@ -401,7 +406,7 @@ def magpie(args) -> None:
     target = load_target(target_config_from_args(args))
     out, check = Path(args.out), Path(args.check)
     rows = [row for path in (out, check) if path.exists() for row in read_jsonl(path)]
-    seen = {" ".join(row["prompt"].lower().split()) for row in rows}
+    seen = {request_key(row["prompt"]) for row in rows}
     drawn = max((int(row["id"].rsplit("-", 1)[1]) + 1 for row in rows), default=0)
     progress = tqdm(total=args.n, initial=len(rows), desc="magpie requests")
     while len(rows) < args.n:
@@ -410,7 +415,7 @@ def magpie(args) -> None:
             drawn += 1
             if len(rows) >= args.n or not usable_request(text, seen):
                 continue
-            seen.add(" ".join(text.lower().split()))
+            seen.add(request_key(text))
             row = {"id": f"magpie-{drawn - 1}", "domain": "magpie", "prompt": text,
                    "source": f"written by {target.name} from its chat template's user-turn opening (Magpie)"}
             rows.append(row)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from core.engine import GenerationConfig, generate_all
 from core.prompts import read_prompt_file
+from core.stats import AcceptanceStats
 from core.target import TargetConfig, load_target
 from drafter.export import export_target
 from drafter.registry import build_drafter
@@ -34,20 +35,16 @@ DOMAINS = ("math", "code", "chat")
 def engine_run(target, prompt_ids: list[list[int]], max_tokens: int, drafter=None) -> dict:
     """This engine over the prompts: outputs (up to EOS), tokens/s, tokens per verify round and per-slot accepts."""
     gen = GenerationConfig(max_new_tokens=max_tokens)
-    outputs, rounds, accepted, per_slot, began = [], 0, 0, [], time.perf_counter()
+    outputs, stats, began = [], AcceptanceStats(), time.perf_counter()
     for ids in prompt_ids:
         out, events = generate_all(target, ids, gen, drafter)
         outputs.append(target.until_eos(out))
-        for ev in events:
-            if ev.kind == "round" and ev.drafted:
-                rounds, accepted = rounds + 1, accepted + ev.n_accepted
-                per_slot += [0] * (len(ev.drafted) - len(per_slot))
-                for i in range(ev.n_accepted):
-                    per_slot[i] += 1
+        stats.add_all(ev for ev in events if ev.drafted)  # verify rounds with a draft, as vLLM counts its drafts
     seconds = time.perf_counter() - began
     tokens = sum(len(o) for o in outputs)
-    return {"outputs": outputs, "tok_s": tokens / seconds, "drafted_rounds": rounds,
-            "acceptance_length": 1 + accepted / rounds if rounds else None, "accepted_per_position": per_slot}
+    return {"outputs": outputs, "tok_s": tokens / seconds, "drafted_rounds": stats.rounds,
+            "acceptance_length": stats.acceptance_length,
+            "accepted_per_position": stats.accepted[: len(stats.per_slot())]}  # up to the last slot reached
 
 
 def vllm_runs(target_dir: Path, drafters: list[str], prompt_ids, max_tokens: int) -> dict:
