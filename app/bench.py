@@ -29,11 +29,11 @@ from core.drafting import MAX_BLOCK_SIZE  # noqa: E402
 from core.engine import (  # noqa: E402
     PLAIN_PROBE_EVERY,
     GenerationConfig,
-    MeasuredPays,
     RoundEvent,
     block_size_for,
     generate,
 )
+from core.policy import PolicyState  # noqa: E402
 from core.prompts import read_prompt_file, resolve_prompt_file  # noqa: E402
 from core.sampling import SamplingConfig  # noqa: E402
 from core.stats import AcceptanceStats  # noqa: E402
@@ -82,7 +82,7 @@ class Run:
 
 
 def run_engine(target: Target, prompt_ids: list[int], gen: GenerationConfig, drafter,
-               measured: MeasuredPays | None = None) -> Run:
+               measured: PolicyState | None = None) -> Run:
     start = time.perf_counter()
     events = list(generate(target, prompt_ids, gen, drafter, measured=measured))
     seconds = time.perf_counter() - start
@@ -118,7 +118,7 @@ class Runner:
 
     def with_draft_cost(self, target: Target) -> "Runner":
         """This runner with its drafter's cost measured now (core.verify_cost.draft_cost), when its spec is adaptive:
-        the skip policy charges each draft for it (engine.draft_pays)."""
+        the skip policy charges each draft for it (core.policy.draft_pays)."""
         if not self.spec.adaptive or self.drafter is None:
             return self
         return replace(self, draft_cost=measure_draft_cost(target, self.drafter))
@@ -163,6 +163,7 @@ def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: li
         "acceptance_length": stats.acceptance_length,
         "per_slot_acceptance": stats.per_slot(k) if stats.rounds else None,
         "rounds": stats.rounds,  # with the counts below, runs pool exactly (docs/benchmarks.md)
+        "rounds_by_source": stats.sources,  # plain steps, the network's drafts, prompt-lookup drafts
         "per_slot_reached": stats.reached[:k],
         "per_slot_accepted": stats.accepted[:k],
         "identical_to_baseline": all(b.tokens == s.tokens for b, s in zip(base, spec)) if sampling.greedy else None,
@@ -185,7 +186,7 @@ def make_runner(spec: DrafterSpec, target: Target, allow_download: bool = False)
     except DrafterUnavailable as err:
         raise SystemExit(f"{spec.text()}: {err}") from err
     k = block_size_for(GenerationConfig(block_size=spec.block_size), drafter)
-    measured = MeasuredPays()  # carried from prompt to prompt, as the app carries it from reply to reply
+    measured = PolicyState()  # carried from prompt to prompt, as the app carries it from reply to reply
     return Runner(spec, k, lambda ids, gen: run_engine(target, ids, gen, drafter, measured), drafter)
 
 

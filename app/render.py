@@ -66,6 +66,9 @@ def slot_kinds(ev: RoundEvent) -> list[str]:
 def render_round(tokenizer, index: int, ev: RoundEvent) -> str:
     """One row: each drafted slot marked accepted / rejected / not reached, then the target's token."""
     cells = [f"<span class='fm-round'>#{index}</span>"]
+    if ev.source == "lookup":  # copied from earlier in the conversation: no network call
+        cells.append("<span class='fm-slot fm-unr' title='prompt lookup: copied from earlier in the conversation, "
+                     "no drafter call'>⧉ copied</span>")
     if ev.branches > 1:  # the row shows the draft the target followed furthest
         cells.append(f"<span class='fm-slot fm-unr' title='best of {ev.branches} drafts, verified as a tree'>"
                      f"⑂{ev.branches}</span>")
@@ -141,10 +144,19 @@ def render_stats(stats: AcceptanceStats, speed: ReplySpeed | None, drafter: str,
     if stats.acceptance_length:
         lines.append(f"**Mean acceptance length (conversation):** {stats.acceptance_length:.2f} tokens / "
                      "target forward")
+        lines.append("**Rounds:** " + source_counts(stats.sources))
     used, limit = context
     lines.append(f"**Context:** {used:,} / {limit:,} tokens ({100 * used / max(limit, 1):.1f}%)")
     lines.append(f"**Verify-cost curve (adaptive K):** {curve_status} · **CPU threads:** {threads}")
     return "  \n".join(lines)
+
+
+SOURCE_WORDS = {"drafter": "drafted by the network", "lookup": "copied by prompt lookup", "plain": "plain steps"}
+
+
+def source_counts(sources: dict[str, int]) -> str:
+    """'12 drafted by the network · 30 copied by prompt lookup · 40 plain steps' (the policy's choices)."""
+    return " · ".join(f"{sources[key]} {words}" for key, words in SOURCE_WORDS.items() if sources.get(key))
 
 
 def slot_chart(stats: AcceptanceStats):

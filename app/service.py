@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 
 from app.conversations import ConversationStore
-from core.drafting import MAX_BLOCK_SIZE
-from core.engine import PLAIN_PROBE_EVERY, GenerationConfig, MeasuredPays, RoundEvent, generate
+from core.drafting import MAX_BLOCK_SIZE, LookupHybrid
+from core.engine import PLAIN_PROBE_EVERY, GenerationConfig, RoundEvent, generate
+from core.policy import PolicyState
 from core.sampling import SamplingConfig
 from core.stats import ReplySpeed
 from core.target import Target
@@ -64,7 +65,7 @@ class ChatSettings:
     enable_thinking: bool = False
     system_prompt: str = ""
     seed: int = 0
-    adaptive: bool = True  # cut low-confidence draft tails under the measured verify cost (engine.best_draft_length)
+    adaptive: bool = True  # cut low-confidence draft tails under the measured verify cost (policy.best_draft_length)
     tree: int = 1  # FlashMap drafts per round, verified together as a tree (paper App. D; T=0 only)
     stop_strings: tuple[str, ...] = ()  # the reply ends before the first of these (the API's `stop`)
 
@@ -104,8 +105,8 @@ class ChatService:
         self.conversations = ConversationStore(self.data_dir / "conversations") if self.data_dir else None
         self._drafters: dict[DrafterSpec, object] = {}
         self._draft_costs: dict[int, float] = {}  # id(drafter) -> its call's cost relative to a target step
-        # id(drafter) -> what drafting measured against plain steps in the replies so far (engine.MeasuredPays)
-        self._measured: dict[int, MeasuredPays] = {}
+        # id(drafter) -> what drafting measured against plain steps in the replies so far (core.policy.PolicyState)
+        self._measured: dict[int, PolicyState] = {}
         self.unavailable: dict[str, str] = {}
         self.verify_cost: tuple[float, ...] = ()  # relative cost of 1..17 positions; () until measured
         self.curve_status = "not measured yet: adaptive K is off until it is"
@@ -143,7 +144,12 @@ class ChatService:
                           weights=self.weights.get(spec.name))
         if key not in self._drafters:
             self._drafters[key] = build_drafter(key, self.target, self.allow_download)
-        return self._drafters[key]
+        if not spec.lookup:
+            return self._drafters[key]
+        hybrid = replace(key, lookup=True)  # the same network, with prompt lookup beside it
+        if hybrid not in self._drafters:
+            self._drafters[hybrid] = LookupHybrid(self._drafters[key])
+        return self._drafters[hybrid]
 
     def max_block_size(self, name: str) -> int:
         """The largest K the drafter can propose (its trained block); the engine's limit when unavailable."""
@@ -176,7 +182,7 @@ class ChatService:
             gen = settings.generation(self.verify_cost, drafting=drafter is not None)
             if gen.charges_draft_cost() and drafter is not None:  # measured only where the engine charges it
                 gen = replace(gen, draft_cost=self.draft_cost(drafter))
-            measured = None if drafter is None else self._measured.setdefault(id(drafter), MeasuredPays())
+            measured = None if drafter is None else self._measured.setdefault(id(drafter), PolicyState())
             if self.thread_policy is not None:  # more threads only while nothing else runs (ThreadPolicy.threads_now)
                 apply_thread_policy(self.thread_policy.threads_now())
             for ev in generate(self.target, prompt_ids, gen, drafter, cancel, measured=measured):

@@ -31,6 +31,9 @@ class Draft:
     # further drafts from independent noise draws (paper App. D), target ids each; the engine merges them with
     # `tokens` into a trie and verifies it as a tree, exactly, at T=0 only
     alternatives: tuple[tuple[int, ...], ...] = ()
+    # a prompt-lookup draft (LookupHybrid.propose_lookup): the length of the matched suffix it copies after, which
+    # the policy's measured acceptance is kept by (core.policy.LookupRates); 0 for every other draft
+    lookup_match: int = 0
 
 
 class Drafter(Protocol):
@@ -84,29 +87,33 @@ class NgramDrafter:
         return [], 0
 
 
-LOOKUP_STRONG = 3  # a suffix of this many tokens matched ...
-LOOKUP_BRANCH = 4  # ... with this many to copy: the lookup is proposed alone; else its first tokens join the trie
+# without a cost curve: a suffix of LOOKUP_STRONG tokens matched with LOOKUP_BRANCH to copy is verified alone; a
+# lookup beside a network draft joins its trie as a branch of at most LOOKUP_BRANCH tokens
+LOOKUP_STRONG = 3
+LOOKUP_BRANCH = 4
 
 
 def lookup_plan(copied: list[int], matched: int, strong: int = LOOKUP_STRONG,
                 branch: int = LOOKUP_BRANCH) -> tuple[bool, tuple[int, ...]]:
-    """What a round does with a lookup (copied continuation, matched suffix length): (propose it alone without
-    calling the drafter, the tokens it contributes: all of them, or the first `branch` as one more trie branch)."""
+    """What a round without a cost curve does with a lookup (copied continuation, matched suffix length): (verify it
+    alone without calling the drafter, the tokens it contributes: all of them, or the first `branch` as one more
+    trie branch). With a cost curve the policy cuts every lookup by its measured acceptance instead."""
     if matched >= strong and len(copied) >= branch:
         return True, tuple(copied)
     return False, tuple(copied[:branch])
 
 
 class LookupHybrid:
-    """A drafter whose rounds also consult prompt lookup, which costs nothing to compute (App. D's trie with one
-    more source). At T = 0 the lookup's continuation joins the drafter's block(s) as one more branch of the trie
-    verified in the round, at most `branch` tokens long, and a strong lookup (a suffix of `strong` tokens or more
-    matched, `branch` tokens or more to copy) is proposed alone, without calling the drafter. At T > 0, where a
-    trie is not exact, a round takes one source: the strong lookup, else the drafter. Every choice depends on
-    committed tokens only, never on the token being sampled, so the output stays exact."""
+    """A drafter with a second, free source: prompt lookup, which costs no network call (App. D's trie with one
+    more source). `propose_lookup` offers the copied continuation alone; the engine's policy takes it first in a
+    round where it pays (core.policy: its measured acceptance per match length, cut under the verify cost, its own
+    measured verdict against plain steps). Where the policy does not take it and calls the network instead, at
+    T = 0 the lookup's first `branch` tokens join the network's block(s) as one more branch of the trie verified in
+    the round; at T > 0, where a trie is not exact, the network's block goes alone. Every choice depends on
+    committed tokens and past rounds only, never on the token being sampled, so the output stays exact."""
 
-    def __init__(self, main: Drafter, strong: int = LOOKUP_STRONG, branch: int = LOOKUP_BRANCH):
-        self.main, self.strong, self.branch = main, strong, branch
+    def __init__(self, main: Drafter, branch: int = LOOKUP_BRANCH):
+        self.main, self.branch = main, branch
         self.ngram = NgramDrafter()
         self.name = f"{main.name}+lookup"
         self.feature_layers = main.feature_layers
@@ -120,11 +127,15 @@ class LookupHybrid:
         self.main.extend(token_ids, features)
         self.ngram.extend(token_ids, None)
 
+    def propose_lookup(self, anchor: int, block_size: int) -> Draft | None:
+        """What followed the latest earlier occurrence of the conversation's longest matching suffix (up to
+        block_size tokens), with the match's length; None when nothing matches."""
+        copied, matched = self.ngram.lookup(anchor, block_size)
+        return Draft(torch.tensor(copied, dtype=torch.long), None, lookup_match=matched) if copied else None
+
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
-        alone, branch = lookup_plan(*self.ngram.lookup(anchor, block_size), self.strong, self.branch)
-        if alone:  # the conversation repeats itself: copy it
-            return Draft(torch.tensor(branch, dtype=torch.long), None)
         draft = self.main.propose(anchor, block_size, sampling, generator)
+        branch = tuple(self.ngram.lookup(anchor, block_size)[0][: self.branch])
         if not sampling.greedy or not branch or draft.tokens.tolist()[: len(branch)] == list(branch):
             return draft
         return Draft(draft.tokens, draft.q_draft, draft.confidence, (*draft.alternatives, branch))

@@ -14,7 +14,6 @@ cache then keeps the anchor and the accepted path (`keep_positions`).
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -23,6 +22,7 @@ import torch
 
 from core.drafting import MAX_BLOCK_SIZE, Draft, Drafter
 from core.forward import keep_positions, target_forward
+from core.policy import DraftPolicy, PolicyState, round_source
 from core.sampling import SamplingConfig, target_probs, verify_greedy, verify_sampled
 from core.target import Target
 from core.tree import Trie, build_trie, followed_branch, greedy_path
@@ -94,6 +94,7 @@ class RoundEvent:
     verify_s: float
     finish_reason: str | None = None  # None while running; eos | stop | length | cancelled
     branches: int = 1  # drafts merged into the verified trie (App. D); `drafted` is the one followed furthest
+    source: str = "plain"  # what the round verified: "plain" (nothing), "drafter" (the network) or "lookup" (free)
 
     @property
     def finished(self) -> bool:
@@ -114,177 +115,6 @@ class _State:
     prompt_len: int
     output: list[int] = field(default_factory=list)
     text: str = ""
-
-
-@dataclass
-class SkipEmpty:
-    """When to call the drafter: after `empty` drafts in a row that did not pay for themselves (draft_pays), skip
-    the next min(2^(empty-1), max_skip) rounds, which are then plain steps; a draft that paid resets it.
-    A policy only: a skipped round verifies an empty draft, so the output stays exact."""
-
-    max_skip: int
-    empty: int = 0
-    wait: int = 0
-
-    def draft_now(self) -> bool:
-        if self.wait > 0:
-            self.wait -= 1
-            return False
-        return True
-
-    def drafted(self, paid: bool) -> None:
-        self.empty = 0 if paid else self.empty + 1
-        self.wait = min(2 ** (self.empty - 1), self.max_skip) if self.empty else 0
-
-
-@dataclass
-class PlainProbe:
-    """When to make a round a plain step without calling the drafter: after `every` rounds in a row that all
-    drafted something (0: never). A policy only: a plain round verifies an empty draft, so the output stays exact;
-    it costs at most one round's drafting in `every`."""
-
-    every: int
-    since_plain: int = 0
-
-    def due(self) -> bool:
-        return self.every > 0 and self.since_plain >= self.every
-
-    def record(self, plain: bool) -> None:
-        self.since_plain = 0 if plain else self.since_plain + 1
-
-
-@dataclass
-class MeasuredPays(SkipEmpty):
-    """Whether drafting pays in wall time, as measured in this reply: tokens committed per second by the rounds that
-    drafted against the rounds that did not (plain steps, which the plain probes guarantee), over the last `window`
-    rounds of each kind. While drafting rounds commit fewer tokens a second than plain steps, skip the drafter for
-    1, 2, 4, ... up to `max_skip` rounds (SkipEmpty's back-off, with a measured verdict instead of the drafter's
-    confidence), then draft once more to measure again; a drafting round that pays resets the wait. It sees
-    everything a draft costs (the drafter's call, the longer verify, the cut). A policy only: it decides from past
-    rounds' timings and committed tokens, never from the round being verified, so the output stays exact at every
-    temperature. 0 max_skip: never skips."""
-
-    max_skip: int = 32
-    window: int = 16
-    min_rounds: int = 3  # rounds of each kind measured before the first verdict
-    # a drafter measured far slower than plain steps is re-measured rarely enough that its tries cost at most this
-    # share of the time (budget_wait), up to 8 max_skip rounds, beyond the back-off's own limit
-    budget: float = 0.01
-    drafted_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent drafting rounds
-    plain_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent plain rounds
-
-    @property
-    def losses(self) -> int:
-        """Drafting rounds in a row measured slower than plain steps."""
-        return self.empty
-
-    def draft_now(self) -> bool:
-        if not super().draft_now():
-            return False
-        # the first rounds alternate until both kinds are measured, so a verdict comes within a few rounds
-        plain, drafted = len(self.plain_rounds), len(self.drafted_rounds)
-        return not (self.max_skip and plain < self.min_rounds and drafted > plain)
-
-    def observe(self, drafted: bool, committed: int, seconds: float) -> None:
-        rounds = self.drafted_rounds if drafted else self.plain_rounds
-        rounds.append((committed, seconds))
-        del rounds[: -self.window]
-        if drafted and self.max_skip and self._measured():
-            ratio = self.rate(self.drafted_rounds) / self.rate(self.plain_rounds)
-            self.drafted(paid=ratio >= 1)
-            if ratio < 1:
-                tokens = sum(c for c, _ in self.drafted_rounds) / len(self.drafted_rounds)
-                self.wait = max(self.wait, min(self.budget_wait(ratio, tokens), 8 * self.max_skip))
-
-    def budget_wait(self, ratio: float, tokens: float = 1.0) -> int:
-        """Plain rounds to wait after drafting rounds measured at `ratio` of plain steps' tokens a second, `tokens`
-        committed a round: such a round takes tokens * (1 / ratio - 1) plain rounds longer than plain steps would
-        for its tokens, which must stay within `budget` of the rounds."""
-        return math.ceil(tokens * (1 / max(ratio, 1e-3) - 1) / self.budget)
-
-    def _measured(self) -> bool:
-        return len(self.drafted_rounds) >= self.min_rounds and len(self.plain_rounds) >= self.min_rounds
-
-    @staticmethod
-    def rate(rounds: list) -> float:
-        seconds = sum(s for _, s in rounds)
-        return sum(c for c, _ in rounds) / seconds if seconds > 0 else float("inf")
-
-
-@dataclass
-class DraftPolicy:
-    """When to call the drafter and how much of a draft to verify: the adaptive cut under the verify cost
-    (clip_draft), the skips after drafts that did not pay for the drafter's call (SkipEmpty, draft_pays), the
-    skips while drafting measures slower than plain steps in this reply (MeasuredPays) and the plain probes
-    (PlainProbe). A policy only: whatever it decides, verification keeps the output exact."""
-
-    gen: GenerationConfig
-    skip: SkipEmpty
-    probe: PlainProbe
-    measured: MeasuredPays
-
-    @classmethod
-    def for_run(cls, gen: GenerationConfig, measured: MeasuredPays | None = None) -> "DraftPolicy":
-        if measured is None:
-            measured = MeasuredPays()
-        measured.max_skip = gen.max_measured_wait if gen.plain_probe_every else 0
-        return cls(gen, SkipEmpty(gen.max_skip if gen.verify_cost else 0), PlainProbe(gen.plain_probe_every), measured)
-
-    def draft_now(self) -> bool:
-        # each policy's wait runs down only while it is asked, so ask the measured one first
-        return self.measured.draft_now() and self.skip.draft_now() and not self.probe.due()
-
-    def observe(self, event: "RoundEvent") -> None:
-        """A round's outcome: what it committed and what it cost, for the measured policy."""
-        self.measured.observe(bool(event.drafted), len(event.committed), event.draft_s + event.verify_s)
-
-    def cut(self, proposal: Draft | None, k: int) -> Draft:
-        """The part of the proposal to verify (an empty draft for none)."""
-        draft = clip_draft(proposal, k, self.gen.verify_cost)
-        if proposal is not None and proposal.confidence is not None and self.gen.verify_cost:  # a draft it can cut
-            charged = self.gen.draft_cost if self.gen.charges_draft_cost() else 0.0
-            self.skip.drafted(draft_pays(proposal.confidence[:k], self.gen.verify_cost, charged))
-        self.probe.record(plain=len(draft.tokens) == 0)
-        return draft
-
-
-def best_draft_length(confidence: torch.Tensor, verify_cost: tuple[float, ...]) -> int:
-    """The prefix length n maximising expected committed tokens per unit of verify cost,
-    (1 + sum_{k<=n} prod_{j<=k} c_j) / cost(n + 1 positions), with the drafter's per-slot confidence c
-    as its acceptance estimate. A policy only: whatever length it picks, verification keeps the output exact."""
-    n_max = min(len(confidence), len(verify_cost) - 1)
-    reach = torch.cumprod(confidence[:n_max].double().clamp(0, 1), 0)  # (n_max,) P(slots 1..k all accepted)
-    expected = torch.cat([torch.ones(1, dtype=torch.float64), 1 + reach.cumsum(0)])  # (n_max+1,) n = 0..n_max
-    cost = torch.tensor(verify_cost[: n_max + 1], dtype=torch.float64)
-    return int((expected / cost).argmax())
-
-
-def draft_pays(confidence: torch.Tensor, verify_cost: tuple[float, ...], draft_cost: float) -> bool:
-    """Whether drafting beats a plain step in expected tokens per unit of cost when the drafter's own call is paid
-    too: max over n >= 1 of (1 + sum_{k<=n} prod_{j<=k} c_j) / (cost(n + 1) + draft_cost) > 1 / cost(1) = 1.
-    With draft_cost = 0 this is "the cut keeps something" (best_draft_length > 0). The draft in hand is sunk, so
-    its cut ignores draft_cost; this only tells the skip policy whether the next call is likely worth making."""
-    n_max = min(len(confidence), len(verify_cost) - 1)
-    if n_max < 1:
-        return False
-    reach = torch.cumprod(confidence[:n_max].double().clamp(0, 1), 0)  # (n_max,) P(slots 1..n all accepted)
-    expected = 1 + reach.cumsum(0)  # (n_max,) n = 1..n_max
-    cost = torch.tensor(verify_cost[1 : n_max + 1], dtype=torch.float64) + draft_cost  # (n_max,)
-    return bool((expected / cost).max() > 1.0)
-
-
-def clip_draft(draft: Draft | None, k: int, verify_cost: tuple[float, ...] = ()) -> Draft:
-    """No draft -> an empty one; a drafter that overshoots the room left is cut to k slots; with a cost
-    curve, a draft with confidences is cut to its best expected length. (Alternatives are cut by the
-    trie's node budget, round_trie.)"""
-    if draft is None:
-        return Draft(torch.empty(0, dtype=torch.long), None)
-    if verify_cost and draft.confidence is not None:
-        k = min(k, best_draft_length(draft.confidence, verify_cost))
-    if len(draft.tokens) <= k:
-        return draft
-    cut = lambda x: None if x is None else x[:k]  # noqa: E731
-    return Draft(draft.tokens[:k], cut(draft.q_draft), cut(draft.confidence), draft.alternatives)
 
 
 def block_size_for(gen: GenerationConfig, drafter: Drafter | None) -> int:
@@ -358,11 +188,11 @@ def generate(
     drafter: Drafter | None = None,
     cancel=None,
     clock: Callable[[], float] = time.perf_counter,
-    measured: "MeasuredPays | None" = None,
+    measured: PolicyState | None = None,
 ) -> Iterator[RoundEvent]:
     """Yield one RoundEvent per target forward until EOS, a stop string, the budget or cancel. `measured` carries
-    what drafting measured in earlier replies of a conversation (MeasuredPays; updated in place), so a reply starts
-    from it instead of measuring again; None: this reply measures on its own."""
+    what drafting measured in earlier replies of a conversation (core.policy.PolicyState; updated in place), so a
+    reply starts from it instead of measuring again; None: this reply measures on its own."""
     block_size = block_size_for(gen, drafter)
     check_prompt(target, prompt_ids, gen, block_size)
     cancel = cancel or Never()
@@ -392,8 +222,8 @@ def generate(
             t0 = clock()
             room = gen.max_new_tokens - len(state.output)
             k = min(block_size, room - 1)
-            asked = drafter is not None and k > 0 and policy.draft_now()
-            draft = policy.cut(drafter.propose(anchor, k, gen.sampling, draft_gen) if asked else None, k)
+            drafting = drafter is not None and k > 0
+            draft = policy.draft(drafter, anchor, k, gen.sampling, draft_gen) if drafting else no_draft
             trie = round_trie(draft, k)
             t1 = clock()
             block = [anchor, *trie.tokens]  # (T,) = (K+1,) for a full chain
@@ -409,8 +239,9 @@ def generate(
                 kind="round", drafted=tuple(followed_branch(trie, branches_of(draft), kept[1:])),
                 n_accepted=len(kept) - 1, target_token=anchor, committed=tuple(committed), text=state.text,
                 draft_s=t1 - t0, verify_s=t2 - t1, finish_reason=reason, branches=1 + len(draft.alternatives),
+                source=round_source(draft),
             )
-            policy.observe(event)
+            policy.observe(draft, event.n_accepted, len(event.committed), event.draft_s + event.verify_s)
             yield event
 
 

@@ -16,11 +16,13 @@ class AcceptanceStats:
     committed: int = 0
     reached: list[int] = field(default_factory=lambda: [0] * MAX_BLOCK_SIZE)
     accepted: list[int] = field(default_factory=lambda: [0] * MAX_BLOCK_SIZE)
+    sources: dict[str, int] = field(default_factory=dict)  # rounds by what they verified (RoundEvent.source)
 
     def add(self, ev: RoundEvent) -> None:
         if ev.kind != "round" or ev.finish_reason == "cancelled":
             return  # prefill commits one token whatever the drafter; a cancelled round did no forward
         self.rounds += 1
+        self.sources[ev.source] = self.sources.get(ev.source, 0) + 1
         self.committed += ev.n_accepted + 1
         for slot in range(len(ev.drafted)):
             self.reached[slot] += 1

@@ -76,8 +76,8 @@ def interleaved_costs(targets: dict, context: int, repeats: int, positions=POSIT
 
 def draft_cost(target, drafter, context: int = 256, repeats: int = 10) -> float:
     """One drafter call (a whole block at T = 0 after `context` positions) relative to a one-position target forward,
-    medians, the two interleaved so that load on the machine hits both alike: what engine.draft_pays charges a draft
-    for the drafter's own time. Leaves the drafter reset."""
+    medians, the two interleaved so that load on the machine hits both alike: what core.policy.draft_pays charges a
+    draft for the drafter's own time. Leaves the drafter reset."""
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (context + repeats + 1,), generator=gen)
     ids = ids.tolist()
@@ -115,7 +115,7 @@ def relative_from(times: dict[int, list[float]]) -> tuple[float, ...]:
 def relative_curve(target, max_positions: int = MAX_BLOCK_SIZE + 1, context: int = 256,
                    repeats: int = 5) -> tuple[float, ...]:
     """Cost of 1..max_positions new positions relative to one, measured now on this machine (a few seconds), made
-    sane (sane_curve); what the adaptive draft length (engine.best_draft_length) reads."""
+    sane (sane_curve); what the adaptive draft length (core.policy.best_draft_length) reads."""
     for times in timed_passes(target, context, repeats, range(1, max_positions + 1)):
         pass
     return relative_from(times)

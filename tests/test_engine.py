@@ -186,25 +186,25 @@ class Counting(NoisyOracle):
         return super().propose(anchor, block_size, sampling, generator)
 
 
-def test_prompt_lookup_joins_the_drafter_as_a_branch_and_a_strong_match_skips_its_call():
+def test_prompt_lookup_offers_its_copy_alone_and_joins_the_drafter_as_a_branch():
     from core.drafting import LookupHybrid
 
     main = Counting([7, 8, 9, 10, 11], corrupt=0.0, vocab=64)
     main.prompt_len, main.feature_layers = 2, ()
-    hybrid = LookupHybrid(main, strong=3, branch=4)
+    hybrid = LookupHybrid(main, branch=4)
     hybrid.extend([1, 2], None)
     greedy = SamplingConfig(temperature=0.0)
-    draft = hybrid.propose(99, 4, greedy, torch.Generator())  # nothing to copy: the drafter's block as it is
+    assert hybrid.propose_lookup(99, 4) is None  # nothing to copy
+    draft = hybrid.propose(99, 4, greedy, torch.Generator())  # the drafter's block as it is
     assert draft.alternatives == () and len(draft.tokens) == 4 and main.calls == 1
     hybrid.reset()
     hybrid.extend([5, 6, 3, 4, 40, 41, 42, 43, 44, 7, 3], None)
-    draft = hybrid.propose(4, 4, greedy, torch.Generator())  # "3 4" matched (2 tokens): weak, becomes a branch
-    assert draft.alternatives == ((40, 41, 42, 43),) and main.calls == 2
+    lookup = hybrid.propose_lookup(4, 6)  # "3 4" matched: what followed it, with the match's length
+    assert lookup.tokens.tolist() == [40, 41, 42, 43, 44, 7] and lookup.lookup_match == 2 and main.calls == 1
+    draft = hybrid.propose(4, 4, greedy, torch.Generator())  # beside the network: one more branch of the trie
+    assert draft.alternatives == ((40, 41, 42, 43),) and main.calls == 2 and draft.lookup_match == 0
     sampled = hybrid.propose(4, 4, SamplingConfig(temperature=1.0), torch.Generator())
     assert sampled.alternatives == () and main.calls == 3  # no trie at T > 0: the drafter's block alone
-    hybrid.extend([4], None)
-    strong = hybrid.propose(40, 4, SamplingConfig(temperature=1.0), torch.Generator())  # "3 4 40": strong
-    assert strong.tokens.tolist() == [41, 42, 43, 44] and strong.q_draft is None and main.calls == 3
 
 
 def test_drafting_with_prompt_lookup_equals_plain_decoding(tiny_target):
@@ -212,24 +212,40 @@ def test_drafting_with_prompt_lookup_equals_plain_decoding(tiny_target):
 
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # repeats, so lookup has something to copy
     plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=40))
-    for corrupt in (0.0, 0.5):
-        oracle = NoisyOracle(plain, corrupt=corrupt, vocab=64, seed=1)
-        oracle.prompt_len = len(prompt)
-        out, events = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=40, block_size=6),
-                                   LookupHybrid(oracle, strong=2, branch=3))
-        assert out == plain
-    assert any(ev.branches > 1 for ev in events)  # some rounds verified a trie of both sources
+    settings = (GenerationConfig(max_new_tokens=40, block_size=6),  # no cost curve: strong lookups whole
+                GenerationConfig(max_new_tokens=40, block_size=6, verify_cost=(1.0, 1.1, 1.2, 1.5, 1.8, 2.0, 2.2),
+                                 plain_probe_every=16))  # the app's: cut by measured acceptance, measured rounds
+    sources, branches = set(), 0
+    for gen in settings:
+        for corrupt in (0.0, 0.5):
+            oracle = NoisyOracle(plain, corrupt=corrupt, vocab=64, seed=1)
+            oracle.prompt_len = len(prompt)
+            out, events = generate_all(tiny_target, prompt, gen, LookupHybrid(oracle, branch=3))
+            assert out == plain
+            sources |= {ev.source for ev in events[1:]}
+            branches += sum(ev.branches > 1 for ev in events)
+    assert sources == {"plain", "lookup", "drafter"} and branches  # lookup alone, and as a branch of the trie
 
 
-def test_best_draft_length_trades_expected_tokens_against_verify_cost():
-    from core.engine import best_draft_length
+def test_lookup_drafts_are_cut_by_their_measured_acceptance_and_stay_exact_at_t1():
+    from core.drafting import LookupHybrid
+    from core.policy import DraftPolicy, LookupRates, PolicyState
 
-    cpu_curve = (1.0, 1.53, 1.43, 1.5, 1.55, 1.6, 1.62, 1.64, 1.66, 1.7, 1.72, 1.75, 1.8, 1.82, 1.85, 1.87, 1.9)
-    assert best_draft_length(torch.ones(16), cpu_curve) == 16  # sure drafts: verify them all
-    assert best_draft_length(torch.zeros(16), cpu_curve) == 0  # hopeless drafts: a plain step is cheapest
-    sure_then_lost = torch.tensor([0.95, 0.95, 0.95] + [0.05] * 13)
-    assert best_draft_length(sure_then_lost, cpu_curve) == 3
-    assert best_draft_length(torch.full((4,), 0.9), (1.0, 1.0, 1.0)) == 2  # never past the curve's end
+    rates = LookupRates()
+    assert rates.rate(2) == pytest.approx(0.7)  # the prior, before anything was measured
+    for _ in range(20):
+        rates.record(matched=1, n_verified=3, n_accepted=0)  # one-token matches: always rejected at once
+        rates.record(matched=5, n_verified=4, n_accepted=4)  # long matches (counted with 3): always kept
+    assert rates.rate(1) < 0.1 and rates.rate(3) > 0.95 and rates.rate(4) == rates.rate(3)
+    curve = (1.0, 1.1, 1.2, 1.5, 1.8)
+    policy = DraftPolicy.for_run(GenerationConfig(verify_cost=curve), PolicyState(rates=rates))
+    copy = torch.tensor([9, 9, 9, 9])
+    assert len(policy.cut_lookup(Draft(copy, None, lookup_match=1), 4).tokens) == 0  # not worth verifying
+    assert len(policy.cut_lookup(Draft(copy, None, lookup_match=3), 4).tokens) == 4
+    assert policy.cut_lookup(Draft(copy, None, lookup_match=3), 2).lookup_match == 3  # a cut lookup stays one
+    target = make_target(tiny_llama(vocab_size=5, layers=1, seed=3, scale=8.0))
+    assert_sampled_distribution_exact(target, LookupHybrid(SkewedSampler([0.9, 0.025, 0.025, 0.025, 0.025])),
+                                      prompt=(4, 3, 2, 4, 3), verify_cost=curve)
 
 
 class RandomQDrafter(SkewedSampler):
@@ -275,23 +291,6 @@ def test_adaptive_cut_is_exact_only_with_sample_independent_confidence():
     assert pvalue("sampled") < 1e-3  # the check has the power to see a sample-dependent cut's bias
 
 
-def test_a_draft_pays_when_its_expected_tokens_cover_the_drafter_call_too():
-    from core.engine import best_draft_length, draft_pays
-
-    flat = (1.0, 1.1, 1.0, 1.0, 1.2)  # a oneDNN-like curve: 3 and 4 positions cost what one does
-    half = torch.full((4,), 0.5)  # expected accepted 0.5, 0.75, 0.875, 0.94
-    assert draft_pays(half, flat, 0.0) and best_draft_length(half, flat) == 3
-    assert draft_pays(half, flat, 0.5)  # (1 + 0.875) / (1.0 + 0.5) = 1.25 > 1
-    assert not draft_pays(half, flat, 1.0)  # 1.875 / 2.0: a plain step gives more per unit of cost
-    weak = torch.tensor([0.15, 0.1, 0.1, 0.1])
-    assert best_draft_length(weak, flat) == 3 and not draft_pays(weak, flat, 0.2)  # kept, yet not worth a call
-    for conf in (torch.rand(6), torch.zeros(6), torch.ones(6)):  # no drafter cost: "the cut keeps something"
-        assert draft_pays(conf, flat, 0.0) == (best_draft_length(conf, flat) > 0)
-    assert not draft_pays(torch.ones(0), flat, 0.0) and not draft_pays(torch.ones(3), (1.0,), 0.0)
-    with pytest.raises(ValueError, match="draft_cost"):
-        GenerationConfig(draft_cost=-0.1)
-
-
 def test_drafts_that_do_not_pay_for_the_drafter_are_skipped_and_the_output_stays_exact(tiny_target):
     class Unsure:  # always drafts the same two tokens with confidence 0.3: kept by the cut, not worth a call
         name, feature_layers, max_block_size = "unsure", (), 2
@@ -316,37 +315,6 @@ def test_drafts_that_do_not_pay_for_the_drafter_are_skipped_and_the_output_stays
         assert out == plain
         rounds = len(events) - 1
         assert (Unsure.calls < rounds / 2) == few  # with the call's cost counted, most rounds skip the drafter
-
-
-def test_the_skips_charge_the_drafter_call_at_t0_only():
-    """At T > 0 the confidence is no acceptance estimate (GenerationConfig.charges_draft_cost): the same draft
-    counts toward the skips at T = 0 and not at T = 1."""
-    from core.engine import DraftPolicy
-
-    draft = Draft(torch.tensor([5, 6]), None, torch.full((2,), 0.3))  # pays at cost 0, not with a 0.5 call
-    for temperature, charged in ((0.0, True), (1.0, False)):
-        gen = GenerationConfig(verify_cost=(1.0, 1.1, 1.2), draft_cost=0.5,
-                               sampling=SamplingConfig(temperature=temperature))
-        policy = DraftPolicy.for_run(gen)
-        policy.cut(draft, 2)
-        assert gen.charges_draft_cost() == charged and policy.skip.empty == int(charged)
-    assert not GenerationConfig(draft_cost=0.5).charges_draft_cost()  # no cost curve: no cut, nothing charged
-
-
-def test_skip_empty_backs_off_after_empty_drafts_and_resets_on_a_kept_one():
-    from core.engine import SkipEmpty
-
-    skip, pattern = SkipEmpty(max_skip=4), []
-    for paid in (False, False, False, False, True, False):
-        calls = 0
-        while not skip.draft_now():  # rounds skipped before the next drafter call
-            calls += 1
-        pattern.append(calls)
-        skip.drafted(paid)
-    assert pattern == [0, 1, 2, 4, 4, 0]  # 1, 2, 4 then capped at 4; a draft that paid resets
-    assert SkipEmpty(max_skip=0).draft_now() and GenerationConfig(max_skip=0).max_skip == 0
-    with pytest.raises(ValueError, match="max_skip"):
-        GenerationConfig(max_skip=-1)
 
 
 def test_plain_probes_keep_a_reply_measurable_and_exact(tiny_target):
@@ -386,45 +354,6 @@ def test_verify_cost_curves_are_made_sane():
     assert sane_curve([1.2, 2.5, 2.91, 0.8]) == (1.0, 2.0, 2.91, 1.0)  # within [1, n], otherwise as measured
 
 
-def test_measured_pays_backs_off_while_drafting_rounds_commit_fewer_tokens_a_second():
-    from core.engine import MeasuredPays
-
-    policy = MeasuredPays(max_skip=8, window=4, min_rounds=2)
-    kinds = []
-    for _ in range(40):  # drafting rounds: 2 tokens in 3 s; plain rounds: 1 token in 1 s
-        drafting = policy.draft_now()
-        kinds.append(drafting)
-        policy.observe(drafting, 2 if drafting else 1, 3.0 if drafting else 1.0)
-    assert kinds[:4] == [True, False, True, False]  # both kinds measured first
-    assert sum(kinds[-20:]) <= 2  # then waits of 1, 2, 4, 8, 8 ... plain rounds between single tries
-    for _ in range(80):  # drafting turns profitable (5 tokens in 2 s): the next try pays and resets the wait
-        drafting = policy.draft_now()
-        policy.observe(drafting, 5 if drafting else 1, 2.0 if drafting else 1.0)
-    assert policy.losses == 0 and all(policy.draft_now() for _ in range(3))
-    never = MeasuredPays(max_skip=0)
-    for _ in range(10):
-        assert never.draft_now()
-        never.observe(True, 1, 10.0)
-        never.observe(False, 1, 1.0)
-
-
-def test_a_drafter_far_slower_than_plain_steps_is_retried_within_the_time_budget():
-    from core.engine import MeasuredPays
-
-    policy = MeasuredPays(max_skip=8, window=4, min_rounds=2)
-    kinds = []
-    for _ in range(300):  # drafting rounds: 2 tokens in 5 s (0.4 of plain steps' rate); plain: 1 token in 1 s
-        drafting = policy.draft_now()
-        kinds.append(drafting)
-        policy.observe(drafting, 2 if drafting else 1, 5.0 if drafting else 1.0)
-    assert policy.budget_wait(0.4, tokens=2) == 300  # 2 tokens a round, (1 / 0.4 - 1) / 0.01 rounds each
-    tries = [i for i, drafting in enumerate(kinds) if drafting]
-    gaps = [b - a for a, b in zip(tries[2:], tries[3:])]  # after the first measurements
-    assert len(tries) <= 8 and min(gaps) >= 64  # 8 x max_skip: far beyond the back-off's own 8
-    close = MeasuredPays(max_skip=8, window=4, min_rounds=2)
-    assert close.budget_wait(0.95) == 6  # a close call is measured again soon
-
-
 class SlowDrafter(AlwaysDrafts):
     """Drafts that are never accepted and cost the clock 5 units a call."""
 
@@ -461,12 +390,12 @@ def test_a_drafter_that_costs_more_than_it_brings_is_mostly_skipped_and_the_outp
 
 
 def test_what_drafting_measured_carries_over_to_the_next_reply(tiny_target):
-    from core.engine import MeasuredPays
+    from core.policy import PolicyState
 
     gen = GenerationConfig(max_new_tokens=40, block_size=4, plain_probe_every=16)
     fresh_clock, carried_clock = Clock(), Clock()
     fresh, carried = SlowDrafter(fresh_clock), SlowDrafter(carried_clock)
-    measured = MeasuredPays()
+    measured = PolicyState()
     list(generate(tiny_target, [5, 6, 7], gen, carried, clock=carried_clock, measured=measured))  # a first reply
     carried.calls = 0
     second = list(generate(tiny_target, [9, 8, 7], gen, carried, clock=carried_clock, measured=measured))

@@ -1,5 +1,6 @@
 import threading
 import time
+from dataclasses import replace
 
 import gradio as gr
 import pytest
@@ -58,6 +59,10 @@ def test_panel_marks_accepted_rejected_unreached_and_target():
     assert "✓w10" in row and "✗w11" in row and "·w12" in row and "★w20" in row
     tree = render.render_round(tokenizer, 3, event(drafted=(10, 11), n_accepted=2, target_token=20, branches=4))
     assert "⑂4" in tree and tree.count("fm-acc") == 2
+    copied = render.render_round(tokenizer, 4, event(drafted=(10, 11), n_accepted=2, target_token=20, source="lookup"))
+    assert "⧉ copied" in copied and "⧉" not in row  # a prompt-lookup round reads as such
+    stats = AcceptanceStats().add_all([event(drafted=(10,), n_accepted=1, source="lookup"), event(), event()])
+    assert "1 copied by prompt lookup · 2 plain steps" in render.render_stats(stats, None, "flashmap", (1, 9), "", 1)
 
 
 def test_byte_pieces_are_shown_as_hex_not_replacement_characters():
@@ -212,12 +217,26 @@ def test_history_sent_back_by_the_browser_keeps_every_turn(service):
 
 
 def test_flashmap_drafts_from_zero_noise_at_t0_only():
-    """The T = 0 path chosen by measurement (issue #15): FlashMap's jumps from x0 = 0, one or two; trees need
-    noise, and T > 0 keeps it."""
+    """The T = 0 path chosen by measurement: FlashMap's jumps from x0 = 0, one or two; trees need noise, and
+    T > 0 keeps it. Prompt lookup joins a network drafter at T = 0."""
     assert ChatSettings().spec().noise_scale == 0.0 and ChatSettings().spec().text().startswith("flashmap,scale=0")
     assert ChatSettings(steps=2).spec().noise_scale == 0.0
     for other in (dict(temperature=1.0), dict(steps=2, temperature=0.7), dict(tree=4), dict(drafter="dflash")):
         assert ChatSettings(**other).spec().noise_scale == 1.0
+    assert ChatSettings().spec().lookup and ChatSettings(drafter="dflash").spec().lookup
+    assert not ChatSettings(temperature=1.0).spec().lookup and not ChatSettings(drafter="ngram").spec().lookup
+
+
+def test_prompt_lookup_wraps_the_network_drafter_without_loading_it_again(monkeypatch, tmp_path):
+    from core.drafting import LookupHybrid, NgramDrafter
+
+    service = ChatService(make_target(tiny_llama(vocab_size=64)), data_dir=tmp_path)
+    monkeypatch.setattr("app.service.build_drafter", lambda *args: NgramDrafter())  # stands in for a network
+    service.unavailable.clear()
+    spec = ChatSettings().spec()
+    hybrid, network = service.drafter(spec), service.drafter(replace(spec, lookup=False))
+    assert isinstance(hybrid, LookupHybrid) and hybrid.main is network  # one network loaded, not two
+    assert service.drafter_for(ChatSettings()) is hybrid
 
 
 def test_an_adaptive_reply_charges_drafts_for_the_drafter_measured_once(service, monkeypatch):

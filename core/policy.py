@@ -1,0 +1,274 @@
+"""When to draft and how much of a draft to verify: a policy only. Whatever it decides, verification keeps the output
+exact, because every choice reads past rounds (their committed tokens and timings) and never the token being verified.
+
+Shape letters: K = drafted block length.
+
+Three sources per round, in this order: a prompt-lookup draft (free: no network call, `LookupHybrid.propose_lookup`),
+the drafter's network, or none (a plain step). Their parts:
+- the adaptive cut (clip_draft, best_draft_length): the prefix with the most expected committed tokens per unit of
+  this machine's verify cost (core.verify_cost), from per-slot confidence;
+- SkipEmpty: after drafts whose expected tokens do not pay for the drafter's own call, skip it for 1, 2, 4 ... rounds;
+- MeasuredPays: while a source's rounds commit fewer tokens a second than plain steps in this reply, skip it;
+- LookupRates: how often a copied token was accepted, per length of the matched suffix, as lookup's confidence;
+- PlainProbe: a plain step at least every N rounds, so there always are plain timings to compare with.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from core.drafting import LOOKUP_STRONG, Draft, Drafter, lookup_plan
+from core.sampling import SamplingConfig
+
+EMPTY = Draft(torch.empty(0, dtype=torch.long), None)
+
+
+@dataclass
+class SkipEmpty:
+    """When to call the drafter: after `empty` drafts in a row that did not pay for themselves (draft_pays), skip
+    the next min(2^(empty-1), max_skip) rounds, which are then plain steps; a draft that paid resets it.
+    A policy only: a skipped round verifies an empty draft, so the output stays exact."""
+
+    max_skip: int
+    empty: int = 0
+    wait: int = 0
+
+    def draft_now(self) -> bool:
+        if self.wait > 0:
+            self.wait -= 1
+            return False
+        return True
+
+    def drafted(self, paid: bool) -> None:
+        self.empty = 0 if paid else self.empty + 1
+        self.wait = min(2 ** (self.empty - 1), self.max_skip) if self.empty else 0
+
+
+@dataclass
+class PlainProbe:
+    """When to make a round a plain step without calling the drafter: after `every` rounds in a row that all
+    drafted something (0: never). A policy only: a plain round verifies an empty draft, so the output stays exact;
+    it costs at most one round's drafting in `every`."""
+
+    every: int
+    since_plain: int = 0
+
+    def due(self) -> bool:
+        return self.every > 0 and self.since_plain >= self.every
+
+    def record(self, plain: bool) -> None:
+        self.since_plain = 0 if plain else self.since_plain + 1
+
+
+@dataclass
+class MeasuredPays(SkipEmpty):
+    """Whether drafting pays in wall time, as measured in this reply: tokens committed per second by the rounds that
+    drafted against the rounds that did not (plain steps, which the plain probes guarantee), over the last `window`
+    rounds of each kind. While drafting rounds commit fewer tokens a second than plain steps, skip the drafter for
+    1, 2, 4, ... up to `max_skip` rounds (SkipEmpty's back-off, with a measured verdict instead of the drafter's
+    confidence), then draft once more to measure again; a drafting round that pays resets the wait. It sees
+    everything a draft costs (the drafter's call, the longer verify, the cut). A policy only: it decides from past
+    rounds' timings and committed tokens, never from the round being verified, so the output stays exact at every
+    temperature. 0 max_skip: never skips."""
+
+    max_skip: int = 32
+    window: int = 16
+    min_rounds: int = 3  # rounds of each kind measured before the first verdict
+    # a drafter measured far slower than plain steps is re-measured rarely enough that its tries cost at most this
+    # share of the time (budget_wait), up to 8 max_skip rounds, beyond the back-off's own limit
+    budget: float = 0.01
+    drafted_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent drafting rounds
+    plain_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent plain rounds
+
+    @property
+    def losses(self) -> int:
+        """Drafting rounds in a row measured slower than plain steps."""
+        return self.empty
+
+    def draft_now(self) -> bool:
+        if not super().draft_now():
+            return False
+        # the first rounds alternate until both kinds are measured, so a verdict comes within a few rounds
+        plain, drafted = len(self.plain_rounds), len(self.drafted_rounds)
+        return not (self.max_skip and plain < self.min_rounds and drafted > plain)
+
+    def observe(self, drafted: bool, committed: int, seconds: float) -> None:
+        rounds = self.drafted_rounds if drafted else self.plain_rounds
+        rounds.append((committed, seconds))
+        del rounds[: -self.window]
+        if drafted and self.max_skip and self._measured():
+            ratio = self.rate(self.drafted_rounds) / self.rate(self.plain_rounds)
+            self.drafted(paid=ratio >= 1)
+            if ratio < 1:
+                tokens = sum(c for c, _ in self.drafted_rounds) / len(self.drafted_rounds)
+                self.wait = max(self.wait, min(self.budget_wait(ratio, tokens), 8 * self.max_skip))
+
+    def budget_wait(self, ratio: float, tokens: float = 1.0) -> int:
+        """Plain rounds to wait after drafting rounds measured at `ratio` of plain steps' tokens a second, `tokens`
+        committed a round: such a round takes tokens * (1 / ratio - 1) plain rounds longer than plain steps would
+        for its tokens, which must stay within `budget` of the rounds."""
+        return math.ceil(tokens * (1 / max(ratio, 1e-3) - 1) / self.budget)
+
+    def _measured(self) -> bool:
+        return len(self.drafted_rounds) >= self.min_rounds and len(self.plain_rounds) >= self.min_rounds
+
+    @staticmethod
+    def rate(rounds: list) -> float:
+        seconds = sum(s for _, s in rounds)
+        return sum(c for c, _ in rounds) / seconds if seconds > 0 else float("inf")
+
+
+@dataclass
+class LookupRates:
+    """How often a prompt-lookup token was accepted once verified, per length of the matched suffix (1..3 tokens;
+    longer matches copy more reliably): a Beta-smoothed rate, accepted / reached slots, that serves as every slot's
+    confidence for the adaptive cut. Measured on this conversation's own rounds, so it is a policy input like the
+    timings: exact at every temperature (at T > 0 it measures the acceptance p(token) of the copied tokens)."""
+
+    prior_rate: float = 0.7
+    prior_weight: float = 2.0
+    reached: dict[int, float] = field(default_factory=dict)
+    accepted: dict[int, float] = field(default_factory=dict)
+
+    def rate(self, matched: int) -> float:
+        key = min(matched, LOOKUP_STRONG)
+        reached, accepted = self.reached.get(key, 0.0), self.accepted.get(key, 0.0)
+        return (accepted + self.prior_rate * self.prior_weight) / (reached + self.prior_weight)
+
+    def record(self, matched: int, n_verified: int, n_accepted: int) -> None:
+        """A verified lookup draft of n_verified tokens kept n_accepted: slots to the first rejection were reached."""
+        key = min(matched, LOOKUP_STRONG)
+        self.reached[key] = self.reached.get(key, 0.0) + min(n_accepted + 1, n_verified)
+        self.accepted[key] = self.accepted.get(key, 0.0) + n_accepted
+
+
+@dataclass
+class PolicyState:
+    """What drafting measured in this reply, carried to the conversation's next reply (the app keeps one per drafter):
+    the network's rounds and lookup's rounds each against plain steps, and lookup's acceptance."""
+
+    drafter: MeasuredPays = field(default_factory=MeasuredPays)
+    lookup: MeasuredPays = field(default_factory=MeasuredPays)
+    rates: LookupRates = field(default_factory=LookupRates)
+
+
+def round_source(draft: Draft) -> str:
+    """What a round verified: "plain" (nothing), "lookup" (a prompt-lookup draft, no network call) or "drafter"."""
+    if len(draft.tokens) == 0:
+        return "plain"
+    return "lookup" if draft.lookup_match else "drafter"
+
+
+@dataclass
+class DraftPolicy:
+    """When to call the drafter and how much of a draft to verify: the adaptive cut under the verify cost
+    (clip_draft), the skips after drafts that did not pay for the drafter's call (SkipEmpty, draft_pays), the
+    skips while a source measures slower than plain steps in this reply (MeasuredPays, one per source), lookup's
+    measured acceptance (LookupRates) and the plain probes (PlainProbe). A policy only: whatever it decides,
+    verification keeps the output exact."""
+
+    verify_cost: tuple[float, ...]  # relative cost of 1, 2, ... positions; () for no cut (core.verify_cost)
+    charged_cost: float  # what a network draft is charged for the drafter's call in the skips (draft_pays)
+    skip: SkipEmpty
+    probe: PlainProbe
+    state: PolicyState
+
+    @classmethod
+    def for_run(cls, gen, state: PolicyState | None = None) -> "DraftPolicy":
+        """The policy of one generation (gen: core.engine.GenerationConfig), from what `state` measured before."""
+        state = state or PolicyState()
+        for measured in (state.drafter, state.lookup):
+            measured.max_skip = gen.max_measured_wait if gen.plain_probe_every else 0
+        charged = gen.draft_cost if gen.charges_draft_cost() else 0.0
+        return cls(gen.verify_cost, charged, SkipEmpty(gen.max_skip if gen.verify_cost else 0),
+                   PlainProbe(gen.plain_probe_every), state)
+
+    def draft(self, drafter: Drafter, anchor: int, k: int, sampling: SamplingConfig,
+              generator: torch.Generator) -> Draft:
+        """This round's draft: a prompt-lookup draft where one exists, pays under the cut and its measured rounds
+        allow it, else the network's where the policy calls it, else an empty one (a plain step)."""
+        # each policy's wait runs down only while it is asked, so ask them every round, before the probe
+        lookup_now = self.state.lookup.draft_now()
+        network_now = self.state.drafter.draft_now() and self.skip.draft_now()
+        if self.probe.due():
+            return self.cut(None, k)
+        propose_lookup = getattr(drafter, "propose_lookup", None)  # drafters with a free source (LookupHybrid)
+        if lookup_now and propose_lookup is not None:
+            lookup = self.cut_lookup(propose_lookup(anchor, k), k)
+            if len(lookup.tokens):
+                self.probe.record(plain=False)
+                return lookup
+        return self.cut(drafter.propose(anchor, k, sampling, generator) if network_now else None, k)
+
+    def cut_lookup(self, lookup: Draft | None, k: int) -> Draft:
+        """The part of a lookup draft worth verifying: with a cost curve, the prefix that pays at lookup's measured
+        acceptance for its match length; without one, a strong match whole (lookup_plan), else nothing."""
+        if lookup is None:
+            return EMPTY
+        if not self.verify_cost:
+            alone, _ = lookup_plan(lookup.tokens.tolist(), lookup.lookup_match)
+            return clip_draft(lookup, k) if alone else EMPTY
+        confidence = torch.full((len(lookup.tokens),), self.state.rates.rate(lookup.lookup_match))  # (K,)
+        return clip_draft(replace(lookup, confidence=confidence), k, self.verify_cost)
+
+    def observe(self, draft: Draft, n_accepted: int, n_committed: int, seconds: float) -> None:
+        """A round's outcome: what it committed and what it cost (drafting and verifying), for the measured policies;
+        what a lookup draft kept, for lookup's rates."""
+        source = round_source(draft)
+        if source != "lookup":
+            self.state.drafter.observe(source == "drafter", n_committed, seconds)
+        if source != "drafter":
+            self.state.lookup.observe(source == "lookup", n_committed, seconds)
+        if source == "lookup":
+            self.state.rates.record(draft.lookup_match, len(draft.tokens), n_accepted)
+
+    def cut(self, proposal: Draft | None, k: int) -> Draft:
+        """The part of the network's proposal to verify (an empty draft for none)."""
+        draft = clip_draft(proposal, k, self.verify_cost)
+        if proposal is not None and proposal.confidence is not None and self.verify_cost:  # a draft it can cut
+            self.skip.drafted(draft_pays(proposal.confidence[:k], self.verify_cost, self.charged_cost))
+        self.probe.record(plain=len(draft.tokens) == 0)
+        return draft
+
+
+def best_draft_length(confidence: torch.Tensor, verify_cost: tuple[float, ...]) -> int:
+    """The prefix length n maximising expected committed tokens per unit of verify cost,
+    (1 + sum_{k<=n} prod_{j<=k} c_j) / cost(n + 1 positions), with the drafter's per-slot confidence c
+    as its acceptance estimate. A policy only: whatever length it picks, verification keeps the output exact."""
+    n_max = min(len(confidence), len(verify_cost) - 1)
+    reach = torch.cumprod(confidence[:n_max].double().clamp(0, 1), 0)  # (n_max,) P(slots 1..k all accepted)
+    expected = torch.cat([torch.ones(1, dtype=torch.float64), 1 + reach.cumsum(0)])  # (n_max+1,) n = 0..n_max
+    cost = torch.tensor(verify_cost[: n_max + 1], dtype=torch.float64)
+    return int((expected / cost).argmax())
+
+
+def draft_pays(confidence: torch.Tensor, verify_cost: tuple[float, ...], draft_cost: float) -> bool:
+    """Whether drafting beats a plain step in expected tokens per unit of cost when the drafter's own call is paid
+    too: max over n >= 1 of (1 + sum_{k<=n} prod_{j<=k} c_j) / (cost(n + 1) + draft_cost) > 1 / cost(1) = 1.
+    With draft_cost = 0 this is "the cut keeps something" (best_draft_length > 0). The draft in hand is sunk, so
+    its cut ignores draft_cost; this only tells the skip policy whether the next call is likely worth making."""
+    n_max = min(len(confidence), len(verify_cost) - 1)
+    if n_max < 1:
+        return False
+    reach = torch.cumprod(confidence[:n_max].double().clamp(0, 1), 0)  # (n_max,) P(slots 1..n all accepted)
+    expected = 1 + reach.cumsum(0)  # (n_max,) n = 1..n_max
+    cost = torch.tensor(verify_cost[1 : n_max + 1], dtype=torch.float64) + draft_cost  # (n_max,)
+    return bool((expected / cost).max() > 1.0)
+
+
+def clip_draft(draft: Draft | None, k: int, verify_cost: tuple[float, ...] = ()) -> Draft:
+    """No draft -> an empty one; a drafter that overshoots the room left is cut to k slots; with a cost
+    curve, a draft with confidences is cut to its best expected length. (Alternatives are cut by the
+    trie's node budget, round_trie.)"""
+    if draft is None:
+        return EMPTY
+    if verify_cost and draft.confidence is not None:
+        k = min(k, best_draft_length(draft.confidence, verify_cost))
+    if len(draft.tokens) <= k:
+        return draft
+    cut = lambda x: None if x is None else x[:k]  # noqa: E731
+    return replace(draft, tokens=draft.tokens[:k], q_draft=cut(draft.q_draft), confidence=cut(draft.confidence))
+
+

@@ -1,0 +1,93 @@
+import pytest
+import torch
+
+from core.drafting import Draft
+from core.engine import GenerationConfig
+from core.policy import DraftPolicy, MeasuredPays, SkipEmpty, best_draft_length, draft_pays
+from core.sampling import SamplingConfig
+
+
+def test_best_draft_length_trades_expected_tokens_against_verify_cost():
+    cpu_curve = (1.0, 1.53, 1.43, 1.5, 1.55, 1.6, 1.62, 1.64, 1.66, 1.7, 1.72, 1.75, 1.8, 1.82, 1.85, 1.87, 1.9)
+    assert best_draft_length(torch.ones(16), cpu_curve) == 16  # sure drafts: verify them all
+    assert best_draft_length(torch.zeros(16), cpu_curve) == 0  # hopeless drafts: a plain step is cheapest
+    sure_then_lost = torch.tensor([0.95, 0.95, 0.95] + [0.05] * 13)
+    assert best_draft_length(sure_then_lost, cpu_curve) == 3
+    assert best_draft_length(torch.full((4,), 0.9), (1.0, 1.0, 1.0)) == 2  # never past the curve's end
+
+
+def test_a_draft_pays_when_its_expected_tokens_cover_the_drafter_call_too():
+    flat = (1.0, 1.1, 1.0, 1.0, 1.2)  # a oneDNN-like curve: 3 and 4 positions cost what one does
+    half = torch.full((4,), 0.5)  # expected accepted 0.5, 0.75, 0.875, 0.94
+    assert draft_pays(half, flat, 0.0) and best_draft_length(half, flat) == 3
+    assert draft_pays(half, flat, 0.5)  # (1 + 0.875) / (1.0 + 0.5) = 1.25 > 1
+    assert not draft_pays(half, flat, 1.0)  # 1.875 / 2.0: a plain step gives more per unit of cost
+    weak = torch.tensor([0.15, 0.1, 0.1, 0.1])
+    assert best_draft_length(weak, flat) == 3 and not draft_pays(weak, flat, 0.2)  # kept, yet not worth a call
+    for conf in (torch.rand(6), torch.zeros(6), torch.ones(6)):  # no drafter cost: "the cut keeps something"
+        assert draft_pays(conf, flat, 0.0) == (best_draft_length(conf, flat) > 0)
+    assert not draft_pays(torch.ones(0), flat, 0.0) and not draft_pays(torch.ones(3), (1.0,), 0.0)
+    with pytest.raises(ValueError, match="draft_cost"):
+        GenerationConfig(draft_cost=-0.1)
+
+
+def test_the_skips_charge_the_drafter_call_at_t0_only():
+    """At T > 0 the confidence is no acceptance estimate (GenerationConfig.charges_draft_cost): the same draft
+    counts toward the skips at T = 0 and not at T = 1."""
+    draft = Draft(torch.tensor([5, 6]), None, torch.full((2,), 0.3))  # pays at cost 0, not with a 0.5 call
+    for temperature, charged in ((0.0, True), (1.0, False)):
+        gen = GenerationConfig(verify_cost=(1.0, 1.1, 1.2), draft_cost=0.5,
+                               sampling=SamplingConfig(temperature=temperature))
+        policy = DraftPolicy.for_run(gen)
+        policy.cut(draft, 2)
+        assert gen.charges_draft_cost() == charged and policy.skip.empty == int(charged)
+    assert not GenerationConfig(draft_cost=0.5).charges_draft_cost()  # no cost curve: no cut, nothing charged
+
+
+def test_skip_empty_backs_off_after_empty_drafts_and_resets_on_a_kept_one():
+    skip, pattern = SkipEmpty(max_skip=4), []
+    for paid in (False, False, False, False, True, False):
+        calls = 0
+        while not skip.draft_now():  # rounds skipped before the next drafter call
+            calls += 1
+        pattern.append(calls)
+        skip.drafted(paid)
+    assert pattern == [0, 1, 2, 4, 4, 0]  # 1, 2, 4 then capped at 4; a draft that paid resets
+    assert SkipEmpty(max_skip=0).draft_now() and GenerationConfig(max_skip=0).max_skip == 0
+    with pytest.raises(ValueError, match="max_skip"):
+        GenerationConfig(max_skip=-1)
+
+
+def test_measured_pays_backs_off_while_drafting_rounds_commit_fewer_tokens_a_second():
+    policy = MeasuredPays(max_skip=8, window=4, min_rounds=2)
+    kinds = []
+    for _ in range(40):  # drafting rounds: 2 tokens in 3 s; plain rounds: 1 token in 1 s
+        drafting = policy.draft_now()
+        kinds.append(drafting)
+        policy.observe(drafting, 2 if drafting else 1, 3.0 if drafting else 1.0)
+    assert kinds[:4] == [True, False, True, False]  # both kinds measured first
+    assert sum(kinds[-20:]) <= 2  # then waits of 1, 2, 4, 8, 8 ... plain rounds between single tries
+    for _ in range(80):  # drafting turns profitable (5 tokens in 2 s): the next try pays and resets the wait
+        drafting = policy.draft_now()
+        policy.observe(drafting, 5 if drafting else 1, 2.0 if drafting else 1.0)
+    assert policy.losses == 0 and all(policy.draft_now() for _ in range(3))
+    never = MeasuredPays(max_skip=0)
+    for _ in range(10):
+        assert never.draft_now()
+        never.observe(True, 1, 10.0)
+        never.observe(False, 1, 1.0)
+
+
+def test_a_drafter_far_slower_than_plain_steps_is_retried_within_the_time_budget():
+    policy = MeasuredPays(max_skip=8, window=4, min_rounds=2)
+    kinds = []
+    for _ in range(300):  # drafting rounds: 2 tokens in 5 s (0.4 of plain steps' rate); plain: 1 token in 1 s
+        drafting = policy.draft_now()
+        kinds.append(drafting)
+        policy.observe(drafting, 2 if drafting else 1, 5.0 if drafting else 1.0)
+    assert policy.budget_wait(0.4, tokens=2) == 300  # 2 tokens a round, (1 / 0.4 - 1) / 0.01 rounds each
+    tries = [i for i, drafting in enumerate(kinds) if drafting]
+    gaps = [b - a for a, b in zip(tries[2:], tries[3:])]  # after the first measurements
+    assert len(tries) <= 8 and min(gaps) >= 64  # 8 x max_skip: far beyond the back-off's own 8
+    close = MeasuredPays(max_skip=8, window=4, min_rounds=2)
+    assert close.budget_wait(0.95) == 6  # a close call is measured again soon
