@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from core.cpu_linear import int4_available, pack_linears
+from core.graphs import GRAPH_MODES, GraphedSteps, graph_mode
 from core.lean import LeanForward, lean_supported
 from core.plan import estimate_weight_bytes, plan_memory
 from core.threads import cpu_flags
@@ -48,6 +49,9 @@ class TargetConfig:
     # what auto means on a CPU: "fastest" exact precision (the app, the bench) or the "reference" fp32 forward that
     # the drafters were trained and evaluated against (drafter/ CLIs: their data and records stay comparable)
     cpu_precision: str = "fastest"
+    # decode and verify steps as fixed-shape steps on one persistent cache (core.graphs): auto = CUDA graphs on a GPU
+    # with the lean forward, off elsewhere; sim = the same steps without capture (any device; tests, --cpu-sim)
+    graphs: str = "auto"
 
     def __post_init__(self):
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -60,6 +64,8 @@ class TargetConfig:
             raise ValueError(f"--engine must be one of {ENGINES}, got {self.engine!r}")
         if self.cpu_precision not in CPU_PRECISIONS:
             raise ValueError(f"--cpu-precision must be one of {CPU_PRECISIONS}, got {self.cpu_precision!r}")
+        if self.graphs not in GRAPH_MODES:
+            raise ValueError(f"--graphs must be one of {GRAPH_MODES}, got {self.graphs!r}")
 
 
 @dataclass
@@ -72,7 +78,8 @@ class Target:
     device: torch.device
     eos_token_ids: tuple[int, ...]
     extra: dict = field(default_factory=dict)
-    lean: LeanForward | None = None  # the lean forward on a static cache (core.lean); None: transformers' forward
+    # the lean forward on a static cache (core.lean), or its fixed-shape steps (core.graphs); None: transformers'
+    lean: LeanForward | GraphedSteps | None = None
 
     def new_cache(self, capacity: int):
         """An empty KV cache for up to `capacity` positions: static for the lean forward, else transformers'."""
@@ -331,6 +338,7 @@ def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype) -> Target:
     """On a CPU, the forward's batch invariance checked once per machine (core.exactness): a low precision that fails
     is refused when asked for and replaced by fp32 under auto; the verdict is what `target.precision` says."""
     engine = "transformers" if target.lean is None else "native lean" if target.lean.native is not None else "lean"
+    engine += {"cuda": " + CUDA graphs", "sim": " (fixed-shape steps)"}.get(target.extra.get("graphs"), "")
     if target.device.type != "cpu":
         target.extra["precision"] = f"{_weights(cfg, dtype)}, {engine} forward (batch invariance not checked on GPU)"
         return target
@@ -375,6 +383,13 @@ def _setup_forward(target: Target, cfg: TargetConfig) -> Target:
     if cfg.engine != "transformers" and why_not is None and not _quantised(target.model):
         native = _native_step(target) if cfg.quant == "q4" else None
         target.lean = LeanForward(target.model, weights="q4" if cfg.quant == "q4" else "packed", native=native)
+    try:
+        mode = graph_mode(cfg.graphs, target.lean)
+    except ValueError as err:
+        raise TargetLoadError(str(err)) from err
+    if mode != "off":
+        target.lean = GraphedSteps(target.lean, mode)
+        target.extra["graphs"] = mode
     return target
 
 
@@ -427,9 +442,13 @@ def add_target_args(parser, cpu_precision: str = "fastest") -> None:
     parser.add_argument("--engine", default="auto", choices=ENGINES,
                         help="the forward: lean (static KV cache, core.lean) where the architecture allows, or "
                              "transformers' own")
+    parser.add_argument("--graphs", default="auto", choices=GRAPH_MODES,
+                        help="decode and verify steps replayed from CUDA graphs (core.graphs; auto: on a GPU with "
+                             "the lean forward), sim: the same fixed-shape steps without capture, off")
 
 
 def target_config_from_args(args, cache_dir: str | None = None) -> TargetConfig:
     extra = {} if cache_dir is None else {"cache_dir": cache_dir}
     return TargetConfig(args.target, args.dtype, args.quant, args.device, args.allow_download, args.context,
-                        args.cpu_linear, args.engine, cpu_precision=args.cpu_precision, **extra)
+                        args.cpu_linear, args.engine, cpu_precision=args.cpu_precision,
+                        graphs=args.graphs, **extra)

@@ -2,6 +2,7 @@
 
 python -m scripts.structure            prints it
 python -m scripts.structure --check    exits 1 if README.md does not hold the current drawing
+python -m scripts.structure --write    puts the current drawing between README.md's markers
 
 Three layers, top to bottom: app (product), drafter (the drafters), core (target, engine, verification);
 an arrow says how many module imports go from one layer to another; every arrow points down.
@@ -62,15 +63,23 @@ def drawing() -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="compare with the drawing in README.md")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="compare with the drawing in README.md")
+    mode.add_argument("--write", action="store_true", help="put the current drawing between README.md's markers")
     args = parser.parse_args(argv)
-    if not args.check:
+    if not args.check and not args.write:
         print(drawing())
         return
-    readme = (ROOT / "README.md").read_text()
-    current = readme.split(BEGIN)[1].split(END)[0].strip() if BEGIN in readme else ""
-    if current != drawing():
-        sys.exit("README.md's structure drawing is stale: python -m scripts.structure, paste between the markers")
+    path = ROOT / "README.md"
+    readme = path.read_text()
+    if BEGIN not in readme or END not in readme:
+        sys.exit(f"README.md has no {BEGIN} ... {END} markers")
+    head, rest = readme.split(BEGIN, 1)
+    current, tail = rest.split(END, 1)
+    if args.write:
+        path.write_text(f"{head}{BEGIN}\n{drawing()}\n{END}{tail}")
+    elif current.strip() != drawing():
+        sys.exit("README.md's structure drawing is stale: python -m scripts.structure --write")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ def test_cpu_simulation_runs_every_stage_of_both_commands(tmp_path):
     results = json.loads((tmp_path / "out/arch/results.json").read_text())
     assert results["exactness"]["all_identical"]
     assert all(row["identical"] for row in results["qwen3_bf16"]["oracle"])
+    compiled = results["compiled_step"]  # the fixed-shape steps of the CUDA graphs, run here without capture
+    assert all(compiled["identical_to_transformers"].values()) and compiled["oracle_through_graphs"]["identical"]
+    assert set(compiled["forwards"]) == {"transformers", "lean", "graphs"}
     names = sorted(p.name for p in (tmp_path / "out/train").iterdir())
     assert names == ["data.tar", "dflash.tar", "flashmap-teacher.tar", "flashmap.tar", "progress.jsonl", "results.json"]
 

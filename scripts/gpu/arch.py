@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -266,6 +267,55 @@ def _greedy():
     return SamplingConfig(0.0)
 
 
+# ---- the compiled step: the lean forward, eager and replayed from CUDA graphs ---------------------------------
+
+H200_BYTES_PER_S = 4.8e12  # HBM3e bandwidth: the floor of a decode step is reading every weight once
+
+
+def compiled_step(cmd: Command) -> dict:
+    """Plain decoding through transformers' eager forward, the lean forward (core.lean, static cache) and its
+    fixed-shape steps replayed from CUDA graphs (core.graphs; in --cpu-sim the same steps without capture) on the
+    same random Qwen3-8B-architecture weights: tokens/s against the bandwidth floor, the verify cost 1..17 at both
+    contexts, identical tokens, and an oracle drafter (rate 0.8) through the graphs equal to plain decoding."""
+    from core.graphs import GraphedSteps
+    from core.lean import LeanForward
+
+    sz = sizes(cmd)
+    target = cmd.state.get("random_target")
+    if target is None:
+        target = random_qwen3(sz["facts"], sz["device"], sz["dtype"])
+        stabilise(target.model)
+        cmd.state["random_target"] = target
+    lean = LeanForward(target.model)
+    forwards = {"transformers": None, "lean": lean, "graphs": GraphedSteps(lean, "sim" if cmd.cpu_sim else "cuda")}
+    prompt = random_prompt(target, sz["prompt"], seed=2)
+    gen = GenerationConfig(max_new_tokens=sz["new_tokens"], block_size=1)
+    rows = {}
+    try:
+        for name, forward in forwards.items():
+            target.lean = forward
+            timed_run(target, prompt[:16], GenerationConfig(max_new_tokens=4, block_size=1))  # warm-up, captures
+            runs = [timed_run(target, prompt, gen) for _ in range(3)]
+            rows[name] = {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
+                          "runs": [r["tokens_per_s"] for r in runs], "tokens": runs[0]["tokens"],
+                          "verify_cost": {c: verify_cost_synced(target, c, sz) for c in sz["contexts"]}}
+        target.lean = forwards["graphs"]
+        oracle = timed_run(target, prompt, replace(gen, block_size=MAX_BLOCK_SIZE),
+                           OracleDrafter(prompt + rows["graphs"]["tokens"], 0.8, target.vocab_size))
+    finally:
+        target.lean = None
+    weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
+    floor = weight_bytes / H200_BYTES_PER_S
+    reference = rows["transformers"].pop("tokens")
+    identical = {name: row.pop("tokens") == reference for name, row in rows.items() if "tokens" in row}
+    return {"forwards": rows, "identical_to_transformers": identical, "captures": forwards["graphs"].captures,
+            "bandwidth_floor_s_per_token": floor, "bandwidth_floor_tokens_per_s": 1 / floor,
+            "of_floor": {name: row["tokens_per_s"] * floor for name, row in rows.items()},
+            "oracle_through_graphs": {"identical": oracle["tokens"] == reference,
+                                      "acceptance_length": oracle["acceptance_length"],
+                                      "tokens_per_s": oracle["tokens_per_s"]}}
+
+
 # ---- FP8 through the app's real loading path -------------------------------------------------------------
 
 def qwen3_fp8(cmd: Command) -> dict:
@@ -328,7 +378,29 @@ def exactness(cmd: Command) -> dict:
         target.device = torch.device(device)
         for label, drafter in tiny_drafters(target):
             rows.append({"target": name, "drafter": label, **compare_with_plain(target, drafter)})
+        rows += through_graphs(target, name, "sim" if cmd.cpu_sim else "cuda")
     return {"device": device, "all_identical": all(r["identical"] for r in rows), "rows": rows}
+
+
+def through_graphs(target: Target, name: str, mode: str) -> list[dict]:
+    """The same checks through the lean forward's fixed-shape steps (core.graphs), and their plain decoding against
+    transformers' forward."""
+    from core.graphs import GraphedSteps
+    from core.lean import LeanForward
+
+    prompt, gen = [5, 6, 7, 5, 6, 7, 5], GenerationConfig(max_new_tokens=24)
+    reference, _ = generate_all(target, prompt, gen)
+    target.lean = GraphedSteps(LeanForward(target.model), mode)
+    try:
+        rows = [{"target": name, "drafter": "none (plain, graphs vs transformers)", "forward": "graphs",
+                 "identical": generate_all(target, prompt, gen)[0] == reference}]
+        for label, drafter in tiny_drafters(target):
+            if label in ("ngram", "flashmap-1step", "flashmap-tree3"):
+                rows.append({"target": name, "drafter": label, "forward": "graphs",
+                             **compare_with_plain(target, drafter)})
+    finally:
+        target.lean = None
+    return rows
 
 
 def tiny_drafters(target: Target) -> list[tuple[str, object]]:
@@ -379,4 +451,5 @@ def compare_with_plain(target: Target, drafter) -> dict:
     return {"identical": identical, "drafted": drafted, "accepted": accepted}
 
 
-STAGES = (("env", env, 1), ("exactness", exactness, 20), ("qwen3_bf16", qwen3_bf16, 60), ("qwen3_fp8", qwen3_fp8, 70))
+STAGES = (("env", env, 1), ("exactness", exactness, 20), ("qwen3_bf16", qwen3_bf16, 60),
+          ("compiled_step", compiled_step, 40), ("qwen3_fp8", qwen3_fp8, 70))

@@ -1,0 +1,210 @@
+"""The lean forward's decode and verify shapes as fixed-shape steps over one persistent static cache, replayed from
+CUDA graphs on a GPU.
+
+Why: on the H200 an eager Qwen3-8B-architecture step took 32 ms where reading its bf16 weights takes ~4 ms
+(docs/gpu.md): the GPU waits for Python to launch ~15 kernels a layer. A CUDA graph records one forward's kernels
+once and replays them with one launch, but only for fixed shapes and fixed memory. So every step of T <= 17 fed
+positions (a plain step, a verify chain, a tree) is written with nothing that changes between calls but the
+contents of a few input tensors: the tokens, their rotary positions, the cache slots they are written to (index_copy
+at tensor indices, not a Python slice) and the number of cached positions; attention runs over the cache's whole
+capacity with a mask built from those tensors (gpt-fast's design). Rolling back stays what it is: moving the
+cache's index (a tree path gathered into place first, outside the graph). A prompt's prefill (> 17 positions) runs
+the lean forward as before, into the same cache.
+
+On a CPU the same fixed-shape step runs without capture (mode "sim"): what the test suite and the GPU run's
+`--cpu-sim` exercise — shapes, masks, slots, rollback and exactness against plain decoding.
+
+Shape letters: T = fed positions (<= 17), S = the cache's capacity, E = hidden size, H = query heads, G = key/value
+heads, D = head dim, V = vocabulary, F = concatenated features.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from core.lean import PREFILL_ROWS, AttentionPlan, LeanForward, StaticCache, apply_rope
+
+GRAPH_MODES = ("auto", "off", "sim", "cuda")  # auto: "cuda" on a GPU with the lean forward, else off
+SPARE_SLOTS = PREFILL_ROWS  # capacity kept free past the valid positions: a capture's warm-up writes there
+
+
+def graph_mode(requested: str, lean: LeanForward | None) -> str:
+    """The mode a target runs: off without the lean forward or where fixed-order attention keeps a CPU forward exact
+    (the static step attends with sdpa over a mask); "auto" -> "cuda" on a GPU, else "off". Raises ValueError with the
+    reason for a mode that cannot run."""
+    if requested not in GRAPH_MODES:
+        raise ValueError(f"--graphs must be one of {GRAPH_MODES}, got {requested!r}")
+    if requested == "off" or (requested == "auto" and (lean is None or lean.device.type != "cuda")):
+        return "off"
+    if lean is None:
+        raise ValueError("--graphs needs the lean forward (core.lean); this target runs transformers' forward")
+    if lean.fixed_order or lean.native is not None:
+        raise ValueError("--graphs replaces attention with sdpa over a mask; this CPU forward stays exact only through "
+                         "its fixed-order attention or native step (use --graphs off)")
+    if requested == "cuda" and lean.device.type != "cuda":
+        raise ValueError("--graphs cuda needs the target on a CUDA device; --graphs sim runs the same step here")
+    return "cuda" if requested == "auto" else requested
+
+
+@dataclass
+class _Step:
+    """One captured shape: its static inputs and outputs, and the graph that reads and writes them (None: sim)."""
+
+    ids: torch.Tensor  # (T,) long
+    positions: torch.Tensor  # (T,) long, rotary positions
+    slots: torch.Tensor  # (T,) long, cache rows written
+    past: torch.Tensor  # () long, cached positions before this step
+    block_visible: torch.Tensor  # (T, T) bool
+    logits: torch.Tensor | None = None  # (T or keep, V)
+    features: torch.Tensor | None = None  # (T, F)
+    graph: object = None
+
+
+class GraphedSteps:
+    """The lean forward with every decode / verify shape (T <= 17) as a fixed-shape step on one persistent cache:
+    replayed from a CUDA graph per (T, feature layers, keep) in mode "cuda", run eagerly in mode "sim". Called as
+    LeanForward is; `new_cache` hands out the persistent cache, emptied, when it has room."""
+
+    def __init__(self, lean: LeanForward, mode: str = "sim"):
+        if mode not in ("sim", "cuda"):
+            raise ValueError(f"GraphedSteps mode must be sim or cuda, got {mode!r}")
+        self.lean, self.mode = lean, mode
+        self.cache: StaticCache | None = None
+        self.rope: tuple[torch.Tensor, torch.Tensor] = ()  # the rotary tables the steps read, covering the cache
+        self.steps: dict[tuple, _Step] = {}
+        self.captures = 0  # graphs recorded so far (each shape once)
+
+    # what the rest of the engine reads of a forward (status line, exactness keys)
+    @property
+    def weights(self) -> str:
+        return self.lean.weights
+
+    @property
+    def native(self):
+        return None
+
+    @property
+    def fixed_order(self) -> bool:
+        return False
+
+    def new_cache(self, capacity: int) -> StaticCache:
+        """The persistent cache, emptied; reallocated (and every step recaptured) only when it is too small."""
+        if self.cache is None or self.cache.capacity < capacity + SPARE_SLOTS:
+            self.cache = self.lean.new_cache(capacity + SPARE_SLOTS)
+            self.steps.clear()
+            self.lean.rope_tables(torch.tensor([self.cache.capacity - 1], device=self.lean.device))  # whole table
+            _, cos, sin = self.lean._rope[self.lean.dtype]  # (>= S, 1, D) each, kept alive for the graphs
+            self.rope = (cos, sin)
+        self.cache.length = 0
+        return self.cache
+
+    def __call__(self, ids: torch.Tensor, cache: StaticCache, layers: tuple[int, ...] = (), keep: int = 0,
+                 block_visible: torch.Tensor | None = None, positions: torch.Tensor | None = None):
+        fed, past = ids.shape[0], cache.length
+        if cache is not self.cache or fed > PREFILL_ROWS:  # a prefill, or a cache of someone else's
+            return self.lean(ids, cache, layers, keep, block_visible, positions)
+        if past + fed + SPARE_SLOTS > cache.capacity:
+            raise RuntimeError(f"static KV cache full: {past + fed} positions asked of {cache.capacity - SPARE_SLOTS}")
+        step = self._step(fed, tuple(layers), keep)
+        step.ids.copy_(ids)
+        step.positions.copy_(positions if positions is not None else torch.arange(past, past + fed))
+        step.slots.copy_(torch.arange(past, past + fed))
+        step.past.fill_(past)
+        if block_visible is None:
+            step.block_visible.copy_(torch.ones(fed, fed, dtype=torch.bool).tril())
+        else:
+            step.block_visible.copy_(block_visible)
+        if step.graph is not None:
+            step.graph.replay()
+        else:
+            step.logits, step.features = self.static_forward(step, tuple(layers), keep)
+        cache.length = past + fed
+        features = None if step.features is None else step.features.clone()  # a drafter keeps them
+        return step.logits.clone(), features
+
+    def _step(self, fed: int, layers: tuple[int, ...], keep: int) -> _Step:
+        key = (fed, layers, keep)
+        if key not in self.steps:
+            device = self.lean.device
+            step = _Step(torch.zeros(fed, dtype=torch.long, device=device),
+                         torch.zeros(fed, dtype=torch.long, device=device),
+                         torch.zeros(fed, dtype=torch.long, device=device),
+                         torch.zeros((), dtype=torch.long, device=device),
+                         torch.ones(fed, fed, dtype=torch.bool, device=device).tril())
+            if self.mode == "cuda":
+                self._capture(step, layers, keep)
+            self.steps[key] = step
+        return self.steps[key]
+
+    def _capture(self, step: _Step, layers: tuple[int, ...], keep: int) -> None:
+        """Record the step's kernels once. Its warm-up runs write the spare slots past the valid positions, which
+        nothing attends before a real step overwrites them."""
+        capacity, fed = self.cache.capacity, step.ids.shape[0]
+        step.slots.copy_(torch.arange(capacity - fed, capacity))
+        step.positions.copy_(step.slots)
+        step.past.fill_(capacity - fed)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # allocator and library warm-up outside the capture
+                self.static_forward(step, layers, keep)
+        torch.cuda.current_stream().wait_stream(side)
+        step.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(step.graph):
+            step.logits, step.features = self.static_forward(step, layers, keep)
+        self.captures += 1
+
+    def static_forward(self, step: _Step, layers: tuple[int, ...], keep: int):
+        """The forward of LeanForward.__call__ at a fixed shape, reading only the step's tensors: logits (T or keep,
+        V) and features (T, F) or None."""
+        lean, base, cache = self.lean, self.lean.base, self.cache
+        cos, sin = self.rope[0][step.positions], self.rope[1][step.positions]  # (T, 1, D) each
+        mask = visible_mask(step.past, step.block_visible, cache.capacity)  # (T, S)
+        plan = AttentionPlan(0, step.block_visible)  # a decode-sized plan: the layers' fused products, no prefill
+        x = embedded = base.embed_tokens(step.ids)  # (T, E)
+        states, last = [], len(base.layers)
+        for index, layer in enumerate(base.layers):
+            x = x + self.attention(index, layer.self_attn, layer.input_layernorm(x), cos, sin, step, mask, plan)
+            x = x + lean.mlp(index, layer.mlp, layer.post_attention_layernorm(x), plan)
+            if index + 1 in layers and index + 1 < last:
+                states.append(x)
+        states = ([embedded] if 0 in layers else []) + states
+        if last in layers:  # transformers' last hidden state is the normalised one
+            x = base.norm(x)  # (T, E)
+            states.append(x)
+            x = x if keep == 0 else x[-keep:]
+        else:
+            x = base.norm(x if keep == 0 else x[-keep:])  # (T or keep, E)
+        logits = lean.model.lm_head(x)  # (T or keep, V)
+        return logits, torch.cat(states, dim=-1) if layers else None  # (T, F)
+
+    def attention(self, index: int, attn, x: torch.Tensor, cos, sin, step: _Step, mask: torch.Tensor,
+                  plan: AttentionPlan) -> torch.Tensor:
+        """x (T, E) -> layer `index`'s attention output (T, E); its keys and values written at the step's slots."""
+        lean, fed = self.lean, x.shape[0]
+        q, k, v = lean.project(index, attn, x, plan)  # (T, H, D), (T, G, D), (T, G, D)
+        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before the rotation
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q = apply_rope(q, cos, sin).transpose(0, 1)  # (H, T, D)
+        k = apply_rope(k, cos, sin).transpose(0, 1)  # (G, T, D)
+        keys, values = self.cache.keys[index], self.cache.values[index]  # (G, S, D) each
+        keys.index_copy_(1, step.slots, k)
+        values.index_copy_(1, step.slots, v.transpose(0, 1))
+        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, scale=lean.scale,
+                                             enable_gqa=lean.kv_heads != lean.n_heads)[0]  # (H, T, D)
+        o_proj = attn.o_proj if lean.linears[index] is None else lean.linears[index].o
+        return o_proj(out.transpose(0, 1).reshape(fed, lean.n_heads * lean.head_dim))  # (T, H*D) -> (T, E)
+
+
+def visible_mask(past: torch.Tensor, block_visible: torch.Tensor, capacity: int) -> torch.Tensor:
+    """(T, S) bool: which cache rows each fed row attends to — every cached row before `past`, and the fed rows
+    (written at past .. past + T - 1) its block_visible (T, T) row allows. Tensor ops only, so a graph replays it
+    for any `past`."""
+    fed = block_visible.shape[0]
+    column = torch.arange(capacity, device=block_visible.device)  # (S,)
+    offset = column - past  # (S,) position within this step's block
+    in_block = (offset >= 0) & (offset < fed)  # (S,)
+    from_block = block_visible[:, offset.clamp(0, fed - 1)] & in_block  # (T, S)
+    return from_block | (column < past)[None]  # (T, S)

@@ -1,0 +1,78 @@
+"""The fixed-shape steps of core.graphs (CUDA graphs on a GPU), exercised on the CPU without capture: the same
+logits as the lean forward for plain steps, chains and trees, rollback by the cache's index, drafted output equal to
+plain decoding, and the modes refused where they cannot run."""
+import pytest
+import torch
+
+from core.drafting import NgramDrafter
+from core.engine import GenerationConfig, generate_all
+from core.forward import keep_positions, target_forward
+from core.graphs import SPARE_SLOTS, GraphedSteps, graph_mode, visible_mask
+from core.testing import tiny_llama, tiny_qwen3
+from core.tree import build_trie
+from tests.test_engine import NoisyOracle
+from tests.test_lean import lean_target
+
+
+def graphed(model):
+    target = lean_target(model)
+    eager = lean_target(model)
+    target.lean = GraphedSteps(target.lean, "sim")
+    return target, eager
+
+
+def test_the_mask_sees_the_cache_and_the_fed_rows_each_row_may_see():
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # node 2 branches off the anchor
+    mask = visible_mask(torch.tensor(4), tree, 10)  # (3, 10)
+    assert mask[:, :4].all() and not mask[:, 7:].any()
+    assert mask[:, 4:7].equal(tree)
+
+
+@pytest.mark.parametrize("model", [tiny_llama(vocab_size=64, layers=2), tiny_qwen3(vocab_size=64, layers=2)],
+                         ids=["llama", "qwen3"])
+def test_fixed_shape_steps_give_the_lean_forwards_logits_and_roll_back_by_index(model):
+    target, eager = graphed(model)
+    layers = (0, 1, 2)
+    prompt, chain = [5, 9, 12, 7, 30] * 6, [3, 8, 8, 21]
+    trie = build_trie([[17, 4, 9], [17, 6], [25]], 8)
+    with torch.inference_mode():
+        cache, eager_cache = target.new_cache(64), eager.new_cache(64)
+        assert cache is target.lean.cache and cache.capacity >= 64 + SPARE_SLOTS
+        for ids, kw in [(prompt, {}), ([11], {}), (chain, {}), ([2, *trie.tokens], {"trie": trie}), ([40], {})]:
+            got = target_forward(target, ids, cache, layers, **kw)
+            want = target_forward(eager, ids, eager_cache, layers, **kw)
+            torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
+            keep_positions(cache, len(ids), [0, 1] if len(ids) > 1 else [0])  # roll back: the index moves
+            keep_positions(eager_cache, len(ids), [0, 1] if len(ids) > 1 else [0])
+            assert cache.length == eager_cache.length
+        assert target.new_cache(32) is cache and cache.length == 0  # persistent, emptied
+    assert {key[0] for key in target.lean.steps} == {1, 4, len(trie.tokens) + 1}  # one step per shape
+
+
+def test_drafted_output_through_fixed_shape_steps_equals_plain_decoding():
+    target, _ = graphed(tiny_qwen3(vocab_size=64, layers=2))
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    plain, _ = generate_all(target, prompt, GenerationConfig(max_new_tokens=40))
+    for drafter in (NgramDrafter(), NoisyOracle(plain, corrupt=0.4, vocab=64, seed=2)):
+        drafter.prompt_len = len(prompt)
+        drafter.feature_layers = () if isinstance(drafter, NgramDrafter) else (1, 2)
+        out, _ = generate_all(target, prompt, GenerationConfig(max_new_tokens=40, block_size=6), drafter)
+        assert out == plain
+
+
+def test_modes_that_cannot_run_are_refused_with_the_reason():
+    target, _ = graphed(tiny_llama(vocab_size=64, layers=2))
+    lean = target.lean.lean
+    assert graph_mode("auto", lean) == "off" and graph_mode("auto", None) == "off"  # a CPU: no graphs by default
+    assert graph_mode("sim", lean) == "sim"
+    with pytest.raises(ValueError, match="CUDA device"):
+        graph_mode("cuda", lean)
+    with pytest.raises(ValueError, match="lean forward"):
+        graph_mode("sim", None)
+    bf16 = lean_target(tiny_llama(vocab_size=64, layers=2), dtype=torch.bfloat16).lean
+    if bf16.fixed_order:
+        with pytest.raises(ValueError, match="fixed-order"):
+            graph_mode("sim", bf16)
+    with pytest.raises(ValueError, match="must be one of"):
+        graph_mode("always", lean)
