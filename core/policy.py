@@ -77,8 +77,11 @@ class MeasuredPays(SkipEmpty):
     window: int = 16
     min_rounds: int = 3  # rounds of each kind measured before the first verdict
     # a drafter measured far slower than plain steps is re-measured rarely enough that its tries cost at most this
-    # share of the time (budget_wait), up to 8 max_skip rounds, beyond the back-off's own limit
+    # share of the time (budget_wait), up to `longest_wait` rounds, beyond the back-off's own limit: a try of the
+    # FlashMap network at T > 0 costs ~5 plain steps here (its call ~2, a long verify ~4.5, for ~1.3 tokens), and a
+    # cap of 256 rounds had let such tries cost 2-5% of a reply
     budget: float = 0.01
+    longest_wait: int = 1024
     drafted_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent drafting rounds
     plain_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent plain rounds
 
@@ -103,7 +106,7 @@ class MeasuredPays(SkipEmpty):
             self.drafted(paid=ratio >= 1)
             if ratio < 1:
                 tokens = sum(c for c, _ in self.drafted_rounds) / len(self.drafted_rounds)
-                self.wait = max(self.wait, min(self.budget_wait(ratio, tokens), 8 * self.max_skip))
+                self.wait = max(self.wait, min(self.budget_wait(ratio, tokens), self.longest_wait))
 
     def budget_wait(self, ratio: float, tokens: float = 1.0) -> int:
         """Plain rounds to wait after drafting rounds measured at `ratio` of plain steps' tokens a second, `tokens`
