@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 import torch
 
 from core.sampling import SamplingConfig
@@ -54,7 +53,9 @@ class Drafter(Protocol):
 class NgramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the current suffix, copy what followed.
 
-    Deterministic (q = None), needs no features and no training.
+    Deterministic (q = None), needs no features and no training. Every n-gram's latest start is indexed as tokens
+    arrive, so a lookup is a few dictionary reads, not a scan of the conversation (a scan cost ~0.1 ms a round at
+    400 tokens, over 1% of a decode step of the embedded default).
     """
 
     name = "ngram"
@@ -65,13 +66,20 @@ class NgramDrafter:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.history: list[int] = []
+        self.reset()
 
     def reset(self) -> None:
-        self.history = []
+        self.history: list[int] = []
+        # n -> n-gram -> start of its latest occurrence followed by a token in history
+        self.latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
 
     def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
-        self.history.extend(int(t) for t in token_ids)
+        for token in token_ids:
+            end = len(self.history)  # the new token's position: every n-gram ending just before it is followed
+            for n, index in self.latest.items():
+                if end >= n:
+                    index[tuple(self.history[end - n:end])] = end - n
+            self.history.append(int(token))
 
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         return Draft(torch.as_tensor(self.lookup(anchor, block_size)[0], dtype=torch.long), None)
@@ -79,11 +87,14 @@ class NgramDrafter:
     def lookup(self, anchor: int, block_size: int) -> tuple[list[int], int]:
         """(what followed the latest earlier occurrence of the longest matching suffix, at most block_size
         tokens; the length of that suffix), ([], 0) when nothing matches."""
-        seq = np.asarray(self.history + [anchor], dtype=np.int64)  # (L,)
+        seq = self.history + [anchor]  # (L,) the anchor is the suffix's last token
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            start = latest_match(seq, n)
+            suffix = tuple(seq[-n:])
+            start = len(seq) - 1 - n  # the occurrence ending at history's last token, followed by the anchor
+            if tuple(seq[start:start + n]) != suffix:
+                start = self.latest[n].get(suffix)
             if start is not None:
-                return seq[start + n : start + n + block_size].tolist(), n  # (<=K,)
+                return seq[start + n : start + n + block_size], n  # (<=K,)
         return [], 0
 
 
@@ -139,10 +150,3 @@ class LookupHybrid:
         if not sampling.greedy or not branch or draft.tokens.tolist()[: len(branch)] == list(branch):
             return draft
         return Draft(draft.tokens, draft.q_draft, draft.confidence, (*draft.alternatives, branch))
-
-
-def latest_match(seq: np.ndarray, n: int) -> int | None:
-    """Start of the latest earlier occurrence of seq's last n tokens that has a continuation."""
-    windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)  # (L-n, n), excludes the suffix itself
-    hits = np.flatnonzero((windows == seq[-n:]).all(axis=1))
-    return int(hits[-1]) if hits.size else None

@@ -173,6 +173,24 @@ def test_ngram_drafter_copies_what_followed_the_latest_match():
     assert drafter.propose(99, 3, SamplingConfig(), torch.Generator()).tokens.numel() == 0
 
 
+def test_ngram_index_finds_what_a_scan_of_the_conversation_finds():
+    def scan(seq, block):  # the latest earlier occurrence of the longest suffix (3..1 tokens), by brute force
+        for n in range(min(3, len(seq) - 1), 0, -1):
+            starts = [s for s in range(len(seq) - n) if seq[s:s + n] == seq[-n:]]
+            if starts:
+                return seq[starts[-1] + n : starts[-1] + n + block], n
+        return [], 0
+
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        seq = rng.integers(0, 4 if trial % 2 else 12, size=int(rng.integers(1, 40))).tolist()
+        drafter = NgramDrafter()
+        cut = int(rng.integers(0, len(seq)))
+        drafter.extend(seq[:cut], None)
+        drafter.extend(seq[cut:-1], None)  # in two parts, as rounds commit them
+        assert drafter.lookup(seq[-1], 5) == scan(seq, 5), seq
+
+
 class Counting(NoisyOracle):
     """NoisyOracle that counts its calls and needs no features."""
 
