@@ -25,7 +25,7 @@ def noise_embedding_factor(net: FlowNet) -> torch.Tensor:
 def one_jump(net: FlowNet, ctx, mask, block: int, generator, factor: torch.Tensor,
              noise_scale: float = 1.0, noise: torch.Tensor | None = None) -> torch.Tensor:
     """The full jump (0, 1) from x0 ~ N(0, noise_scale^2 I), read through x0 E. noise_scale 0: the jump from
-    x0 = 0, the centre of the noise, whose draft is deterministic (issue #15: the T = 0 path).
+    x0 = 0, the centre of the noise, whose draft is deterministic (the T = 0 path).
     noise: the standard normal g (B, K, D_t) to use instead of drawing it (coupled draws, BlockSampler)."""
     b, dt = ctx.shape[0], net.cfg.target_hidden
     g = torch.randn(b, block, dt, generator=generator) if noise is None else noise  # (B, K, D_t)

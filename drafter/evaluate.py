@@ -284,7 +284,7 @@ def evaluate_variant(variant: Variant, loaded: tuple, target, seqs, domains: lis
         by_domain[name] = tally(rounds.n_accepted[keep], rounds.draft_len[keep], k)
     return {"variant": variant.label, "weights": variant.spec.weights, "block_size": k, "seconds": round(seconds, 1),
             "all": tally(rounds.n_accepted, rounds.draft_len, k), **by_domain,
-            # the teacher gate (issue #15): how well each slot's distribution predicts the response, in nats
+            # the teacher gate: how well each slot's distribution predicts the response, in nats
             "per_slot_cross_entropy": [round(x, 4) for x in rounds.slot_nll.mean(0).tolist()],
             # per round, for paired comparisons between variants of one K (same data -> same anchors; not in a walk,
             # where each variant's anchors follow its own acceptances)

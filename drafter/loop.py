@@ -1,4 +1,4 @@
-"""Training that never stops (issue #15): one resumable run per drafter, open-ended at a constant learning rate
+"""Training that never stops: one resumable run per drafter, open-ended at a constant learning rate
 (or one schedule cycle of --cycle-steps, sized to a session), that measures held-out acceptance every --eval-every
 steps, keeps the best checkpoint in OUT/best and appends each measurement (step, CPU-hours, acceptance per domain)
 to a learning curve. It stops at --hours (the end of a working session, saving first) and the same command
@@ -36,7 +36,7 @@ from drafter.train import (
     training_sequences,
 )
 
-# what each stage's measurements draft with: the flow map as the app drafts at T = 0, from x0 = 0 (issue #15)
+# what each stage's measurements draft with: the flow map as the app drafts at T = 0, from x0 = 0
 SPEC_OF_STAGE = {"dflash": "dflash", "teacher": "flashmap-teacher", "distill": "flashmap,scale=0"}
 OPEN_ENDED_STEPS = 1_000_000  # the run stops at its deadline, never here
 

@@ -39,7 +39,7 @@ def teacher_loss(net: FlowNet, batch: Blocks, generator: torch.Generator | None 
                  t0_share: float = 0.0) -> torch.Tensor:
     """Flow teacher D_t: each block gets its own t (tau ~ U[0,1] mapped back) and noise (eqs. 2, 4).
     A share `t0_share` of the blocks is trained at exactly t = 0: every draft starts there, yet tau ~ U[0,1]
-    through eq. 6 almost never lands below t = 0.5 with a large vocabulary (issue #15)."""
+    through eq. 6 almost never lands below t = 0.5 with a large vocabulary."""
     b, k = batch.tokens.shape
     v = net.cfg.draft_vocab
     device = batch.tokens.device
@@ -133,7 +133,7 @@ def zero_noise_loss(student: FlowNet, teacher: FlowNet, batch: Blocks, ctx, mask
     """The flow map's defining property at the one start every T = 0 draft can share, x0 = 0: its full jump
     delta_{0,1}(0) is the end D of the teacher's own flow from 0 (eq. 5; the teacher's `steps` Euler steps, the
     last denoiser as a soft target). From x0 = 0 the teacher's flow beats its one-pass t = 0 guess, where from
-    random noise it loses to it (issue #15, the teacher gate): this trains the student on the path it drafts.
+    random noise it loses to it (the teacher gate): this trains the student on the path it drafts.
     path: also the 2-step draft's two jumps along that flow (teacher_path_loss). ctx, mask: the student's context
     of every block (batch.context(student, pooled=True)), read for the first n_blocks."""
     rows = torch.arange(min(n_blocks, batch.tokens.shape[0]), device=batch.tokens.device)  # (Z,) the first blocks

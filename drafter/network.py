@@ -193,7 +193,7 @@ class DraftNet(FlowNet):
         """Make a DFlash-style net's one pass the flow's t = 0 pass: shift slot_in's bias by W (mask_embed -
         start_state), so the flow's t = 0 input (start_state, whatever the noise) reaches the first layer exactly
         where the mask embedding did. Both passes condition on (0, 0), so a flow teacher warm-started this way
-        begins with the DFlash-style net's t = 0 acceptance (issue #15; without it the warm start lost 0.04)."""
+        begins with the DFlash-style net's t = 0 acceptance (without it the warm start lost 0.04)."""
         with torch.no_grad():
             offset = self.mask_embed.detach() - self.start_state()  # (D_t,)
             self.slot_in.bias += self.slot_in.weight @ offset  # (D,)

@@ -47,7 +47,7 @@ def build_net(cfg: DrafterConfig | ZLabFlowConfig, target, vocab_ids: torch.Tens
 
 
 def zlab_warm_start(folder, target, context_window: int) -> tuple[ZLabFlowNet, torch.Tensor]:
-    """A flow network whose backbone is the published DFlash drafter in `folder` (issue #15), checked against
+    """A flow network whose backbone is the published DFlash drafter in `folder`, checked against
     the target, and its vocabulary: the target's own, whole (V,)."""
     cfg, state = zlab_dflash.read_zlab(folder)  # the tensors are read once: a Qwen3-8B drafter's are ~2 GB
     zlab_dflash.check_target(cfg, target, folder)

@@ -1,7 +1,7 @@
 """Train a drafter: the FlashMap flow teacher, the distilled flow map, or the DFlash-style baseline.
 
 python -m drafter.train --stage teacher --data DIR --out weights/<target>/flashmap-teacher [--steps N]
-    [--init weights/<target>/dflash --t0-share 0.3]      (warm start from the DFlash-style net, issue #15)
+    [--init weights/<target>/dflash --t0-share 0.3]      (warm start from the DFlash-style net)
 python -m drafter.train --stage distill --init weights/<target>/flashmap-teacher --data DIR \
     --out weights/<target>/flashmap
     [--student-init FOLDER]      (start from an earlier flow map instead of a copy of the teacher)
@@ -58,13 +58,13 @@ class TrainConfig:
     threads: int = 0  # 0: torch default
     precision: str = "bf16"  # bf16: matmuls under autocast (faster on GPUs and AMX CPUs); fp32 (flag: auto)
     grad_checkpoint: bool = False  # recompute each drafter block in backward (large drafters on a 24 GB GPU)
-    t0_share: float = 0.0  # teacher: share of blocks trained at exactly t = 0, where every draft starts (issue #15)
+    t0_share: float = 0.0  # teacher: share of blocks trained at exactly t = 0, where every draft starts
     student_init: str | None = None  # distill: start the student from this flow map instead of a copy of the teacher
     zero_noise_blocks: int = 0  # distill: blocks per step whose jump from x0 = 0 learns the teacher's flow from 0
     zero_noise_steps: int = 16  # distill: the teacher's Euler steps for that target
     zero_noise_path: bool = False  # distill: those blocks also train the 2-step draft's jumps along that flow
     noise_path_blocks: int = 0  # distill: the next blocks fit their jumps from random x0 to the teacher's flow from it
-    freeze_backbone: bool = False  # z-lab backbone: train only what the flow adds (fits a 24 GB GPU, issue #15)
+    freeze_backbone: bool = False  # z-lab backbone: train only what the flow adds (fits a 24 GB GPU)
     schedule: str = "auto"  # auto: cosine (teacher, dflash) / WSD (distill); constant: warmup then flat (drafter.loop)
 
     def __post_init__(self):
@@ -245,7 +245,7 @@ def mask_token(shape: NetShape, target) -> int:
 
 def build_student(cfg: TrainConfig, net_cfg: DrafterConfig, target, seqs):
     """Returns (net, frozen teacher or None, vocab_ids). With --init, the network starts from that checkpoint:
-    distillation from its teacher; a teacher warm-started from a DFlash-style net (same architecture, issue #15:
+    distillation from its teacher; a teacher warm-started from a DFlash-style net (same architecture:
     the one-pass regime it learned is the flow's t = 0) or from a published z-lab DFlash drafter (its network
     becomes the teacher's backbone, drafter/zlab_flow.py); DFlash-style continued from an earlier one."""
     if cfg.init and is_zlab_folder(cfg.init):  # a published DFlash drafter: the flow teacher's backbone

@@ -1,4 +1,4 @@
-"""A FlashMap drafter whose backbone is a published z-lab DFlash network (issue #15): warm-started from it, a
+"""A FlashMap drafter whose backbone is a published z-lab DFlash network: warm-started from it, a
 Qwen3-8B flow teacher starts where DFlash already is instead of from nothing (the paper's teacher cost ~25 h x
 32 H200s).
 
@@ -18,7 +18,7 @@ network at t = 0 *is* the published drafter (tests/test_zlab_flow.py checks the 
   network with other weights (drafter/export.py). A shift is not foldable: the published attention and MLP
   have no biases, and a bias before k_norm would also move the context's keys.
 Times are fed as tau(s), tau(t) (eq. 6): equal steps of decoding progress, so t = 0 and the early times the
-samplers use are spread apart instead of crowded near 0 (issue #15).
+samplers use are spread apart instead of crowded near 0.
 """
 from __future__ import annotations
 

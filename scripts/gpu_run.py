@@ -1,4 +1,4 @@
-"""The prepared run for a borrowed GPU machine (issue #13; the commands, carry lists and timeouts are in
+"""The prepared run for a borrowed GPU machine (the commands, carry lists and timeouts are in
 docs/gpu-run.md). Two commands, sent back to back:
 
   python -m scripts.gpu_run --command arch  [--budget-s S]   Qwen3-8B's architecture, random weights; CUDA exactness

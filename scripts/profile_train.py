@@ -1,4 +1,4 @@
-"""Where a training step's time goes (issue #15, learning per CPU-second), measured on the real data.
+"""Where a training step's time goes (learning per CPU-second), measured on the real data.
 
 python -m scripts.profile_train --stages dflash teacher distill --steps 6 --threads 2 --jobs 2 \
     --out docs/results/train-profile-DATE.json

@@ -1,4 +1,4 @@
-"""How long `python app.py` takes to serve, and to have its verify-cost curve (issue #14's start-up times).
+"""How long `python app.py` takes to serve, and to have its verify-cost curve (start-up times).
 
 python -m scripts.start_time [--data-dir DIR] [--port 7901]
 

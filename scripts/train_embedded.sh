@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce the drafters for the embedded default (SmolLM2-135M-Instruct) from scratch, on the CPU.
 # Every step resumes where it stopped: rerun the script in the next session to continue.
-# Budget (identical data and steps for the FlashMap teacher and the DFlash-style baseline, issue #4):
+# Budget (identical data and steps for the FlashMap teacher and the DFlash-style baseline):
 #   phase 1: LIMIT prompts per train_* file, STEPS optimiser steps (8 sequences x 16 anchors = 128 blocks
 #   each) for the teacher and the baseline, DISTILL_STEPS for the flow map on top of the teacher;
 #   phase 2: prompts VAL_END.. (LIMIT2 more per math/code file; chat has none left) pooled with phase 1's,
@@ -58,7 +58,7 @@ gen --prompts $P/train_math.jsonl $P/train_code.jsonl --start "$VAL_END" --limit
 features "$DATA2"
 phase3_done || pair --data "$DATA" "$DATA2" --steps "$STEPS2"
 phase3_done || distill --data "$DATA" "$DATA2" --steps "$DISTILL_STEPS2"
-# phase 3 (issue #15): the teacher warm-started from the DFlash-style net with 30% of blocks at t = 0, then the flow
+# phase 3: the teacher warm-started from the DFlash-style net with 30% of blocks at t = 0, then the flow
 # map distilled from it starting from the phase-2 flow map (--student-init keeps the jumps it learned). Each in a
 # fresh folder (an existing one would resume), which then replaces the shipped checkpoint.
 WARM=runs/teacher-warm

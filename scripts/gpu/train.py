@@ -179,7 +179,7 @@ def train_config(cmd: Command, name: str, stage: str, init: str | None, lr: floa
                        batch_seqs=sz["batch_seqs"], anchors_per_seq=sz["anchors"], lr=lr,
                        save_every=save_every or max(1, steps // 3), seed=0, precision="bf16", t0_share=t0,
                        # distillation also fits the jumps from x0 = 0 (1 and 2 steps) along the teacher's flow from 0
-                       # (the T = 0 drafts; --zero-noise-path beat the full jump alone on the CPU, issue #15)
+                       # (the T = 0 drafts; --zero-noise-path beat the full jump alone on the CPU)
                        zero_noise_blocks=sz["batch_seqs"] * sz["anchors"] // 4 if stage == "distill" else 0,
                        zero_noise_path=stage == "distill")
 
