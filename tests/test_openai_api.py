@@ -42,6 +42,7 @@ def test_completion_equals_plain_decoding_and_reports_speculative_stats(client, 
     assert reply.choices[0].finish_reason in ("stop", "length") and reply.usage.completion_tokens > 0
     spec = reply.model_extra["speculative"]
     assert spec["drafter"] == "ngram" and spec["acceptance_length"] >= 1.0 and spec["tokens_per_s"] > 0
+    assert sum(spec["rounds_by_source"].values()) == spec["rounds"]  # plain steps and drafted rounds, counted
 
 
 def test_streaming_sends_deltas_that_add_up_to_the_reply(client, service):
