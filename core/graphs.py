@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from core.lean import PREFILL_ROWS, AttentionPlan, LeanForward, StaticCache, apply_rope
+from core.lean import PREFILL_ROWS, AttentionPlan, LeanForward, StaticCache
 
 GRAPH_MODES = ("auto", "off", "sim", "cuda")  # auto: "cuda" on a GPU with the lean forward, else off
 SPARE_SLOTS = PREFILL_ROWS  # capacity kept free past the valid positions: a capture's warm-up writes there
@@ -108,9 +108,10 @@ class GraphedSteps:
         if past + fed + SPARE_SLOTS > cache.capacity:
             raise RuntimeError(f"static KV cache full: {past + fed} positions asked of {cache.capacity - SPARE_SLOTS}")
         step = self._step(fed, tuple(layers), keep)
+        slots = torch.arange(past, past + fed)  # (T,) the cache rows written, and a chain's rotary positions
         step.ids.copy_(ids)
-        step.positions.copy_(positions if positions is not None else torch.arange(past, past + fed))
-        step.slots.copy_(torch.arange(past, past + fed))
+        step.positions.copy_(slots if positions is None else positions)
+        step.slots.copy_(slots)
         step.past.fill_(past)
         if block_visible is None:
             step.block_visible.copy_(torch.ones(fed, fed, dtype=torch.bool).tril())
@@ -170,32 +171,19 @@ class GraphedSteps:
             x = x + lean.mlp(index, layer.mlp, layer.post_attention_layernorm(x), plan)
             if index + 1 in layers and index + 1 < last:
                 states.append(x)
-        states = ([embedded] if 0 in layers else []) + states
-        if last in layers:  # transformers' last hidden state is the normalised one
-            x = base.norm(x)  # (T, E)
-            states.append(x)
-            x = x if keep == 0 else x[-keep:]
-        else:
-            x = base.norm(x if keep == 0 else x[-keep:])  # (T or keep, E)
-        logits = lean.model.lm_head(x)  # (T or keep, V)
-        return logits, torch.cat(states, dim=-1) if layers else None  # (T, F)
+        return lean.head(x, embedded, states, layers, keep)  # (T or keep, V), (T, F) or None
 
     def attention(self, index: int, attn, x: torch.Tensor, cos, sin, step: _Step, mask: torch.Tensor,
                   plan: AttentionPlan) -> torch.Tensor:
         """x (T, E) -> layer `index`'s attention output (T, E); its keys and values written at the step's slots."""
-        lean, fed = self.lean, x.shape[0]
-        q, k, v = lean.project(index, attn, x, plan)  # (T, H, D), (T, G, D), (T, G, D)
-        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before the rotation
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q = apply_rope(q, cos, sin).transpose(0, 1)  # (H, T, D)
-        k = apply_rope(k, cos, sin).transpose(0, 1)  # (G, T, D)
+        lean = self.lean
+        q, k, v = lean.rotated_qkv(index, attn, x, cos, sin, plan)  # (H, T, D), (G, T, D), (G, T, D)
         keys, values = self.cache.keys[index], self.cache.values[index]  # (G, S, D) each
         keys.index_copy_(1, step.slots, k)
-        values.index_copy_(1, step.slots, v.transpose(0, 1))
+        values.index_copy_(1, step.slots, v)
         out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, scale=lean.scale,
                                              enable_gqa=lean.kv_heads != lean.n_heads)[0]  # (H, T, D)
-        o_proj = attn.o_proj if lean.linears[index] is None else lean.linears[index].o
-        return o_proj(out.transpose(0, 1).reshape(fed, lean.n_heads * lean.head_dim))  # (T, H*D) -> (T, E)
+        return lean.output(index, attn, out, plan)  # (T, E)
 
 
 def visible_mask(past: torch.Tensor, block_visible: torch.Tensor, capacity: int) -> torch.Tensor:

@@ -347,12 +347,8 @@ class LeanForward:
                   plan: AttentionPlan) -> torch.Tensor:
         """x (T, E) -> attention output (T, E) of layer `index`, its keys and values written to the cache."""
         fed = x.shape[0]
-        q, k, v = self.project(index, attn, x, plan)
-        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before the rotation
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q = apply_rope(q, cos, sin).transpose(0, 1)  # (H, T, D)
-        k = apply_rope(k, cos, sin).transpose(0, 1)  # (G, T, D)
-        keys, values = cache.write(index, k, v.transpose(0, 1))  # (G, P+T, D) each, or D+1 for values
+        q, k, v = self.rotated_qkv(index, attn, x, cos, sin, plan)
+        keys, values = cache.write(index, k, v)  # (G, P+T, D) each, or D+1 for values
         if self.fixed_order and not plan.prefill:
             out = fixed_order_attention(q, cache.keys[index], cache.values[index], plan, self.scale)  # (H, T, D)
         else:  # values may carry the ones column of fixed-order attention: (G, P+T, D+1) -> (G, P+T, D)
@@ -360,6 +356,20 @@ class LeanForward:
             out = F.scaled_dot_product_attention(q[None], keys[None], values[None, ..., : self.head_dim],
                                                  attn_mask=plan.mask, is_causal=causal, scale=self.scale,
                                                  enable_gqa=self.kv_heads != self.n_heads)[0]
+        return self.output(index, attn, out, plan)
+
+    def rotated_qkv(self, index: int, attn, x: torch.Tensor, cos, sin, plan: AttentionPlan):
+        """x (T, E) -> q (H, T, D), k (G, T, D) normalised (Qwen3) and rotated, v (G, T, D)."""
+        q, k, v = self.project(index, attn, x, plan)
+        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before the rotation
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q = apply_rope(q, cos, sin).transpose(0, 1)  # (H, T, D)
+        k = apply_rope(k, cos, sin).transpose(0, 1)  # (G, T, D)
+        return q, k, v.transpose(0, 1)  # v: (T, G, D) -> (G, T, D)
+
+    def output(self, index: int, attn, out: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
+        """Attention output (H, T, D) -> the layer's o projection (T, E)."""
+        fed = out.shape[1]
         o_proj = attn.o_proj if self._by_modules(index, plan) else self.linears[index].o
         return o_proj(out.transpose(0, 1).reshape(fed, self.n_heads * self.head_dim))  # (T, H*D) -> (T, E)
 
@@ -428,9 +438,14 @@ class LeanForward:
         run = self._native_layers if self.native is not None and fed <= PREFILL_ROWS else self._python_layers
         x, inner = run(embedded, cache, block_visible, positions, layers)
         cache.length = past + fed
+        return self.head(x, embedded, inner, layers, keep)
+
+    def head(self, x: torch.Tensor, embedded: torch.Tensor, inner: list[torch.Tensor], layers: tuple[int, ...],
+             keep: int):
+        """After the decoder layers: x (T, E) -> logits (T or keep, V) and the features at `layers` (T, F) or None,
+        from the embeddings (T, E), the inner layers' states and the normalised last one."""
         states = ([embedded] if 0 in layers else []) + inner
-        last = len(self.base.layers)
-        if last in layers:  # transformers' last hidden state is the normalised one
+        if len(self.base.layers) in layers:  # transformers' last hidden state is the normalised one
             x = self.base.norm(x)  # (T, E)
             states.append(x)
             x = x if keep == 0 else x[-keep:]

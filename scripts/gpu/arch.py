@@ -307,7 +307,7 @@ def compiled_step(cmd: Command) -> dict:
     weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
     floor = weight_bytes / H200_BYTES_PER_S
     reference = rows["transformers"].pop("tokens")
-    identical = {name: row.pop("tokens") == reference for name, row in rows.items() if "tokens" in row}
+    identical = {name: rows[name].pop("tokens") == reference for name in ("lean", "graphs")}
     return {"forwards": rows, "identical_to_transformers": identical, "captures": forwards["graphs"].captures,
             "bandwidth_floor_s_per_token": floor, "bandwidth_floor_tokens_per_s": 1 / floor,
             "of_floor": {name: row["tokens_per_s"] * floor for name, row in rows.items()},
@@ -376,15 +376,16 @@ def exactness(cmd: Command) -> dict:
                                   ("tiny-qwen3", tiny_qwen3(vocab_size=64), QWEN3_TEMPLATE)):
         target = make_target(model.to(device), template=template, name=name)
         target.device = torch.device(device)
-        for label, drafter in tiny_drafters(target):
+        drafters = tiny_drafters(target)
+        for label, drafter in drafters:
             rows.append({"target": name, "drafter": label, **compare_with_plain(target, drafter)})
-        rows += through_graphs(target, name, "sim" if cmd.cpu_sim else "cuda")
+        rows += through_graphs(target, name, drafters, "sim" if cmd.cpu_sim else "cuda")
     return {"device": device, "all_identical": all(r["identical"] for r in rows), "rows": rows}
 
 
-def through_graphs(target: Target, name: str, mode: str) -> list[dict]:
-    """The same checks through the lean forward's fixed-shape steps (core.graphs), and their plain decoding against
-    transformers' forward."""
+def through_graphs(target: Target, name: str, drafters: list[tuple[str, object]], mode: str) -> list[dict]:
+    """The same checks, for three of those drafters, through the lean forward's fixed-shape steps (core.graphs), and
+    their plain decoding against transformers' forward."""
     from core.graphs import GraphedSteps
     from core.lean import LeanForward
 
@@ -394,7 +395,7 @@ def through_graphs(target: Target, name: str, mode: str) -> list[dict]:
     try:
         rows = [{"target": name, "drafter": "none (plain, graphs vs transformers)", "forward": "graphs",
                  "identical": generate_all(target, prompt, gen)[0] == reference}]
-        for label, drafter in tiny_drafters(target):
+        for label, drafter in drafters:
             if label in ("ngram", "flashmap-1step", "flashmap-tree3"):
                 rows.append({"target": name, "drafter": label, "forward": "graphs",
                              **compare_with_plain(target, drafter)})
