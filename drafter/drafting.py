@@ -29,7 +29,10 @@ def one_jump(net: FlowNet, ctx, mask, block: int, generator, factor: torch.Tenso
     noise: the standard normal g (B, K, D_t) to use instead of drawing it (coupled draws, BlockSampler)."""
     b, dt = ctx.shape[0], net.cfg.target_hidden
     g = torch.randn(b, block, dt, generator=generator) if noise is None else noise  # (B, K, D_t)
-    x0_embed = noise_scale * g.to(ctx.device) @ factor.T  # (B, K, D_t)
+    if noise_scale == 0:  # x0 = 0: nothing to multiply
+        x0_embed = torch.zeros(b, block, dt, device=ctx.device)  # (B, K, D_t)
+    else:
+        x0_embed = noise_scale * g.to(ctx.device) @ factor.T  # (B, K, D_t)
     zeros, ones = torch.zeros(b, device=ctx.device), torch.ones(b, device=ctx.device)
     return net.probs(net.noise_input(x0_embed, ones), zeros, ones, ctx, mask)
 

@@ -69,7 +69,8 @@ class PooledContext:
 
 
 def project(layer: nn.Linear, src) -> torch.Tensor:
-    return src.linear(layer) if isinstance(src, PooledContext) else layer(src)
+    """layer(src) for a context tensor; a factored context (PooledContext, frozen.CachedContext) computes it itself."""
+    return layer(src) if isinstance(src, torch.Tensor) else src.linear(layer)
 
 
 class Attention(nn.Module):
@@ -106,7 +107,14 @@ class DiTBlock(nn.Module):
         nn.init.zeros_(self.ada.bias)
 
     def forward(self, x, cond, context, context_mask):
-        mods = self.ada(F.silu(cond)).chunk(9, dim=-1)  # 9 x (B, D)
+        return self.run(x, self.modulations(cond), context, context_mask)
+
+    def modulations(self, cond: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """adaLN-Zero's shift, scale and gate of each sub-layer from the time conditioning. cond (B, D) -> 9 x (B, D)"""
+        return self.ada(F.silu(cond)).chunk(9, dim=-1)
+
+    def run(self, x, mods, context, context_mask):
+        """The block given its modulations (drafting at fixed times computes them once, drafter/frozen.py)."""
         h = modulate(self.norms[0](x), mods[0], mods[1])
         x = x + mods[2][:, None] * self.self_attn(h)
         h = modulate(self.norms[1](x), mods[3], mods[4])
@@ -222,18 +230,25 @@ class DraftNet(FlowNet):
 
     def forward(self, slot_input, s, t, context, context_mask) -> torch.Tensor:
         """slot_input (B, K, D_t), s, t (B,), context (B, C, D) or PooledContext, mask (B, C) -> logits (B, K, V)."""
+        return self.trunk(slot_input, self.conditioning(s, t), context, context_mask) @ self.head_matrix().T
+
+    def conditioning(self, s: torch.Tensor, t: torch.Tensor) -> tuple[list, tuple[torch.Tensor, torch.Tensor]]:
+        """Everything the time pair decides: each block's modulations and the output's shift and scale.
+        s, t (B,) -> ([9 x (B, D)] per block, ((B, D), (B, D)))"""
         d = self.cfg.d_model
-        k = slot_input.shape[1]
-        x = self.slot_in(slot_input) + self.slot_pos[:k]  # (B, K, D)
         cond = self.time_mlp(torch.cat([time_embedding(s, d), time_embedding(t, d)], dim=-1))  # (B, D)
-        for block in self.blocks:
+        return [block.modulations(cond) for block in self.blocks], self.out_ada(F.silu(cond)).chunk(2, dim=-1)
+
+    def trunk(self, slot_input, conditioning, context, context_mask) -> torch.Tensor:
+        """The blocks and the output projection, before the LM head rows. -> (B, K, D_t)"""
+        block_mods, (shift, scale) = conditioning
+        x = self.slot_in(slot_input) + self.slot_pos[: slot_input.shape[1]]  # (B, K, D)
+        for block, mods in zip(self.blocks, block_mods):
             if self.grad_checkpoint and self.training:  # recompute activations in backward (large V, big D)
-                x = checkpoint(block, x, cond, context, context_mask, use_reentrant=False)
+                x = checkpoint(block.run, x, mods, context, context_mask, use_reentrant=False)
             else:
-                x = block(x, cond, context, context_mask)
-        shift, scale = self.out_ada(F.silu(cond)).chunk(2, dim=-1)
-        x = self.out(modulate(self.out_norm(x), shift, scale))  # (B, K, D_t)
-        return x @ self.head_matrix().T  # (B, K, V)
+                x = block.run(x, mods, context, context_mask)
+        return self.out(modulate(self.out_norm(x), shift, scale))  # (B, K, D_t)
 
     def embed_matrix(self) -> torch.Tensor:
         return self._cached("embed", lambda: torch.cat([self.other_embed[None], self.embed_rows[1:]]))  # (V, D_t)

@@ -19,6 +19,7 @@ from drafter import calibration as calib
 from drafter import drafting, zlab_dflash
 from drafter.checkpoint import CheckpointError, read_checkpoint
 from drafter.config import DrafterConfig, ZLabFlowConfig
+from drafter.frozen import FrozenDraftNet
 from drafter.network import DraftNet, FlowNet
 from drafter.spec import DrafterSpec
 from drafter.zlab_flow import ZLabFlowNet
@@ -89,8 +90,10 @@ class FlowDrafter:
                  best_of: int = 1, tree: int = 1, shared_noise: bool = True, noise_scale: float = 1.0,
                  calibration: calib.SlotCalibration | None = None):
         self.net = net
+        # the DiT drafts from a frozen view that keeps the time conditioning and the context's key/value maps
+        self.frozen = FrozenDraftNet(net) if isinstance(net, DraftNet) else None
         self.calibration = calibration  # per-slot confidence map fitted at T = 0 for this way of drafting
-        self.sampler = drafting.BlockSampler(net, mode, steps, shared_noise, best_of, noise_scale)
+        self.sampler = drafting.BlockSampler(self.frozen or net, mode, steps, shared_noise, best_of, noise_scale)
         self.tree = tree  # drafts from independent noise per round, verified as a tree (App. D)
         self.name = mode if mode != "flowmap" else f"flashmap-{steps}step"
         self.feature_layers = net.cfg.feature_layers
@@ -98,7 +101,8 @@ class FlowDrafter:
         self.vocab_ids = vocab_ids  # (V,) target id per draft id, -1 for "other"
         self.target_vocab = target.vocab_size
         self.input_embeddings = target.model.get_input_embeddings().weight.detach()  # (V_t, D_t)
-        self.projected: torch.Tensor | None = None  # projected context window (<=W, D), ctx_in applied
+        # the context window, projected: ctx_in applied (<=W, D), or each position's key/value rows (<=W, 2L*D)
+        self.projected: torch.Tensor | None = None
         self.pending: list[torch.Tensor] = []  # newer features (N_i, F) not projected yet, oldest first
         self.pending_rows = 0
 
@@ -124,6 +128,8 @@ class FlowDrafter:
         window = self.net.cfg.context_window
         with torch.inference_mode():
             projected = self.net.ctx_in(torch.cat(self.pending)[-window:].float().cpu())  # (<=W, D)
+            if self.frozen is not None:
+                projected = self.frozen.rows(projected)  # (<=W, 2L*D)
         if self.projected is not None:
             projected = torch.cat([self.projected, projected])
         self.projected = projected[-window:]  # (<=W, D)
@@ -131,8 +137,10 @@ class FlowDrafter:
 
     def context(self, anchor: int):
         self.project_pending()
-        ctx = self.projected[None]  # (1, W, D)
         anchor_embed = self.input_embeddings[anchor].float().cpu()[None]  # (1, D_t)
+        if self.frozen is not None:
+            return self.frozen.context(self.projected, anchor_embed)
+        ctx = self.projected[None]  # (1, W, D)
         mask = torch.ones(ctx.shape[:2], dtype=torch.bool)  # (1, W)
         return self.net.context_projected(ctx, mask, anchor_embed)
 

@@ -406,7 +406,8 @@ def test_tree_of_flow_drafts_is_lossless_at_t0_and_refused_where_it_cannot_be(se
     assert len(draft.alternatives) == 3 and draft.q_draft is None
     with torch.inference_mode():  # the same noise for 4 copies of the context: draft m is draw m's T=0 block
         ctx, mask = tree.context(8)
-        probs = tree.sampler.probs(ctx.expand(4, -1, -1), mask.expand(4, -1), 4, torch.Generator().manual_seed(0))
+        copies, copies_mask = ctx.repeat_interleave(4, 0), mask.repeat_interleave(4, 0)  # (4, C, D), (4, C)
+        probs = tree.sampler.probs(copies, copies_mask, 4, torch.Generator().manual_seed(0))
     tokens, lengths = drafting.greedy_block(drafting.fold_unused(probs, vocab_ids >= 0))
     expected = [tuple(vocab_ids[row[:n]].tolist()) for row, n in zip(tokens, lengths.tolist())]
     assert [tuple(draft.tokens.tolist()), *draft.alternatives] == expected and len(expected[0]) > 0
@@ -500,17 +501,24 @@ def test_features_are_projected_when_the_drafter_next_proposes_within_its_window
     feats = torch.randn(23, 2 * tiny_target.model.config.hidden_size)
     for start, stop in [(0, 5), (5, 6), (6, 7)]:
         lazy.extend(list(range(start, stop)), feats[start:stop])
-    first = lazy.context(3)[0]
+    first = key_value_maps(lazy.context(3)[0])
     for start, stop in [(7, 8), (8, 11), (11, 12), (12, 20), (20, 21), (21, 23)]:  # 16 rows: beyond the window
         lazy.extend(list(range(start, stop)), feats[start:stop])
     assert lazy.pending_rows <= 8 + 7  # what the window cannot reach is dropped as it arrives
-    ctx = lazy.context(3)[0]
+    ctx = key_value_maps(lazy.context(3)[0])
     with torch.inference_mode():
         eager_first = lazy.net.context_projected(lazy.net.ctx_in(feats[:7])[None], torch.ones(1, 7, dtype=torch.bool),
                                                  lazy.input_embeddings[3].float()[None])[0]
         eager = lazy.net.context_projected(lazy.net.ctx_in(feats[-8:])[None], torch.ones(1, 8, dtype=torch.bool),
                                            lazy.input_embeddings[3].float()[None])[0]
-    assert torch.allclose(first, eager_first, atol=1e-5) and torch.allclose(ctx, eager, atol=1e-5)
+        for layer in lazy.frozen.kv_layers:  # the frozen view keeps each block's key and value maps of the context
+            assert torch.allclose(first[layer], layer(eager_first), atol=1e-5)
+            assert torch.allclose(ctx[layer], layer(eager), atol=1e-5)
+
+
+def key_value_maps(cached) -> dict:
+    """A copy of a CachedContext's maps (the next proposal reuses their buffer). -> layer: (C, D)"""
+    return {layer: value[0].clone() for layer, value in cached.maps.items()}
 
 
 def test_magpie_requests_come_from_the_user_turn_opening_and_resume(tmp_path, monkeypatch, tiny_qwen3_target):
