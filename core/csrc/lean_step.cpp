@@ -15,6 +15,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -130,6 +131,41 @@ inline float dot(const float* a, const bf16* b, int64_t n) {
   return sum(acc);
 }
 
+// dot products of a (n,) fp32 with up to 16 rows b[k] (n,) bf16 -> out[k], each exactly as dot(a, b[k], n) computes it:
+// the same lane-wise products, then the lanes reduced by the same tree (lane i + lane i + 8, then + 4, + 2, + 1, which
+// is how _mm512_reduce_add_ps and the portable sum() reduce), here for 16 rows at once by shuffles, not one by one
+inline void dots(const float* a, const bf16* const* b, int64_t count, int64_t n, float* out) {
+#if defined(__AVX512F__)
+  __m512 acc[LANES];
+  for (int64_t k = 0; k < LANES; ++k) {
+    if (k >= count) {
+      acc[k] = _mm512_setzero_ps();
+      continue;
+    }
+    V16 part = load(a, n) * load(b[k], n);
+    for (int64_t i = LANES; i < n; i += LANES) part = fma(load(a + i, n - i), load(b[k] + i, n - i), part);
+    acc[k] = part.v;
+  }
+  __m512 halves[8], quarters[4], eighths[2];
+  for (int j = 0; j < 8; ++j)  // keys 2j, 2j + 1: lane i + lane i + 8, i < 8
+    halves[j] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * j], acc[2 * j + 1], 0x44),
+                              _mm512_shuffle_f32x4(acc[2 * j], acc[2 * j + 1], 0xEE));
+  for (int j = 0; j < 4; ++j)  // keys 4j .. 4j + 3, one a 128-bit lane: + 4
+    quarters[j] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * j], halves[2 * j + 1], 0x88),
+                                _mm512_shuffle_f32x4(halves[2 * j], halves[2 * j + 1], 0xDD));
+  for (int j = 0; j < 2; ++j)  // lane l of 128 bits: keys l + 8j, l + 4 + 8j: + 2
+    eighths[j] = _mm512_add_ps(_mm512_shuffle_ps(quarters[2 * j], quarters[2 * j + 1], 0x44),
+                               _mm512_shuffle_ps(quarters[2 * j], quarters[2 * j + 1], 0xEE));
+  // + 1: element 4l + m holds key 4m + l
+  const __m512 mixed = _mm512_add_ps(_mm512_shuffle_ps(eighths[0], eighths[1], 0x88),
+                                     _mm512_shuffle_ps(eighths[0], eighths[1], 0xDD));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_mask_storeu_ps(out, first(count), _mm512_permutexvar_ps(order, mixed));
+#else
+  for (int64_t k = 0; k < count; ++k) out[k] = dot(a, b[k], n);
+#endif
+}
+
 // RMSNorm of one row x (n,) fp32 -> out (n,) fp32 = x / sqrt(mean(x^2) + eps) * weight
 inline void rms_norm_row(const float* x, const bf16* weight, int64_t n, double eps, float* out) {
   const V16 inv = splat(1.0f / std::sqrt(lane_sum(x, n, true) / static_cast<float>(n) + static_cast<float>(eps)));
@@ -197,27 +233,35 @@ void rotate(const bf16* src, const at::Tensor& norm, double eps, const float* co
   for (int64_t d = 0; d < dim; ++d) out[d] = fma_(x[(d + half) % dim], sin[d], x[d] * cos[d]) * scale;
 }
 
-// attention of every fed row's R query heads in group g over its visible keys: the P cached ones, then the fed ones
-// it sees (visible (T, T)) by increasing index, that is in the order of their compact index c, which is the
-// position each would hold in a chain; writes out (T, H * D) bf16 at heads g * R ..
-void attend_group(int64_t g, const Shape& s, const std::vector<float>& queries /* (T, H, D) */, const at::Tensor& keys,
-                  const at::Tensor& values, const bool* visible, bf16* out) {
-  const int64_t dim = s.dim, rep = s.rep, kstride = keys.stride(1), vstride = values.stride(1);
+// attention of fed row t's query head h over its visible keys (key/value head h / R): the P cached ones, then the fed
+// ones it sees (visible (T, T)) by increasing index, that is in the order of their compact index c, which is the
+// position each would hold in a chain; writes out (T, H * D) bf16 at row t, head h
+void attend_head(int64_t h, int64_t t, const Shape& s, const std::vector<float>& queries /* (T, H, D) */,
+                 const at::Tensor& keys, const at::Tensor& values, const bool* visible, bf16* out) {
+  const int64_t dim = s.dim, g = h / s.rep, kstride = keys.stride(1), vstride = values.stride(1);
   const bf16* kbase = keys.data_ptr<bf16>() + g * keys.stride(0);
   const bf16* vbase = values.data_ptr<bf16>() + g * values.stride(0);
-  std::vector<std::vector<int64_t>> fed_rows(s.fed);  // the cache rows of each row's visible fed keys
-  for (int64_t t = 0; t < s.fed; ++t)
-    for (int64_t j = 0; j < s.fed; ++j)
-      if (visible[t * s.fed + j]) fed_rows[t].push_back(s.past + j);
+  std::vector<std::vector<int64_t>> fed_rows(1);  // the cache rows of the row's visible fed keys
+  for (int64_t j = 0; j < s.fed; ++j)
+    if (visible[t * s.fed + j]) fed_rows[0].push_back(s.past + j);
+  const int64_t rep = 1;  // one (row, head) pair: p = 0
   const int64_t width = s.past + s.fed;  // a row's compact keys are at most this many
-  const int64_t pairs = s.fed * rep;  // (row, head) pairs, p = t * R + r
-  auto query = [&](int64_t p) { return queries.data() + ((p / rep) * s.heads + g * rep + p % rep) * dim; };
+  const int64_t pairs = 1;
+  auto query = [&](int64_t) { return queries.data() + (t * s.heads + h) * dim; };
   std::vector<float> scores(pairs * width);  // (T * R, C) by compact index
-  for (int64_t c = 0; c < s.past; ++c)  // cached keys: the same for every row
-    for (int64_t p = 0; p < pairs; ++p) scores[p * width + c] = dot(query(p), kbase + c * kstride, dim);
+  const bf16* chunk[LANES];  // up to 16 keys scored at once (dots)
+  for (int64_t c = 0; c < s.past; c += LANES) {  // cached keys: the same for every row
+    const int64_t count = std::min<int64_t>(LANES, s.past - c);
+    for (int64_t k = 0; k < count; ++k) chunk[k] = kbase + (c + k) * kstride;
+    for (int64_t p = 0; p < pairs; ++p) dots(query(p), chunk, count, dim, scores.data() + p * width + c);
+  }
   for (int64_t p = 0; p < pairs; ++p) {
     const auto& rows = fed_rows[p / rep];
-    for (size_t k = 0; k < rows.size(); ++k) scores[p * width + s.past + k] = dot(query(p), kbase + rows[k] * kstride, dim);
+    for (size_t k0 = 0; k0 < rows.size(); k0 += LANES) {
+      const int64_t count = std::min<int64_t>(LANES, static_cast<int64_t>(rows.size() - k0));
+      for (int64_t k = 0; k < count; ++k) chunk[k] = kbase + rows[k0 + k] * kstride;
+      dots(query(p), chunk, count, dim, scores.data() + p * width + s.past + k0);
+    }
   }
   std::vector<float> denom(pairs);
   for (int64_t p = 0; p < pairs; ++p) {  // unnormalised softmax weights and their sum
@@ -229,33 +273,34 @@ void attend_group(int64_t g, const Shape& s, const std::vector<float>& queries /
     for (int64_t c = 0; c < length; c += LANES) store(w + c, exp(load(w + c, length - c) - shift), length - c);
     denom[p] = lane_sum(w, length, false);
   }
-  // weighted sums of values by compact index, even and odd indices in two accumulators: (T * R, 2, D)
-  std::vector<float> acc(pairs * 2 * dim, 0.0f), value(dim);
-  auto accumulate = [&](int64_t p, int64_t c) {
-    const V16 w = splat(scores[p * width + c]);
-    float* a = acc.data() + (p * 2 + (c & 1)) * dim;
-    for (int64_t d = 0; d < dim; d += LANES)
-      store(a + d, fma(w, load(value.data() + d, dim - d), load(a + d, dim - d)), dim - d);
-  };
-  auto load_value = [&](int64_t row) {
-    for (int64_t d = 0; d < dim; d += LANES) store(value.data() + d, load(vbase + row * vstride + d, dim - d), dim - d);
-  };
-  for (int64_t c = 0; c < s.past; ++c) {
-    load_value(c);
-    for (int64_t p = 0; p < pairs; ++p) accumulate(p, c);
-  }
+  // weighted sums of values by compact index, even and odd indices in two accumulators, 16 dimensions at a time held
+  // in registers over all keys (each accumulator sees the same sequence of products as when it lived in memory)
   for (int64_t p = 0; p < pairs; ++p) {
+    const float* w = scores.data() + p * width;
     const auto& rows = fed_rows[p / rep];
-    for (size_t k = 0; k < rows.size(); ++k) {
-      load_value(rows[k]);
-      accumulate(p, s.past + k);
+    bf16* dst = out + (t * s.heads + h) * dim;
+    const V16 total = splat(denom[p]);
+    for (int64_t d = 0; d < dim; d += LANES) {
+      const int64_t n = dim - d;
+      V16 even = zeros(), odd = zeros();  // two named accumulators: an array indexed by c & 1 lived on the stack
+      int64_t c = 0;
+      for (; c + 1 < s.past; c += 2) {
+        even = fma(splat(w[c]), load(vbase + c * vstride + d, n), even);
+        odd = fma(splat(w[c + 1]), load(vbase + (c + 1) * vstride + d, n), odd);
+      }
+      if (c < s.past) even = fma(splat(w[c]), load(vbase + c * vstride + d, n), even);  // c even: the last cached key
+      for (size_t k = 0; k < rows.size(); ++k) {
+        const int64_t at = s.past + static_cast<int64_t>(k);
+        const V16 product_in = load(vbase + rows[k] * vstride + d, n);
+        if (at & 1)
+          odd = fma(splat(w[at]), product_in, odd);
+        else
+          even = fma(splat(w[at]), product_in, even);
+      }
+      float mixed[LANES];
+      store(mixed, (even + odd) / total, n);
+      for (int64_t l = 0; l < n && l < LANES; ++l) dst[d + l] = bf16(mixed[l]);
     }
-  }
-  for (int64_t p = 0; p < pairs; ++p) {
-    const float* even = acc.data() + p * 2 * dim;
-    const float* odd = even + dim;
-    bf16* dst = out + ((p / rep) * s.heads + g * rep + p % rep) * dim;
-    for (int64_t d = 0; d < dim; ++d) dst[d] = bf16((even[d] + odd[d]) / denom[p]);
   }
 }
 
@@ -284,8 +329,11 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   }
   auto out = at::empty({s.fed, s.heads * dim}, qkv.options());
   const bool* seen = visible.data_ptr<bool>();
-  at::parallel_for(0, s.kv_heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) attend_group(g, s, queries, keys, values, seen, out.data_ptr<bf16>());
+  // one unit of work per (query head, fed row): every value is the same operations whichever unit or thread computes
+  // it, and the work spreads evenly over the threads (SmolLM2's three key/value heads, one a thread, did not)
+  at::parallel_for(0, s.heads * s.fed, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t unit = begin; unit < end; ++unit)
+      attend_head(unit % s.heads, unit / s.heads, s, queries, keys, values, seen, out.data_ptr<bf16>());
   });
   return out;
 }
