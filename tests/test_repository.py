@@ -7,7 +7,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
 BUDGETS = {"weights/": 20 * MIB, "docs/": 1 * MIB, "data/": 4 * MIB}  # largest tracked file under each folder
-TOTAL = 80 * MIB  # all tracked files together
+TOTAL = 82 * MIB  # all tracked files together
 
 
 def tracked() -> list[Path]:
