@@ -59,6 +59,7 @@ def test_frozen_view_follows_weight_updates_and_batches_copies(tiny_target):
         for block in net.blocks:
             block.ada.weight.add_(0.5)
             block.cross_attn.k.bias.add_(1.0)
+            block.cross_attn.v.weight.mul_(0.5)
     drafter.reset()
     drafter.extend(list(range(6)), feats)
     cached, mask = drafter.context(3)
