@@ -286,8 +286,10 @@ class RandomQDrafter(SkewedSampler):
         return Draft(tokens, q_draft, picked)
 
 
-def test_adaptive_cut_is_exact_only_with_sample_independent_confidence():
-    """Chi-square on the first drafted token's marginal (V=5), 3,000 seeds per mode."""
+def test_adaptive_cut_at_t1_never_reads_a_drafts_own_confidence():
+    """Chi-square on the first drafted token's marginal (V=5), 3,000 seeds per mode. A drafter whose confidence
+    depends on the tokens it sampled ("sampled") would bias the output if the cut read it (before the policy cut
+    sampled drafts on measured per-slot acceptance, core.policy.SlotRates, this mode failed the check at p < 1e-3)."""
     from scipy.stats import chisquare
 
     from core.testing import exact_joint_23
@@ -306,7 +308,7 @@ def test_adaptive_cut_is_exact_only_with_sample_independent_confidence():
         return chisquare(counts, exact / exact.sum() * counts.sum()).pvalue
 
     assert pvalue("max") > 1e-3
-    assert pvalue("sampled") < 1e-3  # the check has the power to see a sample-dependent cut's bias
+    assert pvalue("sampled") > 1e-3
 
 
 def test_drafts_that_do_not_pay_for_the_drafter_are_skipped_and_the_output_stays_exact(tiny_target):

@@ -96,3 +96,35 @@ def test_a_drafter_far_slower_than_plain_steps_is_retried_within_the_time_budget
     assert max(capped) <= 51
     close = MeasuredPays(max_skip=8, window=4, min_rounds=2)
     assert close.budget_wait(0.95) == 6  # a close call is measured again soon
+
+
+def test_sampled_drafts_are_cut_on_their_measured_acceptance_per_slot():
+    """At T > 0 the cut reads the network's acceptance measured per slot in earlier rounds (SlotRates), not the
+    draft's own confidence: a sure-looking draft is verified short until its slots are seen to be accepted."""
+    from core.policy import PolicyState, SlotRates
+
+    rates = SlotRates()
+    assert torch.allclose(rates.rates(3), torch.full((3,), 0.5))  # the prior
+    rates.record(n_verified=3, n_accepted=1)  # slot 0 kept, slot 1 rejected, slot 2 never reached
+    assert rates.reached == [1, 1] + [0.0] and rates.accepted == [1, 0] + [0.0]
+    assert torch.allclose(rates.rates(3), torch.tensor([2 / 3, 1 / 3, 0.5]))
+
+    class Sure:  # confidence 1 everywhere, a q of its own: a sampled draft
+        name, feature_layers, max_block_size = "sure", (), 4
+
+        def propose(self, anchor, block_size, sampling, generator):
+            q_draft = torch.full((4, 8), 1 / 8)  # (K, V)
+            return Draft(torch.tensor([1, 2, 3, 4]), q_draft, torch.ones(4))
+
+    curve = (1.0, 1.15, 1.35, 1.55, 1.8)
+    gen = GenerationConfig(max_new_tokens=8, sampling=SamplingConfig(1.0), verify_cost=curve)
+    state = PolicyState()
+    policy = DraftPolicy.for_run(gen, state)
+    draft = policy.draft(Sure(), 0, 4, gen.sampling, torch.Generator())
+    assert len(draft.tokens) == 1 and draft.q_draft.shape == (1, 8)  # prior 0.5: one slot pays best
+    for _ in range(20):
+        state.sampled.record(4, 4)  # every slot kept, round after round
+    assert len(policy.draft(Sure(), 0, 4, gen.sampling, torch.Generator()).tokens) == 4
+    greedy = GenerationConfig(max_new_tokens=8, verify_cost=curve)
+    assert len(DraftPolicy.for_run(greedy, PolicyState()).draft(Sure(), 0, 4, greedy.sampling,
+                                                                  torch.Generator()).tokens) == 4  # T = 0: its own
