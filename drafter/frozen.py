@@ -25,7 +25,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from core import cpu_linear
-from core.cpu_linear import PackedLinear
 from drafter.network import DraftNet
 
 
@@ -88,7 +87,7 @@ class FrozenDraftNet:
         # on one core, a third of it
         head = nn.Linear(self.net.cfg.target_hidden, self.net.cfg.draft_vocab, bias=False)
         head.weight = nn.Parameter(self.net.head_matrix().detach().clone(), requires_grad=False)  # (V, D_t)
-        self.head = PackedLinear(head) if cpu_linear.available() else head
+        self.head = cpu_linear.PackedLinear(head) if cpu_linear.available() else head
         self._conditioning: dict[tuple, tuple] = {}
         self._weights_key = key
 

@@ -241,66 +241,51 @@ void attend_head(int64_t h, int64_t t, const Shape& s, const std::vector<float>&
   const int64_t dim = s.dim, g = h / s.rep, kstride = keys.stride(1), vstride = values.stride(1);
   const bf16* kbase = keys.data_ptr<bf16>() + g * keys.stride(0);
   const bf16* vbase = values.data_ptr<bf16>() + g * values.stride(0);
-  std::vector<std::vector<int64_t>> fed_rows(1);  // the cache rows of the row's visible fed keys
+  std::vector<int64_t> fed_rows;  // the cache rows of the row's visible fed keys
   for (int64_t j = 0; j < s.fed; ++j)
-    if (visible[t * s.fed + j]) fed_rows[0].push_back(s.past + j);
-  const int64_t rep = 1;  // one (row, head) pair: p = 0
-  const int64_t width = s.past + s.fed;  // a row's compact keys are at most this many
-  const int64_t pairs = 1;
-  auto query = [&](int64_t) { return queries.data() + (t * s.heads + h) * dim; };
-  std::vector<float> scores(pairs * width);  // (T * R, C) by compact index
+    if (visible[t * s.fed + j]) fed_rows.push_back(s.past + j);
+  const int64_t length = s.past + static_cast<int64_t>(fed_rows.size());  // its keys by compact index
+  const float* query = queries.data() + (t * s.heads + h) * dim;
+  std::vector<float> w(length);  // scores, then unnormalised softmax weights, by compact index
   const bf16* chunk[LANES];  // up to 16 keys scored at once (dots)
-  for (int64_t c = 0; c < s.past; c += LANES) {  // cached keys: the same for every row
+  for (int64_t c = 0; c < s.past; c += LANES) {  // cached keys: contiguous rows
     const int64_t count = std::min<int64_t>(LANES, s.past - c);
     for (int64_t k = 0; k < count; ++k) chunk[k] = kbase + (c + k) * kstride;
-    for (int64_t p = 0; p < pairs; ++p) dots(query(p), chunk, count, dim, scores.data() + p * width + c);
+    dots(query, chunk, count, dim, w.data() + c);
   }
-  for (int64_t p = 0; p < pairs; ++p) {
-    const auto& rows = fed_rows[p / rep];
-    for (size_t k0 = 0; k0 < rows.size(); k0 += LANES) {
-      const int64_t count = std::min<int64_t>(LANES, static_cast<int64_t>(rows.size() - k0));
-      for (int64_t k = 0; k < count; ++k) chunk[k] = kbase + rows[k0 + k] * kstride;
-      dots(query(p), chunk, count, dim, scores.data() + p * width + s.past + k0);
-    }
+  for (size_t k0 = 0; k0 < fed_rows.size(); k0 += LANES) {
+    const int64_t count = std::min<int64_t>(LANES, static_cast<int64_t>(fed_rows.size() - k0));
+    for (int64_t k = 0; k < count; ++k) chunk[k] = kbase + fed_rows[k0 + k] * kstride;
+    dots(query, chunk, count, dim, w.data() + s.past + k0);
   }
-  std::vector<float> denom(pairs);
-  for (int64_t p = 0; p < pairs; ++p) {  // unnormalised softmax weights and their sum
-    float* w = scores.data() + p * width;
-    const int64_t length = s.past + fed_rows[p / rep].size();
-    V16 peak = splat(-3.0e38f);  // the maximum is exact in any order
-    for (int64_t c = 0; c < length; c += LANES) peak = max(peak, load_or(w + c, length - c, -3.0e38f));
-    const V16 shift = splat(top(peak));
-    for (int64_t c = 0; c < length; c += LANES) store(w + c, exp(load(w + c, length - c) - shift), length - c);
-    denom[p] = lane_sum(w, length, false);
-  }
+  V16 peak = splat(-3.0e38f);  // the maximum is exact in any order
+  for (int64_t c = 0; c < length; c += LANES) peak = max(peak, load_or(w.data() + c, length - c, -3.0e38f));
+  const V16 shift = splat(top(peak));
+  for (int64_t c = 0; c < length; c += LANES) store(w.data() + c, exp(load(w.data() + c, length - c) - shift), length - c);
+  const V16 total = splat(lane_sum(w.data(), length, false));
   // weighted sums of values by compact index, even and odd indices in two accumulators, 16 dimensions at a time held
-  // in registers over all keys (each accumulator sees the same sequence of products as when it lived in memory)
-  for (int64_t p = 0; p < pairs; ++p) {
-    const float* w = scores.data() + p * width;
-    const auto& rows = fed_rows[p / rep];
-    bf16* dst = out + (t * s.heads + h) * dim;
-    const V16 total = splat(denom[p]);
-    for (int64_t d = 0; d < dim; d += LANES) {
-      const int64_t n = dim - d;
-      V16 even = zeros(), odd = zeros();  // two named accumulators: an array indexed by c & 1 lived on the stack
-      int64_t c = 0;
-      for (; c + 1 < s.past; c += 2) {
-        even = fma(splat(w[c]), load(vbase + c * vstride + d, n), even);
-        odd = fma(splat(w[c + 1]), load(vbase + (c + 1) * vstride + d, n), odd);
-      }
-      if (c < s.past) even = fma(splat(w[c]), load(vbase + c * vstride + d, n), even);  // c even: the last cached key
-      for (size_t k = 0; k < rows.size(); ++k) {
-        const int64_t at = s.past + static_cast<int64_t>(k);
-        const V16 product_in = load(vbase + rows[k] * vstride + d, n);
-        if (at & 1)
-          odd = fma(splat(w[at]), product_in, odd);
-        else
-          even = fma(splat(w[at]), product_in, even);
-      }
-      float mixed[LANES];
-      store(mixed, (even + odd) / total, n);
-      for (int64_t l = 0; l < n && l < LANES; ++l) dst[d + l] = bf16(mixed[l]);
+  // in registers over all keys (named accumulators: an array indexed by c & 1 lived on the stack)
+  bf16* dst = out + (t * s.heads + h) * dim;
+  for (int64_t d = 0; d < dim; d += LANES) {
+    const int64_t n = dim - d;
+    V16 even = zeros(), odd = zeros();
+    int64_t c = 0;
+    for (; c + 1 < s.past; c += 2) {
+      even = fma(splat(w[c]), load(vbase + c * vstride + d, n), even);
+      odd = fma(splat(w[c + 1]), load(vbase + (c + 1) * vstride + d, n), odd);
     }
+    if (c < s.past) even = fma(splat(w[c]), load(vbase + c * vstride + d, n), even);  // c even: the last cached key
+    for (size_t k = 0; k < fed_rows.size(); ++k) {
+      const int64_t at = s.past + static_cast<int64_t>(k);
+      const V16 value = load(vbase + fed_rows[k] * vstride + d, n);
+      if (at & 1)
+        odd = fma(splat(w[at]), value, odd);
+      else
+        even = fma(splat(w[at]), value, even);
+    }
+    float mixed[LANES];
+    store(mixed, (even + odd) / total, n);
+    for (int64_t l = 0; l < n && l < LANES; ++l) dst[d + l] = bf16(mixed[l]);
   }
 }
 
