@@ -38,7 +38,7 @@ from core.prompts import read_prompt_file, resolve_prompt_file  # noqa: E402
 from core.sampling import SamplingConfig  # noqa: E402
 from core.stats import AcceptanceStats  # noqa: E402
 from core.target import Target, TargetConfig, add_target_args, load_target, target_config_from_args  # noqa: E402
-from core.threads import apply_thread_policy, wait_policy  # noqa: E402
+from core.threads import apply_thread_policy, wait_idle, wait_policy  # noqa: E402
 from core.verify_cost import draft_cost as measure_draft_cost  # noqa: E402
 from core.verify_cost import relative_curve  # noqa: E402
 from drafter.registry import DrafterUnavailable, build_drafter  # noqa: E402
@@ -198,8 +198,12 @@ def warm_up(target: Target) -> None:
 
 def threads_now(cfg: BenchConfig) -> int:
     """Before each run, the thread count the app would take for a reply starting now (ThreadPolicy.threads_now),
-    unless --threads fixed it."""
-    return apply_thread_policy(cfg.threads if cfg.threads is not None else THREAD_POLICY[0].threads_now())
+    unless --threads fixed it. The previous run's threads are let go first (wait_idle): right after a llama.cpp
+    reply its spinning threads made 2 of 3 next runs take the busy machine's thread count."""
+    if cfg.threads is not None:
+        return apply_thread_policy(cfg.threads)
+    wait_idle()
+    return apply_thread_policy(THREAD_POLICY[0].threads_now())
 
 
 def bench(cfg: BenchConfig) -> dict:
@@ -212,6 +216,7 @@ def bench(cfg: BenchConfig) -> dict:
     runner = runner.with_draft_cost(target)
     anchor = llama_cpp(cfg, target)
     base, spec, anchored = [], [], []
+    used: dict[int, int] = {}  # torch threads -> runs of this engine (and llama.cpp's turns) started with them
     for i, prompt in enumerate(tqdm(prompts, desc=f"bench {cfg.spec.text()}", unit="prompt")):
         ids = target.chat_ids([{"role": "user", "content": prompt}])
         gen = runner.generation(GenerationConfig(cfg.max_new_tokens, sampling=cfg.sampling, seed=cfg.seed + i), curve)
@@ -219,9 +224,11 @@ def bench(cfg: BenchConfig) -> dict:
         if anchor is not None:
             runs.append(lambda: anchored.append(anchor.run(ids, cfg.max_new_tokens)))
         for k in range(len(runs)):  # rotate the order so drift on a noisy machine hits every side alike
-            threads_now(cfg)  # as the app before each reply (llama.cpp, in its own process, keeps its own)
+            threads = threads_now(cfg)  # as the app before each reply (llama.cpp, in its own process, keeps its own)
+            used[threads] = used.get(threads, 0) + 1
             runs[(i + k) % len(runs)]()
     result = summarize(runner, cfg.sampling, target, base, spec)
+    result["threads_per_run"] = {str(n): count for n, count in sorted(used.items())}  # torch threads: runs
     if anchor is not None:
         from app.llamacpp import summary
 

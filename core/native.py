@@ -1,32 +1,54 @@
-"""The engine's native decode step (core/csrc/lean_step.cpp): built once per machine with the system's C++ compiler
-through torch's extension builder, cached on disk, loaded on later starts in about a second.
+"""The engine's native kernels, built once per machine with the system's C++ compiler through torch's extension
+builder, cached on disk, loaded on later starts in about a second: the decode step (core/csrc/lean_step.cpp) and
+extensions of the packages above core (the drafter's forward, drafter/csrc/), all sharing core/csrc/simd.h.
 
 Why a native step: the q4 forward of the embedded target spent most of a decode step dispatching ~55 small tensor
 ops a layer from Python (norms, rotary, attention pieces, casts); one native call for all layers leaves the weights'
-products as the main cost. Where it cannot be built (no compiler, a build error), `load` says why and the lean
-forward keeps its Python path: slower, equally exact.
+products as the main cost. Where one cannot be built (no compiler, a build error), `load` says why and the caller
+keeps its Python path: slower, equally exact.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from core.threads import cpu_flags
 
-SOURCE = Path(__file__).parent / "csrc" / "lean_step.cpp"
+CSRC = Path(__file__).parent / "csrc"
 # -march=native: the build is keyed by the CPU's flags, so a cache shared between machines never runs code built
-# for another CPU; -ffp-contract=off: products and sums fuse only where the source says so (batch invariance)
-CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
+# for another CPU; -ffp-contract=off: products and sums fuse only where the source says so (batch invariance);
+# -fopenmp: at::parallel_for is inline OpenMP in torch's headers, serial in a build without it (linked, the
+# extension shares torch's own libgomp, loaded first under the same name)
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp")
 
+
+@dataclass(frozen=True)
+class Extension:
+    """One native module: its name prefix, its one source file, and what it is (for the messages)."""
+
+    name: str
+    source: Path
+    what: str
+
+
+LEAN_STEP = Extension("flashmap_lean_step", CSRC / "lean_step.cpp", "the native decode step")
+
+
+def headers() -> list[Path]:
+    """The shared headers every extension may include (their text is part of every build key)."""
+    return sorted(CSRC.glob("*.h"))
 _loaded: dict[str, object] = {}
 
 
-def build_key() -> str:
-    """What the compiled step depends on: its source, flags, torch's build and the CPU."""
-    parts = [SOURCE.read_text(), " ".join(CFLAGS), torch.__version__, " ".join(sorted(cpu_flags()))]
+def build_key(ext: Extension | None = None) -> str:
+    """What a compiled extension depends on: its source, the shared headers, flags, torch's build and the CPU."""
+    ext = ext or LEAN_STEP
+    parts = [ext.source.read_text(), *(h.read_text() for h in headers()), " ".join(CFLAGS), torch.__version__,
+             " ".join(sorted(cpu_flags()))]
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:12]
 
 
@@ -37,20 +59,21 @@ def build_root() -> Path:
     return Path(os.environ.get("FLASHMAP_NATIVE_DIR", default))
 
 
-def load() -> tuple[object | None, str]:
+def load(ext: Extension | None = None) -> tuple[object | None, str]:
     """(the compiled module, "") or (None, why not), built on first use under build_root(); FLASHMAP_NATIVE=0 turns
-    it off."""
+    every extension off. Without an argument: the decode step."""
+    ext = ext or LEAN_STEP
     if os.environ.get("FLASHMAP_NATIVE", "1") == "0":
         return None, "turned off (FLASHMAP_NATIVE=0)"
-    key = build_key()
+    key = build_key(ext)
     if key in _loaded:
         return _loaded[key], ""
-    name = f"flashmap_lean_step_{key}"
+    name = f"{ext.name}_{key}"
     folder = build_root() / name
     try:
-        module = _import_built(name, folder) or _build(name, folder)
+        module = _import_built(name, folder) or _build(name, folder, ext)
     except Exception as err:  # noqa: BLE001 - any build failure (no compiler, no ninja, a compile error) means: eager
-        return None, f"could not build the native decode step ({type(err).__name__}: {str(err).strip()[:200]})"
+        return None, f"could not build {ext.what} ({type(err).__name__}: {str(err).strip()[:200]})"
     _loaded[key] = module
     return module, ""
 
@@ -71,13 +94,14 @@ def _import_built(name: str, folder: Path):
         return None
 
 
-def _build(name: str, folder: Path):
+def _build(name: str, folder: Path, ext: Extension):
     from torch.utils import cpp_extension
 
     folder.mkdir(parents=True, exist_ok=True)
     clear_stale_lock(folder)
-    print("Compiling the native decode step for this CPU (once, about 20 s; cached)…", flush=True)
-    return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(CFLAGS),
+    print(f"Compiling {ext.what} for this CPU (once, about 20 s; cached)…", flush=True)
+    return cpp_extension.load(name=name, sources=[str(ext.source)], extra_cflags=list(CFLAGS),
+                              extra_ldflags=["-fopenmp"], extra_include_paths=[str(CSRC)],
                               build_directory=str(folder), verbose=False)
 
 

@@ -92,6 +92,18 @@ def machine_idle(samples: int = 5, gap_s: float = 0.002) -> bool:
     return busy <= samples // 2
 
 
+def wait_idle(timeout_s: float = 0.5) -> bool:
+    """Wait up to timeout_s for machine_idle(); whether it came. A benchmark calls it between runs: the threads of
+    a run that just ended (llama.cpp's spin ~10 ms after its reply) are not a neighbour the next run should see."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not machine_idle():
+        if time.monotonic() >= deadline:
+            return False
+    return True
+
+
 def cpu_flags() -> frozenset[str]:
     """This CPU's feature flags (Linux /proc/cpuinfo names; empty where it is absent: the safe answer)."""
     try:

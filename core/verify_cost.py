@@ -134,7 +134,18 @@ def machine_key(target) -> str:
     return "|".join([platform.node(), platform.machine(), platform.processor(), str(torch.get_num_threads()),
                      target.identity["name"], str(target.model.dtype), str(target.device),
                      f"packed={target.extra.get('packed_linears', 0)}",  # oneDNN's curve is far flatter
-                     target.precision])  # the forward (lean or not, its weights) shapes the curve too
+                     target.precision,  # the forward (lean or not, its weights) shapes the curve too
+                     native_build(target)])
+
+
+def native_build(target) -> str:
+    """The compiled decode step's build a forward runs through ("python" without one): a rebuilt step (new source,
+    flags) may change the curve's shape, so its cached curve is measured again."""
+    if target.extra.get("native_step") != "native":
+        return "python"
+    from core import native
+
+    return f"native={native.build_key()}"
 
 
 def cache_file(root: Path, target) -> Path:

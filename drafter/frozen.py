@@ -18,14 +18,18 @@ the target verifies, so the engine's output is exact either way.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from core import cpu_linear
+from drafter import native_trunk
 from drafter.network import DraftNet
+
+_told: set[str] = set()  # why the native trunk is unavailable, logged once a process
 
 
 def no_autograd(method):
@@ -40,23 +44,29 @@ def no_autograd(method):
 
 @dataclass(frozen=True)
 class CachedContext:
-    """A context whose cross-attention key and value maps are already computed: stands where DraftNet reads a
-    (B, C, D) context tensor (network.project calls `linear`)."""
+    """A context whose cross-attention key and value maps are already computed, read alike by `batch` blocks: stands
+    where DraftNet reads a (B, C, D) context tensor (network.project calls `linear`)."""
 
-    maps: dict  # layer (each block's cross_attn.k and .v) -> its output over the context (B, C, D)
-    shape: tuple  # (B, C, D)
+    maps: torch.Tensor  # (C, 2L*D) every block's key and value maps over the context: k0 | v0 | k1 | v1 ...
+    layers: tuple  # the 2L linear layers whose outputs those columns are, in that order
+    batch: int = 1
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.batch, self.maps.shape[0], self.maps.shape[1] // len(self.layers)  # (B, C, D)
 
     @property
     def device(self) -> torch.device:
-        return next(iter(self.maps.values())).device
+        return self.maps.device
 
     def linear(self, layer: nn.Linear) -> torch.Tensor:
-        return self.maps[layer]  # (B, C, D)
+        d = self.shape[2]
+        column = self.layers.index(layer) * d
+        return self.maps[:, column : column + d][None].expand(self.batch, -1, -1)  # (C, D) -> (B, C, D)
 
     def repeat_interleave(self, repeats: int, dim: int = 0) -> "CachedContext":
-        """M drafts of each context in one pass (best-of-M, trees). -> (B*M, C, D)"""
-        maps = {layer: value.repeat_interleave(repeats, dim) for layer, value in self.maps.items()}
-        return CachedContext(maps, (self.shape[0] * repeats, *self.shape[1:]))
+        """M drafts of each context in one pass (best-of-M, trees): the same maps, read by B*M blocks."""
+        return replace(self, batch=self.batch * repeats)
 
 
 class FrozenDraftNet:
@@ -83,19 +93,46 @@ class FrozenDraftNet:
         self.kv_weight = torch.cat([layer.weight for layer in self.kv_layers]).detach()  # (2L*D, D)
         kv_bias = torch.cat([layer.bias for layer in self.kv_layers]).detach()  # (2L*D,)
         self.kv_pos = F.linear(self.net.ctx_pos.detach(), self.kv_weight, kv_bias)  # (W+1, 2L*D) by distance
-        # the LM head rows as a (prepacked, where oneDNN is built in) linear layer: x @ head.T took 1.9 ms a proposal
-        # on one core, a third of it
-        head = nn.Linear(self.net.cfg.target_hidden, self.net.cfg.draft_vocab, bias=False)
-        head.weight = nn.Parameter(self.net.head_matrix().detach().clone(), requires_grad=False)  # (V, D_t)
-        self.head = cpu_linear.PackedLinear(head) if cpu_linear.available() else head
+        self.native = self._native_trunk()
+        self.kv = self._product(self.kv_weight)  # (D) -> (2L*D): a position's share of every key and value map
+        self.ctx_in, self.anchor_in = (self._projection(self.net.ctx_in), self._projection(self.net.anchor_in))
+        # the LM head rows (V, D_t) as a linear layer: x @ head.T took 1.9 ms a proposal on one core, a third of it
+        self.head = self._product(self.net.head_matrix().detach().clone())
         self._conditioning: dict[tuple, tuple] = {}
         self._weights_key = key
 
+    def _native_trunk(self) -> native_trunk.NativeTrunk | None:
+        """The trunk as one native call, or None (and one logged line saying why) where it cannot be built."""
+        module, why = native_trunk.load()
+        if module is None:
+            if why not in _told:
+                _told.add(why)
+                logging.getLogger(__name__).warning("the drafter's trunk runs op by op in Python: %s", why)
+            return None
+        return native_trunk.NativeTrunk(self.net, module)
+
+    def _projection(self, layers: nn.Sequential) -> tuple:
+        """ctx_in or anchor_in (a linear layer, then an RMSNorm) as (its product, its norm)."""
+        return self._product(layers[0].weight, layers[0].bias), layers[1]
+
+    def _product(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        """x @ weight.T + bias for frozen weights: native where the trunk is, else torch's linear (prepacked for oneDNN
+        where it is built in)."""
+        if self.native is not None:
+            return native_trunk.NativeLinear(self.native.module, weight, bias)
+        layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+        layer.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)  # (N, I)
+        if bias is not None:
+            layer.bias = nn.Parameter(bias.detach().clone(), requires_grad=False)  # (N,)
+        return cpu_linear.PackedLinear(layer) if cpu_linear.available() else layer
+
     @no_autograd
-    def rows(self, projected: torch.Tensor) -> torch.Tensor:
-        """Each new position's share of every block's key and value maps. projected (N, D) after ctx_in -> (N, 2L*D)"""
+    def rows(self, features: torch.Tensor) -> torch.Tensor:
+        """Each new position's share of every block's key and value maps: ctx_in, then the maps' weights.
+        features (N, F) -> (N, 2L*D)"""
         self._refresh()
-        return F.linear(projected, self.kv_weight)  # (N, 2L*D)
+        product, norm = self.ctx_in
+        return self.kv(norm(product(features)))  # (N, D) -> (N, 2L*D)
 
     @no_autograd
     def context(self, rows: torch.Tensor, anchor_embed: torch.Tensor) -> tuple[CachedContext, torch.Tensor]:
@@ -103,32 +140,41 @@ class FrozenDraftNet:
         input embedding (1, D_t) -> CachedContext (1, n+1, D) and its mask (1, n+1), all True (no padding). The maps
         live in a buffer the next call overwrites: one proposal at a time."""
         self._refresh()
-        d = self.net.cfg.d_model
         n = rows.shape[0]
         if self._maps.shape != (n + 1, self.kv_weight.shape[0]):
             self._maps = torch.empty(n + 1, self.kv_weight.shape[0])  # (C, 2L*D)
         maps = self._maps
         torch.add(rows, self.kv_pos[-n - 1 : -1], out=maps[:n])  # (n, 2L*D)
-        anchor = F.linear(self.net.anchor_in(anchor_embed), self.kv_weight)  # (1, 2L*D)
+        product, norm = self.anchor_in
+        anchor = self.kv(norm(product(anchor_embed)))  # (1, D_t) -> (1, D) -> (1, 2L*D)
         torch.add(anchor, self.kv_pos[-1:], out=maps[n:])
-        per_layer = maps.split(d, dim=-1)  # 2L x (C, D): k0, v0, k1, v1, ...
-        cached = CachedContext({layer: value[None] for layer, value in zip(self.kv_layers, per_layer)},
-                               (1, maps.shape[0], d))
-        return cached, torch.ones(1, maps.shape[0], dtype=torch.bool)
+        return CachedContext(maps, tuple(self.kv_layers)), torch.ones(1, maps.shape[0], dtype=torch.bool)
 
     def conditioning(self, s: torch.Tensor, t: torch.Tensor):
         """DraftNet.conditioning, computed once per time pair (and batch size)."""
+        return self._kept_conditioning(s, t)[0]
+
+    def _kept_conditioning(self, s: torch.Tensor, t: torch.Tensor) -> tuple:
+        """(DraftNet.conditioning, its (9L + 2, D) rows for the native trunk or None where the blocks' times differ)"""
         key = (tuple(s.tolist()), tuple(t.tolist()))
         if key not in self._conditioning:
-            self._conditioning[key] = self.net.conditioning(s, t)
+            conditioning = self.net.conditioning(s, t)
+            uniform = len(set(key[0])) == 1 and len(set(key[1])) == 1
+            mods = native_trunk.NativeTrunk.modulations(conditioning) if uniform else None
+            self._conditioning[key] = (conditioning, mods)
         return self._conditioning[key]
 
     @no_autograd
     def __call__(self, slot_input, s, t, context, context_mask) -> torch.Tensor:
         """DraftNet.forward. A CachedContext has no padding, so its all-True mask is not read. -> logits (B, K, V)"""
         self._refresh()
-        mask = None if isinstance(context, CachedContext) else context_mask
-        hidden = self.net.trunk(slot_input, self.conditioning(s, t), context, mask)  # (B, K, D_t)
+        conditioning, mods = self._kept_conditioning(s, t)
+        if not isinstance(context, CachedContext):
+            hidden = self.net.trunk(slot_input, conditioning, context, context_mask)  # (B, K, D_t)
+        elif self.native is not None and mods is not None:
+            hidden = self.native(slot_input, mods, context.maps)  # (B, K, D_t)
+        else:
+            hidden = self.net.trunk(slot_input, conditioning, context, None)  # (B, K, D_t)
         return self.head(hidden)  # (B, K, V)
 
     def probs(self, slot_input, s, t, context, context_mask) -> torch.Tensor:

@@ -127,9 +127,9 @@ class FlowDrafter:
             return
         window = self.net.cfg.context_window
         with torch.inference_mode():
-            projected = self.net.ctx_in(torch.cat(self.pending)[-window:].float().cpu())  # (<=W, D)
-            if self.frozen is not None:
-                projected = self.frozen.rows(projected)  # (<=W, 2L*D)
+            features = torch.cat(self.pending)[-window:].float().cpu()  # (<=W, F)
+            # ctx_in (<=W, D), or with the frozen view each position's key/value rows (<=W, 2L*D)
+            projected = self.net.ctx_in(features) if self.frozen is None else self.frozen.rows(features)
         if self.projected is not None:
             projected = torch.cat([self.projected, projected])
         self.projected = projected[-window:]  # (<=W, D)

@@ -518,7 +518,7 @@ def test_features_are_projected_when_the_drafter_next_proposes_within_its_window
 
 def key_value_maps(cached) -> dict:
     """A copy of a CachedContext's maps (the next proposal reuses their buffer). -> layer: (C, D)"""
-    return {layer: value[0].clone() for layer, value in cached.maps.items()}
+    return {layer: cached.linear(layer)[0].clone() for layer in cached.layers}
 
 
 def test_magpie_requests_come_from_the_user_turn_opening_and_resume(tmp_path, monkeypatch, tiny_qwen3_target):

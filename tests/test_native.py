@@ -15,8 +15,13 @@ def test_the_build_key_follows_the_source_and_the_cpu(monkeypatch, tmp_path):
     assert native.build_key() != key
     monkeypatch.undo()
     source = tmp_path / "step.cpp"
-    source.write_text(native.SOURCE.read_text() + "\n// changed\n")
-    monkeypatch.setattr(native, "SOURCE", source)
+    source.write_text(native.LEAN_STEP.source.read_text() + "\n// changed\n")
+    monkeypatch.setattr(native, "LEAN_STEP", native.Extension("flashmap_lean_step", source, "the step"))
+    assert native.build_key() != key
+    monkeypatch.undo()
+    header = tmp_path / "extra.h"
+    header.write_text("// a shared header\n")
+    monkeypatch.setattr(native, "headers", lambda: [*native.CSRC.glob("*.h"), header])
     assert native.build_key() != key
 
 
@@ -29,10 +34,9 @@ def test_turned_off_by_the_environment(monkeypatch):
 def test_a_build_that_fails_says_why(monkeypatch, tmp_path):
     source = tmp_path / "broken.cpp"
     source.write_text("this is not C++\n")
-    monkeypatch.setattr(native, "SOURCE", source)
     monkeypatch.setenv("FLASHMAP_NATIVE_DIR", str(tmp_path / "builds"))
-    module, why = native.load()
-    assert module is None and why.startswith("could not build the native decode step")
+    module, why = native.load(native.Extension("broken", source, "the broken kernel"))
+    assert module is None and why.startswith("could not build the broken kernel")
 
 
 def test_a_built_step_is_imported_without_the_builder_and_a_dead_builds_lock_is_cleared(monkeypatch, tmp_path):

@@ -67,3 +67,11 @@ def test_a_policy_that_takes_all_cores_only_while_nothing_else_runs(monkeypatch,
 
 def test_others_running_reads_this_machine():
     assert threads_mod.others_running() >= 0 and isinstance(threads_mod.machine_idle(samples=2, gap_s=0), bool)
+
+
+def test_wait_idle_waits_for_a_neighbour_to_settle_and_gives_up_in_time(monkeypatch):
+    answers = iter([False, False, True])
+    monkeypatch.setattr(threads_mod, "machine_idle", lambda: next(answers))
+    assert threads_mod.wait_idle(timeout_s=5.0)
+    monkeypatch.setattr(threads_mod, "machine_idle", lambda: False)
+    assert not threads_mod.wait_idle(timeout_s=0.05)

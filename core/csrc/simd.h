@@ -1,0 +1,123 @@
+// Sixteen-lane float arithmetic shared by the native kernels (core/csrc/lean_step.cpp, drafter/csrc/dit_trunk.cpp):
+// AVX-512 where the build has it, else plain arrays doing the same lane-wise operations, so the portable build
+// computes what the vector build computes. Built with -ffp-contract=off: a product and a sum fuse only where written.
+#pragma once
+#include <torch/extension.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace simd {
+using bf16 = at::BFloat16;
+constexpr int LANES = 16;
+
+inline float fma_(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+
+// Sixteen float lanes: AVX-512 where the build has it, else plain arrays doing the same lane-wise operations (a
+// machine computes every row with one of the two, so rows stay equal to each other either way).
+#if defined(__AVX512F__)
+struct V16 {
+  __m512 v;
+};
+inline V16 zeros() { return {_mm512_setzero_ps()}; }
+inline V16 splat(float x) { return {_mm512_set1_ps(x)}; }
+inline __mmask16 first(int64_t n) {  // the first n lanes (none for n <= 0)
+  return n >= LANES ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+inline V16 load(const float* p, int64_t n = LANES) { return {_mm512_maskz_loadu_ps(first(n), p)}; }
+inline V16 load_or(const float* p, int64_t n, float fill) { return {_mm512_mask_loadu_ps(_mm512_set1_ps(fill), first(n), p)}; }
+inline V16 load(const bf16* p, int64_t n = LANES) {  // bf16 -> fp32 is the 16 bits moved up
+  const __m256i raw = _mm256_maskz_loadu_epi16(first(n), p);
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16))};
+}
+inline void store(float* p, V16 x, int64_t n = LANES) { _mm512_mask_storeu_ps(p, first(n), x.v); }
+inline V16 operator+(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline V16 operator-(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline V16 operator*(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline V16 operator/(V16 a, V16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline V16 fma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline V16 max(V16 a, V16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline V16 min(V16 a, V16 b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline V16 floor(V16 a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)}; }
+inline V16 pow2(V16 k) {  // 2^k for whole k in -126..127
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k.v), _mm512_set1_epi32(127)), 23))};
+}
+inline V16 abs(V16 a) { return {_mm512_abs_ps(a.v)}; }
+inline V16 copysign(V16 magnitude, V16 sign) {  // |magnitude| with sign's sign bit
+  const __m512i bit = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  return {_mm512_castsi512_ps(_mm512_or_si512(_mm512_andnot_si512(bit, _mm512_castps_si512(magnitude.v)),
+                                              _mm512_and_si512(bit, _mm512_castps_si512(sign.v))))};
+}
+inline float sum(V16 a) { return _mm512_reduce_add_ps(a.v); }
+inline float top(V16 a) { return _mm512_reduce_max_ps(a.v); }
+#else
+struct V16 {
+  float v[LANES];
+};
+inline V16 zeros() { return V16{}; }
+inline V16 splat(float x) { V16 r; for (int l = 0; l < LANES; ++l) r.v[l] = x; return r; }
+inline V16 load(const float* p, int64_t n = LANES) { V16 r{}; for (int64_t l = 0; l < n && l < LANES; ++l) r.v[l] = p[l]; return r; }
+inline V16 load(const bf16* p, int64_t n = LANES) { V16 r{}; for (int64_t l = 0; l < n && l < LANES; ++l) r.v[l] = static_cast<float>(p[l]); return r; }
+inline V16 load_or(const float* p, int64_t n, float fill) { V16 r = splat(fill); for (int64_t l = 0; l < n && l < LANES; ++l) r.v[l] = p[l]; return r; }
+inline void store(float* p, V16 x, int64_t n = LANES) { for (int64_t l = 0; l < n && l < LANES; ++l) p[l] = x.v[l]; }
+#define LANEWISE(expr) V16 r; for (int l = 0; l < LANES; ++l) r.v[l] = (expr); return r
+inline V16 operator+(V16 a, V16 b) { LANEWISE(a.v[l] + b.v[l]); }
+inline V16 operator-(V16 a, V16 b) { LANEWISE(a.v[l] - b.v[l]); }
+inline V16 operator*(V16 a, V16 b) { LANEWISE(a.v[l] * b.v[l]); }
+inline V16 operator/(V16 a, V16 b) { LANEWISE(a.v[l] / b.v[l]); }
+inline V16 fma(V16 a, V16 b, V16 c) { LANEWISE(fma_(a.v[l], b.v[l], c.v[l])); }
+inline V16 max(V16 a, V16 b) { LANEWISE(a.v[l] > b.v[l] ? a.v[l] : b.v[l]); }
+inline V16 min(V16 a, V16 b) { LANEWISE(a.v[l] < b.v[l] ? a.v[l] : b.v[l]); }
+inline V16 floor(V16 a) { LANEWISE(__builtin_floorf(a.v[l])); }
+inline V16 abs(V16 a) { LANEWISE(__builtin_fabsf(a.v[l])); }
+inline V16 copysign(V16 magnitude, V16 sign) { LANEWISE(__builtin_copysignf(magnitude.v[l], sign.v[l])); }
+inline V16 pow2(V16 k) {
+  V16 r;
+  for (int l = 0; l < LANES; ++l) {
+    const int32_t bits = (static_cast<int32_t>(k.v[l]) + 127) << 23;
+    std::memcpy(&r.v[l], &bits, sizeof(float));
+  }
+  return r;
+}
+#undef LANEWISE
+inline float sum(V16 a) {  // pairwise in a fixed tree
+  for (int width = LANES / 2; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) a.v[l] += a.v[l + width];
+  return a.v[0];
+}
+inline float top(V16 a) { float t = a.v[0]; for (int l = 1; l < LANES; ++l) t = a.v[l] > t ? a.v[l] : t; return t; }
+#endif
+
+// exp by range reduction and a degree-6 polynomial (Cephes' expf), lane by lane: a value's exponential does not
+// depend on the vector it was computed in
+inline V16 exp(V16 x) {
+  x = min(max(x, splat(-87.0f)), splat(88.0f));
+  const V16 k = floor(fma(x, splat(1.44269504088896341f), splat(0.5f)));
+  V16 r = fma(k, splat(-0.693359375f), x);
+  r = fma(k, splat(2.12194440e-4f), r);
+  V16 p = splat(1.9875691500e-4f);
+  p = fma(p, r, splat(1.3981999507e-3f));
+  p = fma(p, r, splat(8.3334519073e-3f));
+  p = fma(p, r, splat(4.1665795894e-2f));
+  p = fma(p, r, splat(1.6666665459e-1f));
+  p = fma(p, r, splat(5.0000001201e-1f));
+  p = fma(p, r * r, r) + splat(1.0f);
+  return p * pow2(k);
+}
+
+// x (n,) -> sum of x[i] (or x[i]^2) with element i in lane i % 16, the lanes then reduced in a fixed order
+template <typename T>
+inline float lane_sum(const T* x, int64_t n, bool squares) {
+  V16 acc = zeros();
+  for (int64_t i = 0; i < n; i += LANES) {
+    const V16 v = load(x + i, n - i);
+    acc = squares ? fma(v, v, acc) : acc + v;
+  }
+  return sum(acc);
+}
+
+}  // namespace simd

@@ -1,0 +1,352 @@
+// The DiT drafter's trunk at one time pair (drafter/network.py DraftNet.trunk, drafted through drafter/frozen.py) as
+// one native call: the slot projection, every block's adaLN-modulated self-attention, cross-attention to the cached
+// context maps and GELU MLP, and the output projection. Python dispatched ~130 small ops a proposal for this (2.7 ms
+// of a 4.1 ms proposal on two cores, where the products themselves take ~0.5 ms); here they are plain loops, and the
+// products one register-tiled kernel over weights packed once. The result equals the Python trunk up to float
+// rounding (tests/test_native_trunk.py); a draft is a proposal the target verifies, so the output stays exact.
+//
+// Shape letters: B = blocks, K = slots, R = B*K rows, D = drafter width, H = heads, E = D/H head width,
+// C = context positions, L = layers, I = MLP width, T = target width, N = a product's output width.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include "simd.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace {
+
+using namespace simd;
+
+constexpr int64_t PANEL = 2 * LANES;  // output columns of a packed weight panel: two vectors
+constexpr int64_t ROWS = 8;  // rows of a register tile: 8 rows x 2 vectors = 16 accumulators
+
+// nn.Linear's weight (N, I) -> panels (ceil(N / 32), I, 32), zero-padded: panel p holds output columns 32p.. with
+// each input feature's 32 weights side by side, so a tile reads its panel once, front to back
+at::Tensor pack(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat, "weight must be (N, I) fp32");
+  const int64_t n = weight.size(0), in = weight.size(1), panels = (n + PANEL - 1) / PANEL;
+  auto padded = at::zeros({panels * PANEL, in}, weight.options());  // (P*32, I)
+  padded.narrow(0, 0, n).copy_(weight);
+  return padded.view({panels, PANEL, in}).transpose(1, 2).contiguous();  // (P, 32, I) -> (P, I, 32)
+}
+
+// MR rows of x (MR, I) times one panel (I, 32) plus bias -> out (MR, cols <= 32), rows out_stride apart
+template <int MR>
+void tile(const float* x, int64_t in, const float* panel, const float* bias, int64_t cols, float* out,
+          int64_t out_stride) {
+  const int64_t high = std::max<int64_t>(cols - LANES, 0);  // columns in the second vector
+  V16 acc0[MR], acc1[MR];
+  const V16 bias0 = load(bias, cols), bias1 = load(bias + LANES, high);
+  // every loop over the tile's rows unrolled: the accumulators then live in registers (GCC kept them on the stack,
+  // stored each step, while the last loop indexed them: 2.6x slower)
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) acc0[r] = bias0, acc1[r] = bias1;
+  for (int64_t i = 0; i < in; ++i) {
+    const V16 w0 = load(panel + i * PANEL), w1 = load(panel + i * PANEL + LANES);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const V16 xi = splat(x[r * in + i]);
+      acc0[r] = fma(xi, w0, acc0[r]);
+      acc1[r] = fma(xi, w1, acc1[r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    store(out + r * out_stride, acc0[r], cols);
+    store(out + r * out_stride + LANES, acc1[r], high);
+  }
+}
+
+template <int MR>
+void tile_rows(int64_t mr, const float* x, int64_t in, const float* panel, const float* bias, int64_t cols,
+               float* out, int64_t out_stride) {
+  if constexpr (MR > 1) {
+    if (mr < MR) return tile_rows<MR - 1>(mr, x, in, panel, bias, cols, out, out_stride);
+  }
+  tile<MR>(x, in, panel, bias, cols, out, out_stride);
+}
+
+struct Linear {  // a packed weight (P, I, 32) and its bias (N,)
+  const at::Tensor& packed;
+  const at::Tensor& bias;
+
+  int64_t out_features() const { return bias.size(0); }
+
+  // x (R, I) -> out (R, N); panels are split over the threads, each panel's rows in tiles of 8
+  void operator()(const float* x, int64_t rows, float* out) const {
+    const int64_t in = packed.size(1), n = out_features();
+    const float* w = packed.data_ptr<float>();
+    const float* b = bias.data_ptr<float>();
+    at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p)
+        for (int64_t r = 0; r < rows; r += ROWS)
+          tile_rows<ROWS>(std::min(ROWS, rows - r), x + r * in, in, w + p * in * PANEL, b + p * PANEL,
+                          std::min(PANEL, n - p * PANEL), out + r * n + p * PANEL, n);
+    });
+  }
+};
+
+// h (R, D) = LayerNorm(x) * (1 + scale) + shift: the norm without affine weights, then adaLN's modulation (eq. 9's
+// network, network.modulate)
+void norm_modulate(const float* x, int64_t rows, int64_t d, const float* shift, const float* scale, double eps,
+                   float* h) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * d;
+    const float mean = lane_sum(row, d, false) / static_cast<float>(d);
+    V16 spread = zeros();
+    for (int64_t i = 0; i < d; i += LANES) {
+      const V16 centred = load(row + i, d - i) - splat(mean);
+      spread = fma(centred, centred, spread);
+    }
+    const V16 inv = splat(1.0f / std::sqrt(sum(spread) / static_cast<float>(d) + static_cast<float>(eps)));
+    for (int64_t i = 0; i < d; i += LANES) {
+      const V16 normed = (load(row + i, d - i) - splat(mean)) * inv;
+      store(h + r * d + i, fma(normed, splat(1.0f) + load(scale + i, d - i), load(shift + i, d - i)), d - i);
+    }
+  }
+}
+
+// x (R, D) += gate (D,) * y (R, D): adaLN-Zero's gated residual
+void gated_add(float* x, int64_t rows, int64_t d, const float* gate, const float* y) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < d; i += LANES)
+      store(x + r * d + i, fma(load(gate + i, d - i), load(y + r * d + i, d - i), load(x + r * d + i, d - i)), d - i);
+}
+
+// exact GELU, x * (1 + erf(x / sqrt 2)) / 2, with erf from Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7)
+inline V16 gelu(V16 x) {
+  const V16 z = x * splat(0.70710678118654752f), a = abs(z);
+  const V16 t = splat(1.0f) / fma(splat(0.3275911f), a, splat(1.0f));
+  V16 poly = fma(splat(1.061405429f), t, splat(-1.453152027f));
+  poly = fma(poly, t, splat(1.421413741f));
+  poly = fma(poly, t, splat(-0.284496736f));
+  poly = fma(poly, t, splat(0.254829592f)) * t;
+  const V16 erf = copysign(splat(1.0f) - poly * exp(zeros() - a * a), z);
+  return splat(0.5f) * x * (splat(1.0f) + erf);
+}
+
+void gelu_inplace(float* x, int64_t n) {
+  at::parallel_for(0, (n + LANES - 1) / LANES, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * LANES; i < std::min(n, end * LANES); i += LANES) store(x + i, gelu(load(x + i, n - i)), n - i);
+  });
+}
+
+// per-head RMSNorm with weight (E,), times `scale`: n rows of E values at src, `stride` apart -> dst (n, E), or
+// transposed -> dst (E, n) (keys, for `scores`)
+void head_norm(const float* src, int64_t stride, int64_t n, int64_t e, const float* weight, double eps, float scale,
+               float* dst, bool transposed = false) {
+  float row_out[8 * LANES];  // e <= 128 (trunk checks)
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = src + r * stride;
+    const V16 inv = splat(scale / std::sqrt(lane_sum(row, e, true) / static_cast<float>(e) + static_cast<float>(eps)));
+    float* to = transposed ? row_out : dst + r * e;
+    for (int64_t i = 0; i < e; i += LANES) store(to + i, load(row + i, e - i) * inv * load(weight + i, e - i), e - i);
+    if (transposed)
+      for (int64_t i = 0; i < e; ++i) dst[i * n + r] = row_out[i];
+  }
+}
+
+// the NV-vector group of columns c0.. of scores (Q, C) = queries (Q, E) @ keys_t (E, C): NV accumulators a query,
+// so the E-long chains of products run side by side
+template <int NV>
+void score_group(const float* queries, int64_t nq, const float* keys_t, int64_t nk, int64_t e, int64_t c0,
+                 float* scores) {
+  for (int64_t q = 0; q < nq; ++q) {
+    V16 acc[NV];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) acc[j] = zeros();
+    for (int64_t i = 0; i < e; ++i) {
+      const V16 qi = splat(queries[q * e + i]);
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) acc[j] = fma(qi, load(keys_t + i * nk + c0 + j * LANES, nk - c0 - j * LANES), acc[j]);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) store(scores + q * nk + c0 + j * LANES, acc[j], nk - c0 - j * LANES);
+  }
+}
+
+template <int NV>
+void score_groups(int64_t nv, const float* queries, int64_t nq, const float* keys_t, int64_t nk, int64_t e, int64_t c0,
+                  float* scores) {
+  if constexpr (NV > 1) {
+    if (nv < NV) return score_groups<NV - 1>(nv, queries, nq, keys_t, nk, e, c0, scores);
+  }
+  score_group<NV>(queries, nq, keys_t, nk, e, c0, scores);
+}
+
+// out (E,) += sum over c of weights[c] * values[c] (C rows of E <= 128, vstride apart): one accumulator per 16 of E,
+// side by side over the keys
+template <int NV>
+void weighted_sum(const float* weights, int64_t nk, const float* values, int64_t vstride, int64_t e, V16 total,
+                  float* out) {
+  V16 acc[NV];
+#pragma GCC unroll 8
+  for (int j = 0; j < NV; ++j) acc[j] = zeros();
+  for (int64_t c = 0; c < nk; ++c) {
+    const V16 w = splat(weights[c]);
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) acc[j] = fma(w, load(values + c * vstride + j * LANES, e - j * LANES), acc[j]);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NV; ++j) store(out + j * LANES, acc[j] / total, e - j * LANES);
+}
+
+template <int NV>
+void weighted_sums(int64_t nv, const float* weights, int64_t nk, const float* values, int64_t vstride, int64_t e,
+                   V16 total, float* out) {
+  if constexpr (NV > 1) {
+    if (nv < NV) return weighted_sums<NV - 1>(nv, weights, nk, values, vstride, e, total, out);
+  }
+  weighted_sum<NV>(weights, nk, values, vstride, e, total, out);
+}
+
+// softmax attention of queries (Q, E) (normed and scaled) over keys_t (E, C) (normed, transposed) and values (C rows
+// of E, vstride apart) -> out (Q rows of E, ostride apart); scores is scratch
+void attend(const float* queries, int64_t nq, const float* keys_t, int64_t nk, const float* values, int64_t vstride,
+            int64_t e, float* out, int64_t ostride, std::vector<float>& scores) {
+  scores.resize(nq * nk);
+  constexpr int64_t GROUP = 8 * LANES;  // keys scored side by side
+  for (int64_t c0 = 0; c0 < nk; c0 += GROUP)
+    score_groups<8>((std::min(GROUP, nk - c0) + LANES - 1) / LANES, queries, nq, keys_t, nk, e, c0, scores.data());
+  for (int64_t q = 0; q < nq; ++q) {
+    float* w = scores.data() + q * nk;
+    V16 peak = splat(-3.0e38f);
+    for (int64_t c = 0; c < nk; c += LANES) peak = max(peak, load_or(w + c, nk - c, -3.0e38f));
+    const V16 shift = splat(top(peak));
+    for (int64_t c = 0; c < nk; c += LANES) store(w + c, exp(load(w + c, nk - c) - shift), nk - c);
+    weighted_sums<8>((e + LANES - 1) / LANES, w, nk, values, vstride, e, splat(lane_sum(w, nk, false)),
+                     out + q * ostride);
+  }
+}
+
+struct Dims {
+  int64_t blocks, slots, d, heads, e;
+};
+
+// bidirectional self-attention among each block's slots: qkv (R, 3D) = q | k | v -> out (R, D)
+void self_attention(const float* qkv, const Dims& s, const float* q_norm, const float* k_norm, double eps,
+                    float* out) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.e));
+  at::parallel_for(0, s.blocks * s.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> q(s.slots * s.e), k(s.slots * s.e), scores;  // k: (E, K) transposed
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t b = unit / s.heads, h = unit % s.heads;
+      const float* rows = qkv + b * s.slots * 3 * s.d + h * s.e;
+      head_norm(rows, 3 * s.d, s.slots, s.e, q_norm, eps, scale, q.data());
+      head_norm(rows + s.d, 3 * s.d, s.slots, s.e, k_norm, eps, 1.0f, k.data(), true);
+      attend(q.data(), s.slots, k.data(), s.slots, rows + 2 * s.d, 3 * s.d, s.e, out + b * s.slots * s.d + h * s.e,
+             s.d, scores);
+    }
+  });
+}
+
+// cross-attention of every slot to the context: queries (R, D); keys and values are columns of maps (C, 2L*D) at
+// key_col and key_col + D (the cached maps of drafter/frozen.py, shared by every block) -> out (R, D)
+void cross_attention(const float* queries, const Dims& s, const at::Tensor& maps, int64_t key_col,
+                     const float* q_norm, const float* k_norm, double eps, float* out) {
+  const int64_t nk = maps.size(0), stride = maps.size(1);
+  const float* keys_raw = maps.data_ptr<float>() + key_col;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.e));
+  at::parallel_for(0, s.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> q(s.slots * s.e), k(nk * s.e), scores;  // k: (E, C) transposed
+    for (int64_t h = begin; h < end; ++h) {
+      head_norm(keys_raw + h * s.e, stride, nk, s.e, k_norm, eps, 1.0f, k.data(), true);
+      for (int64_t b = 0; b < s.blocks; ++b) {
+        const int64_t row0 = b * s.slots;
+        head_norm(queries + row0 * s.d + h * s.e, s.d, s.slots, s.e, q_norm, eps, scale, q.data());
+        attend(q.data(), s.slots, k.data(), nk, keys_raw + s.d + h * s.e, stride, s.e, out + row0 * s.d + h * s.e,
+               s.d, scores);
+      }
+    }
+  });
+}
+
+constexpr int64_t HEAD_TENSORS = 3;  // slot_in packed, slot_in bias, slot_pos (K', D)
+constexpr int64_t LAYER_TENSORS = 16;  // per block, in this order:
+enum Slot { QKV, QKV_BIAS, SELF_Q_NORM, SELF_K_NORM, SELF_O, SELF_O_BIAS, CROSS_Q, CROSS_Q_BIAS, CROSS_Q_NORM,
+            CROSS_K_NORM, CROSS_O, CROSS_O_BIAS, MLP_IN, MLP_IN_BIAS, MLP_OUT, MLP_OUT_BIAS };
+constexpr int64_t TAIL_TENSORS = 2;  // out packed, out bias
+
+// slot_input (R, T) of B blocks of K slots -> the trunk's output (R, T). maps (C, 2L*D): each block's cross-attention
+// keys and values over the context (k0 | v0 | k1 | v1 ...); mods (9L + 2, D): each block's adaLN shift, scale and
+// gate of its three sub-layers, then the output's shift and scale; weights: HEAD_TENSORS, LAYER_TENSORS per block
+// (linears packed by `pack`), TAIL_TENSORS.
+at::Tensor trunk(const at::Tensor& slot_input, int64_t slots, const at::Tensor& maps, const at::Tensor& mods,
+                 const std::vector<at::Tensor>& weights, int64_t heads, double ln_eps, double qk_eps) {
+  const int64_t layers = (static_cast<int64_t>(weights.size()) - HEAD_TENSORS - TAIL_TENSORS) / LAYER_TENSORS;
+  TORCH_CHECK(layers >= 1 && HEAD_TENSORS + layers * LAYER_TENSORS + TAIL_TENSORS == static_cast<int64_t>(weights.size()),
+              "expected ", HEAD_TENSORS, " + ", LAYER_TENSORS, " per block + ", TAIL_TENSORS, " weight tensors");
+  for (const auto& w : weights) TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous(), "weights: contiguous fp32");
+  TORCH_CHECK(slot_input.dim() == 2 && slot_input.scalar_type() == at::kFloat && slot_input.is_contiguous(),
+              "slot_input must be (R, T) contiguous fp32");
+  const int64_t rows = slot_input.size(0), d = weights[1].size(0);
+  TORCH_CHECK(slots >= 1 && rows % slots == 0 && slots <= weights[2].size(0), "rows must be whole blocks of slots");
+  TORCH_CHECK(maps.dim() == 2 && maps.size(1) == 2 * layers * d && maps.scalar_type() == at::kFloat &&
+              maps.is_contiguous(), "maps must be (C, 2L*D) contiguous fp32");
+  TORCH_CHECK(mods.dim() == 2 && mods.size(0) == 9 * layers + 2 && mods.size(1) == d && mods.is_contiguous(),
+              "mods must be (9L + 2, D)");
+  TORCH_CHECK(heads >= 1 && d % heads == 0 && d / heads <= 8 * LANES, "heads must divide the width, at most 128 a head");
+  const Dims s{rows / slots, slots, d, heads, d / heads};
+  const float* m = mods.data_ptr<float>();
+
+  std::vector<float> x(rows * d), h(rows * d), mixed(rows * d), y(rows * d), wide;
+  Linear{weights[0], weights[1]}(slot_input.data_ptr<float>(), rows, x.data());
+  const float* pos = weights[2].data_ptr<float>();  // by slot
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < d; ++i) x[r * d + i] += pos[(r % slots) * d + i];
+
+  for (int64_t l = 0; l < layers; ++l) {
+    const at::Tensor* w = weights.data() + HEAD_TENSORS + l * LAYER_TENSORS;
+    const float* lm = m + 9 * l * d;  // this block's 9 modulation rows
+    // self-attention among the slots
+    norm_modulate(x.data(), rows, d, lm, lm + d, ln_eps, h.data());
+    wide.resize(rows * std::max(3 * d, w[MLP_IN_BIAS].size(0)));
+    Linear{w[QKV], w[QKV_BIAS]}(h.data(), rows, wide.data());
+    self_attention(wide.data(), s, w[SELF_Q_NORM].data_ptr<float>(), w[SELF_K_NORM].data_ptr<float>(), qk_eps,
+                   mixed.data());
+    Linear{w[SELF_O], w[SELF_O_BIAS]}(mixed.data(), rows, y.data());
+    gated_add(x.data(), rows, d, lm + 2 * d, y.data());
+    // cross-attention to the context
+    norm_modulate(x.data(), rows, d, lm + 3 * d, lm + 4 * d, ln_eps, h.data());
+    Linear{w[CROSS_Q], w[CROSS_Q_BIAS]}(h.data(), rows, y.data());
+    cross_attention(y.data(), s, maps, 2 * l * d, w[CROSS_Q_NORM].data_ptr<float>(), w[CROSS_K_NORM].data_ptr<float>(),
+                    qk_eps, mixed.data());
+    Linear{w[CROSS_O], w[CROSS_O_BIAS]}(mixed.data(), rows, y.data());
+    gated_add(x.data(), rows, d, lm + 5 * d, y.data());
+    // the MLP
+    norm_modulate(x.data(), rows, d, lm + 6 * d, lm + 7 * d, ln_eps, h.data());
+    const Linear mlp_in{w[MLP_IN], w[MLP_IN_BIAS]};
+    mlp_in(h.data(), rows, wide.data());
+    gelu_inplace(wide.data(), rows * mlp_in.out_features());
+    Linear{w[MLP_OUT], w[MLP_OUT_BIAS]}(wide.data(), rows, y.data());
+    gated_add(x.data(), rows, d, lm + 8 * d, y.data());
+  }
+  const at::Tensor* tail = weights.data() + HEAD_TENSORS + layers * LAYER_TENSORS;
+  norm_modulate(x.data(), rows, d, m + 9 * layers * d, m + (9 * layers + 1) * d, ln_eps, h.data());
+  const Linear out{tail[0], tail[1]};
+  auto result = at::empty({rows, out.out_features()}, slot_input.options());  // (R, T)
+  out(h.data(), rows, result.data_ptr<float>());
+  return result;
+}
+
+// x (R, I) @ W^T + bias -> (R, N) for a weight packed by `pack` (the LM head rows, and tests of the kernel)
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == packed.size(1),
+              "x must be (R, I) contiguous fp32");
+  TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.size(0) <= packed.size(0) * PANEL,
+              "bias must be (N,) fp32");
+  auto out = at::empty({x.size(0), bias.size(0)}, x.options());
+  Linear{packed, bias}(x.data_ptr<float>(), x.size(0), out.data_ptr<float>());
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("pack", &pack, "an nn.Linear weight (N, I) packed for the trunk's products");
+  m.def("linear", &linear, "x @ W^T + bias for a packed weight");
+  m.def("trunk", &trunk, "the DiT drafter's trunk at one time pair");
+  m.attr("LAYER_TENSORS") = LAYER_TENSORS;
+}

@@ -1,0 +1,115 @@
+"""drafter.native_trunk: the DiT trunk as one native call computes what DraftNet.trunk computes (up to float
+rounding), for any width, head count, block and context size; where it cannot be built the frozen view keeps the
+Python trunk."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core import native
+from drafter import frozen as frozen_module
+from drafter import native_trunk
+from drafter.config import DrafterConfig
+from drafter.frozen import CachedContext, FrozenDraftNet
+from drafter.network import DraftNet
+
+
+@pytest.fixture(scope="module")
+def module():
+    built, why = native_trunk.load()
+    if built is None:
+        pytest.skip(why)
+    return built
+
+
+def random_net(d_model=32, heads=2, layers=2, block=4, hidden=24, vocab=40, window=8, seed=0) -> DraftNet:
+    torch.manual_seed(seed)
+    cfg = DrafterConfig(kind="flashmap", block_size=block, d_model=d_model, n_layers=layers, n_heads=heads,
+                        mlp_ratio=2, feature_layers=(1, 2), target_hidden=hidden, draft_vocab=vocab,
+                        context_window=window)
+    net = DraftNet(cfg, torch.randn(vocab, hidden), torch.randn(vocab, hidden))
+    for p in net.parameters():  # past adaLN-Zero's zeros: every path and every bias matters here
+        torch.nn.init.normal_(p, std=0.3)
+    return net.eval()
+
+
+@pytest.mark.parametrize("rows, inner, outer", [(1, 5, 3), (16, 256, 256), (19, 24, 40), (8, 576, 100), (3, 17, 33)])
+def test_the_product_is_torchs_linear_for_any_shape(module, rows, inner, outer):
+    torch.manual_seed(rows)
+    weight, bias, x = torch.randn(outer, inner), torch.randn(outer), torch.randn(rows, inner)
+    got = module.linear(x, module.pack(weight), bias)
+    assert got.shape == (rows, outer)
+    assert torch.allclose(got, torch.nn.functional.linear(x, weight, bias), atol=1e-4, rtol=1e-4)
+
+
+def python_trunk(net: DraftNet, slot_input, s, t, maps: torch.Tensor, layers) -> torch.Tensor:
+    with torch.no_grad():
+        context = CachedContext(maps, tuple(layers), batch=slot_input.shape[0])
+        return net.trunk(slot_input, net.conditioning(s, t), context, None)
+
+
+@pytest.mark.parametrize("d_model, heads, block, batch, context", [(32, 2, 4, 1, 9), (48, 3, 5, 2, 1), (64, 1, 16, 3, 20),
+                                                                     (256, 4, 16, 1, 129)])
+def test_the_native_trunk_computes_the_python_trunk(module, d_model, heads, block, batch, context):
+    net = random_net(d_model=d_model, heads=heads, block=block, window=max(context, 8))
+    layers = [layer for b in net.blocks for layer in (b.cross_attn.k, b.cross_attn.v)]
+    maps = torch.randn(context, len(layers) * d_model)  # (C, 2L*D)
+    slot_input = torch.randn(batch, block, net.cfg.target_hidden)  # (B, K, D_t)
+    s, t = torch.full((batch,), 0.25), torch.full((batch,), 0.75)
+    trunk = native_trunk.NativeTrunk(net, module)
+    with torch.no_grad():
+        got = trunk(slot_input, trunk.modulations(net.conditioning(s, t)), maps)
+    want = python_trunk(net, slot_input, s, t, maps, layers)
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=2e-4, rtol=1e-4), (got - want).abs().max()
+
+
+def test_the_frozen_view_falls_back_to_the_python_trunk_with_one_line(monkeypatch, caplog):
+    net = random_net()
+    monkeypatch.setattr(native_trunk, "load", lambda: (None, "no compiler here"))
+    monkeypatch.setattr(frozen_module, "_told", set())
+    view = FrozenDraftNet(net)
+    with caplog.at_level("WARNING"):
+        view._refresh()
+        FrozenDraftNet(net)._refresh()
+    assert view.native is None
+    assert sum("no compiler here" in r.message for r in caplog.records) == 1
+    layers = tuple(view.kv_layers)
+    maps = torch.randn(5, len(layers) * net.cfg.d_model)
+    x, s, t = torch.randn(1, 4, net.cfg.target_hidden), torch.zeros(1), torch.ones(1)
+    with torch.no_grad():
+        want = python_trunk(net, x, s, t, maps, layers) @ net.head_matrix().T
+    got = view(x, s, t, CachedContext(maps, layers), None)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_blocks_at_different_times_take_the_python_trunk(module):
+    """The native trunk reads one time pair's modulations; a batch mixing time pairs is drafted op by op."""
+    net = random_net()
+    view = FrozenDraftNet(net)
+    view._refresh()
+    assert view.native is not None
+    layers = tuple(view.kv_layers)
+    maps = torch.randn(6, len(layers) * net.cfg.d_model)
+    x, s, t = torch.randn(2, 4, net.cfg.target_hidden), torch.zeros(2), torch.tensor([0.5, 1.0])
+    got = view(x, s, t, CachedContext(maps, layers, batch=2), None)
+    with torch.no_grad():
+        want = python_trunk(net, x, s, t, maps, layers) @ net.head_matrix().T
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_portable_build_without_avx512_computes_it_too(monkeypatch, tmp_path):
+    """The plain-array lanes (what a CPU without AVX-512 compiles), built here with AVX-512 turned off."""
+    monkeypatch.setattr(native, "CFLAGS", (*native.CFLAGS, "-mno-avx512f"))
+    monkeypatch.setenv("FLASHMAP_NATIVE_DIR", str(tmp_path))
+    portable, why = native_trunk.load()
+    assert portable is not None, why
+    net = random_net(d_model=48, heads=3, block=5)
+    layers = [layer for b in net.blocks for layer in (b.cross_attn.k, b.cross_attn.v)]
+    maps, x = torch.randn(7, len(layers) * 48), torch.randn(2, 5, net.cfg.target_hidden)
+    s, t = torch.zeros(2), torch.ones(2)
+    trunk = native_trunk.NativeTrunk(net, portable)
+    with torch.no_grad():
+        got = trunk(x, trunk.modulations(net.conditioning(s, t)), maps)
+    assert torch.allclose(got, python_trunk(net, x, s, t, maps, layers), atol=2e-4, rtol=1e-4)
