@@ -115,25 +115,71 @@ def quantize_q4(weight: torch.Tensor, group: int = Q4_GROUP) -> tuple[torch.Tens
     return codes.to(torch.int32).reshape(out_f, in_f), scale, minimum
 
 
-class Int4Linear(torch.nn.Module):
-    """A linear layer computed from 4-bit weight codes (quantize_q4) with bf16 activations by torch's CPU int4
-    kernel. Inference only; the kernel's dequantisation is w = (code - 8) * scale + zero, so zero = minimum + 8 *
-    scale. Each output row is computed independently of the others (core.exactness checks it on the machine)."""
+def pack_q4_blocks(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+    """quantize_q4's codes in the native step's layout (core/csrc/lean_step.cpp, q4_mm): per block of 16 outputs x 32
+    inputs, 64 int32 words of codes (word (q, j): output j's inputs 8q .. 8q + 7, input 8q + 2k in bits 4k .., input
+    8q + 2k + 1 in bits 16 + 4k ..), then the 16 outputs' scales and minimums as fp16 (8 words each).
+    codes (O, I) int32 in 0..15, scale, minimum (O, I/32) -> (O/16, I/32, 80) int32"""
+    out_f, in_f = codes.shape
+    tiles, groups = out_f // 16, in_f // Q4_GROUP
+    nibbles = codes.to(torch.int64).reshape(tiles, 16, groups, 4, 4, 2)  # (tile, j, group, q, k, odd)
+    nibbles = nibbles.permute(0, 2, 3, 1, 4, 5)  # (tile, group, q, j, k, odd)
+    shifts = 4 * torch.arange(4)[:, None] + 16 * torch.arange(2)[None]  # (k, odd)
+    words = (nibbles << shifts).sum((-2, -1))  # (tile, group, q, j), each < 2^32
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).reshape(tiles, groups, 64)  # int32 bits
 
-    def __init__(self, linear: torch.nn.Linear, group: int = Q4_GROUP):
+    def halves(values: torch.Tensor) -> torch.Tensor:  # (O, I/32) -> (tile, group, 8) int32 holding 16 fp16
+        per_block = values.to(torch.float16).reshape(tiles, 16, groups).permute(0, 2, 1)  # (tile, group, 16)
+        # viewed as int32 flat: a size-1 dimension's stride (a single block of inputs) blocks a view in place
+        return per_block.contiguous().reshape(-1).view(torch.int32).reshape(tiles, groups, 8)
+
+    return torch.cat([words, halves(scale), halves(minimum)], dim=-1).contiguous()  # (tile, group, 80)
+
+
+def unpack_q4_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """The weight (O, I) fp32 that pack_q4_blocks' blocks stand for (tests, checks). blocks (O/16, I/32, 80)"""
+    tiles, groups, _ = blocks.shape
+    words = blocks[..., :64].to(torch.int64) & 0xFFFFFFFF  # (tile, group, 64) as unsigned
+    words = words.reshape(tiles, groups, 4, 16, 1, 1)  # (tile, group, q, j, 1, 1)
+    shifts = 4 * torch.arange(4)[:, None] + 16 * torch.arange(2)[None]  # (k, odd)
+    codes = (words >> shifts) & 15  # (tile, group, q, j, k, odd)
+    codes = codes.permute(0, 3, 1, 2, 4, 5).reshape(tiles * 16, groups, Q4_GROUP).float()  # (O, I/32, 32)
+    scale, minimum = (blocks[..., lo:lo + 8].contiguous().view(torch.float16).float().permute(0, 2, 1)
+                      .reshape(tiles * 16, groups, 1) for lo in (64, 72))  # (O, I/32, 1) each
+    return (codes * scale + minimum).reshape(tiles * 16, groups * Q4_GROUP)
+
+
+class Int4Linear(torch.nn.Module):
+    """A linear layer computed from 4-bit weight codes (quantize_q4) with bf16 activations. Inference only.
+
+    With the native step's module (core.native), by its q4_mm: the codes unpacked once per block for every row fed
+    and summed by bf16 pair dot products (AVX512-BF16 where the CPU has it), 2-2.6x faster than torch's kernel at 1
+    to 17 rows on SmolLM2's shapes (two threads, runs/q4ext-style timing in docs/engine.md). Without it, by torch's
+    CPU int4 kernel, whose dequantisation is w = (code - 8) * scale + zero, so zero = minimum + 8 * scale. Either way
+    each output row is computed independently of the others (core.exactness checks it on the machine)."""
+
+    def __init__(self, linear: torch.nn.Linear, group: int = Q4_GROUP, native=None):
         super().__init__()
         self.in_features, self.out_features, self.group = linear.in_features, linear.out_features, group
         codes, scale, minimum = quantize_q4(linear.weight, group)
+        self.native = native if group == Q4_GROUP else None
+        self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        if self.native is not None:
+            self.blocks = pack_q4_blocks(codes, scale, minimum)  # (O/16, I/32, 80) int32
+            return
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # (O, I/2) uint8
         zero = minimum + 8 * scale  # (O, I/g)
         self.scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)  # (I/g, O, 2)
-        self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (..., I) -> (N, I)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group, self.scales_zeros)  # (N, O)
-        if self.bias is not None:
-            out = out + self.bias
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # (..., I) -> (N, I)
+        if self.native is not None:
+            bias = torch.empty(0, dtype=torch.bfloat16) if self.bias is None else self.bias
+            out = self.native.q4_mm(rows, self.blocks, self.out_features, bias)  # (N, O)
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group, self.scales_zeros)
+            if self.bias is not None:
+                out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)  # (N, O) -> (..., O)
 
 

@@ -235,18 +235,18 @@ class LayerLinears:
     down: torch.nn.Module
 
 
-def layer_linears(layer, weights: str) -> LayerLinears | None:
+def layer_linears(layer, weights: str, native=None) -> LayerLinears | None:
     """weights "packed": on the CPU with prepacked linears (core.cpu_linear), q, k, v and gate, up fused and
     prepacked, the modules' own packed copies dropped (they fall back to their weights), so memory stays one packed
-    copy; "q4": every product from 4-bit codes (core.cpu_linear.Int4Linear); "modules" (a GPU, quantised modules):
-    None, the modules are called as they are."""
+    copy; "q4": every product from 4-bit codes (core.cpu_linear.Int4Linear, by the native step's kernel where
+    `native` is given); "modules" (a GPU, quantised modules): None, the modules are called as they are."""
     from core.cpu_linear import Int4Linear, PackedLinear
 
     attn, mlp = layer.self_attn, layer.mlp
     fusable = [attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj]
     if weights == "q4":
-        return LayerLinears(Int4Linear(fuse(fusable[:3])), Int4Linear(attn.o_proj), Int4Linear(fuse(fusable[3:])),
-                            Int4Linear(mlp.down_proj))
+        return LayerLinears(*(Int4Linear(m, native=native) for m in (fuse(fusable[:3]), attn.o_proj,
+                                                                        fuse(fusable[3:]), mlp.down_proj)))
     if weights != "packed" or not all(isinstance(m, PackedLinear) for m in fusable):
         return None
     linears = LayerLinears(PackedLinear(fuse(fusable[:3])), attn.o_proj, PackedLinear(fuse(fusable[3:])), mlp.down_proj)
@@ -278,8 +278,8 @@ class LeanForward:
             fixed_order = self.device.type == "cpu" and self.dtype == torch.bfloat16
         self.fixed_order = fixed_order
         self.weights = weights
-        self.linears = [layer_linears(layer, weights) for layer in self.base.layers]
         self.native = native if weights == "q4" else None
+        self.linears = [layer_linears(layer, weights, self.native) for layer in self.base.layers]
         self._native_weights = self._collect_native_weights() if self.native is not None else []
 
     @property
@@ -388,7 +388,7 @@ class LeanForward:
         for layer, linears in zip(self.base.layers, self.linears):
             attn = layer.self_attn
             norms = [getattr(attn, name, None) for name in ("q_norm", "k_norm")]
-            products = [[m.packed, m.scales_zeros, empty if m.bias is None else m.bias]
+            products = [[m.blocks, empty if m.bias is None else m.bias]
                         for m in (linears.qkv, linears.o, linears.gate_up, linears.down)]
             weights += [layer.input_layernorm.weight.detach(), *products[0], *products[1],
                         layer.post_attention_layernorm.weight.detach(), *products[2], *products[3],
@@ -406,8 +406,7 @@ class LeanForward:
         eps = self.base.layers[0].input_layernorm.variance_epsilon
         out = self.native.layers(x.contiguous(), cos.reshape(-1, dim).contiguous(), sin.reshape(-1, dim).contiguous(),
                                  block_visible.contiguous(), cache.length, self._native_weights, cache.keys,
-                                 cache.values, self.n_heads, self.kv_heads, self.linears[0].qkv.group, eps,
-                                 sorted(inner))
+                                 cache.values, self.n_heads, self.kv_heads, eps, sorted(inner))
         return out[0], out[1:]
 
     def _python_layers(self, x: torch.Tensor, cache: StaticCache, block_visible: torch.Tensor,

@@ -101,3 +101,32 @@ def test_a_cached_verify_cost_curve_is_kept_apart_per_kernel(tmp_path):
     packed = replace(plain, extra={"packed_linears": 14})
     save_cached(tmp_path, plain, (1.0, 1.9, 1.9))  # torch's steep curve must not steer a packed target's cut
     assert cache_file(tmp_path, plain) != cache_file(tmp_path, packed) and load_cached(tmp_path, packed) is None
+
+
+@pytest.mark.parametrize("out_features, in_features, bias", [(16, 32, False), (48, 96, True), (960, 576, False)])
+def test_the_native_q4_product_is_the_codes_weight_for_any_rows_and_each_row_alone(out_features, in_features, bias):
+    """core.cpu_linear.Int4Linear through the native step's q4_mm: its blocks stand for quantize_q4's weight exactly
+    (unpack_q4_blocks), its product is that weight's to bf16 rounding, and a row's output is bit for bit the same
+    alone or among 17 (every row count from 1 to 17 goes through a different mix of tiles)."""
+    from core import native
+    from core.cpu_linear import Int4Linear, quantize_q4, unpack_q4_blocks
+
+    module, why = native.load()
+    if module is None:
+        pytest.skip(why)
+    torch.manual_seed(out_features)
+    linear = torch.nn.Linear(in_features, out_features, bias=bias)
+    q4 = Int4Linear(linear, native=module)
+    codes, scale, minimum = quantize_q4(linear.weight)
+    want_weight = (codes.float().reshape(out_features, -1, 32) * scale.half().float()[..., None]
+                   + minimum.half().float()[..., None]).reshape(out_features, in_features)
+    assert torch.equal(unpack_q4_blocks(q4.blocks), want_weight)
+    x = torch.randn(17, in_features).bfloat16()
+    with torch.no_grad():
+        full = q4(x)  # (17, O)
+        want = torch.nn.functional.linear(x.float(), want_weight, None if linear.bias is None else
+                                          linear.bias.detach().bfloat16().float())
+        assert torch.allclose(full.float(), want, atol=0.05 * want.abs().max().item() / 8, rtol=0.02)
+        for rows in range(1, 17):
+            assert torch.equal(q4(x[:rows]), full[:rows])
+        assert all(torch.equal(q4(x[t : t + 1]), full[t : t + 1]) for t in range(17))

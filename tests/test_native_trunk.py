@@ -48,8 +48,8 @@ def python_trunk(net: DraftNet, slot_input, s, t, maps: torch.Tensor, layers) ->
         return net.trunk(slot_input, net.conditioning(s, t), context, None)
 
 
-@pytest.mark.parametrize("d_model, heads, block, batch, context", [(32, 2, 4, 1, 9), (48, 3, 5, 2, 1), (64, 1, 16, 3, 20),
-                                                                     (256, 4, 16, 1, 129)])
+@pytest.mark.parametrize("d_model, heads, block, batch, context",
+                         [(32, 2, 4, 1, 9), (48, 3, 5, 2, 1), (64, 1, 16, 3, 20), (256, 4, 16, 1, 129)])
 def test_the_native_trunk_computes_the_python_trunk(module, d_model, heads, block, batch, context):
     net = random_net(d_model=d_model, heads=heads, block=block, window=max(context, 8))
     layers = [layer for b in net.blocks for layer in (b.cross_attn.k, b.cross_attn.v)]

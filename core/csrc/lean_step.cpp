@@ -1,7 +1,7 @@
 // The decoder layers of a q4 (4-bit weight, bf16 activation) forward over at most a verify round's positions, as one
 // native call: core/native.py builds it, core/lean.py calls it. Python used to dispatch ~55 small ops a layer here,
 // which cost more than the weights themselves; this does the norms, rotary embedding, cache writes, attention and
-// activations in plain loops and calls torch's int4 kernel for the products.
+// activations in plain loops, and the products from 4-bit codes (q4_mm below).
 //
 // Batch invariance by construction: every value a row computes (norms, scores, softmax, weighted sums) is the same
 // sequence of float operations whether the row is fed alone, in a chain or in a tree. Reductions over a row's keys
@@ -86,11 +86,171 @@ at::Tensor rms_norm(const at::Tensor& residual, const at::Tensor& weight, double
   return out;
 }
 
-struct Linear {  // one product from 4-bit codes (core.cpu_linear.Int4Linear's tensors)
-  at::Tensor packed, scales_zeros, bias;
-  at::Tensor operator()(const at::Tensor& x, int64_t group) const {  // (N, in) bf16 -> (N, out) bf16
-    auto out = at::_weight_int4pack_mm_for_cpu(x, packed, group, scales_zeros);
-    return bias.numel() ? out.add_(bias) : out;
+// ---- products from 4-bit codes -------------------------------------------------------------------------------------
+// The weights of a linear layer (O, I) as blocks of 16 outputs x 32 inputs (core.cpu_linear.pack_q4_blocks): per
+// block 64 int32 words of codes, then 16 fp16 scales and 16 fp16 minimums, w = code * scale + minimum. Word (q, j)
+// holds output j's codes for inputs 8q .. 8q + 7: input 8q + 2k in bits 4k .. 4k + 3, input 8q + 2k + 1 in bits
+// 16 + 4k .. 19 + 4k, so (word >> 4k) & 0x000F000F is the code pair of inputs 2p, 2p + 1 (p = 4q + k) as two 16-bit
+// halves, the operand layout of a bf16 pair dot product.
+//
+// Per block, a row's product is scale * sum_i x_i code_i + minimum * sum_i x_i: the codes are small whole numbers,
+// exact in bf16, so the sum over the block's inputs runs on bf16 pair dot products (AVX512-BF16: 32 products an
+// instruction) and each block's codes are unpacked once for every row fed, where torch's int4 kernel paid the
+// unpacking again for each row (17 rows cost ~8x one). Batch invariance by construction: each row's value is the same
+// sequence of operations whatever the other rows are; rows are taken 4 at a time only to share the unpacking.
+constexpr int64_t Q4_GROUP = 32, Q4_TILE = 16, Q4_WORDS = 80;  // inputs a block, outputs a block, int32 words a block
+constexpr int Q4_ROWS = 4;  // at most this many rows share one unpacking (their partial sums fill the registers)
+// partial sums a row keeps per block: four short chains of dependent products (one row's sixteen products in one
+// chain waited on each other). The same for every row count: how a row's sum is associated must not depend on it
+constexpr int Q4_PARTIALS = 4;
+
+// sum of x[0..31] (bf16) in fp32: two lane-wise halves, then the lanes in a fixed order
+inline float group_sum(const bf16* x) { return sum(load(x) + load(x + LANES)); }
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+inline __m512i code_table() {  // bf16 of 0 .. 15 in 16-bit words 0 .. 15 (and again in 16 .. 31)
+  alignas(64) static const uint16_t table[32] = {
+      0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0, 0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150,
+      0x4160, 0x4170, 0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0, 0x4100, 0x4110, 0x4120, 0x4130,
+      0x4140, 0x4150, 0x4160, 0x4170};
+  return _mm512_load_si512(table);
+}
+
+// dot[r] (16 outputs) = sum over the block's 32 inputs of code * x[r]: bf16 pair dot products into four partial sums
+// (one per quarter of the inputs, so that four chains of products run at once), added in a fixed order
+template <int R>
+inline void block_dots(const int32_t* words, const bf16* const* x, V16* dot) {
+  const __m512i table = code_table(), nibbles = _mm512_set1_epi32(0x000F000F);
+  __m512 part[R][Q4_PARTIALS];
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < Q4_PARTIALS; ++q) part[r][q] = _mm512_setzero_ps();
+  for (int k = 0; k < 4; ++k)
+    for (int q = 0; q < 4; ++q) {
+      const __m512i packed = _mm512_loadu_si512(words + q * LANES);
+      const __m512i pair = _mm512_and_si512(_mm512_srli_epi32(packed, 4 * k), nibbles);
+      const __m512bh codes = (__m512bh)_mm512_permutexvar_epi16(pair, table);
+      const int64_t i = 8 * q + 2 * k;
+      for (int r = 0; r < R; ++r) {
+        int32_t both;
+        std::memcpy(&both, x[r] + i, sizeof(both));  // inputs i, i + 1 of row r as one bf16 pair
+        part[r][q] = _mm512_dpbf16_ps(part[r][q], codes, (__m512bh)_mm512_set1_epi32(both));
+      }
+    }
+  for (int r = 0; r < R; ++r)
+    dot[r].v = _mm512_add_ps(_mm512_add_ps(part[r][0], part[r][1]), _mm512_add_ps(part[r][2], part[r][3]));
+}
+#else
+// the same sums with fp32 products, input 2p + 1 then 2p per pair (the order of the bf16 pair instruction)
+inline V16 codes_of(const int32_t* words, int shift) {
+  V16 r;
+#if defined(__AVX512F__)
+  r.v = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(_mm512_loadu_si512(words), shift), _mm512_set1_epi32(15)));
+#else
+  for (int l = 0; l < LANES; ++l) r.v[l] = static_cast<float>((static_cast<uint32_t>(words[l]) >> shift) & 15u);
+#endif
+  return r;
+}
+
+template <int R>
+inline void block_dots(const int32_t* words, const bf16* const* x, V16* dot) {
+  V16 part[R][Q4_PARTIALS];
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < Q4_PARTIALS; ++q) part[r][q] = zeros();
+  for (int k = 0; k < 4; ++k)
+    for (int q = 0; q < 4; ++q) {
+      const V16 even = codes_of(words + q * LANES, 4 * k), odd = codes_of(words + q * LANES, 16 + 4 * k);
+      const int64_t i = 8 * q + 2 * k;
+      for (int r = 0; r < R; ++r) {
+        part[r][q] = fma(odd, splat(static_cast<float>(x[r][i + 1])), part[r][q]);
+        part[r][q] = fma(even, splat(static_cast<float>(x[r][i])), part[r][q]);
+      }
+    }
+  for (int r = 0; r < R; ++r) dot[r] = (part[r][0] + part[r][1]) + (part[r][2] + part[r][3]);
+}
+#endif
+
+inline V16 load_half(const int32_t* words) {  // 16 fp16 values -> fp32
+  V16 r;
+#if defined(__AVX512F__)
+  r.v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words)));
+#else
+  const at::Half* half = reinterpret_cast<const at::Half*>(words);
+  for (int l = 0; l < LANES; ++l) r.v[l] = static_cast<float>(half[l]);
+#endif
+  return r;
+}
+
+// rows r0 .. r0 + R of x (N, I) times the 16 outputs of tile `tile` -> out (N, O) bf16 (+ bias, in fp32)
+template <int R>
+void q4_tile(const int32_t* blocks, const bf16* x, const float* sums, const bf16* bias, int64_t in, int64_t outs,
+             int64_t tile, int64_t r0, bf16* out) {
+  const int64_t groups = in / Q4_GROUP;
+  const bf16* rows[R];
+  V16 acc[R];
+  for (int r = 0; r < R; ++r) {
+    rows[r] = x + (r0 + r) * in;
+    acc[r] = zeros();
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const int32_t* block = blocks + (tile * groups + g) * Q4_WORDS;
+    const bf16* at_group[R];
+    V16 dot[R];
+    for (int r = 0; r < R; ++r) {
+      at_group[r] = rows[r] + g * Q4_GROUP;
+      dot[r] = zeros();
+    }
+    block_dots<R>(block, at_group, dot);
+    const V16 scale = load_half(block + 64), minimum = load_half(block + 72);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = fma(scale, dot[r], acc[r]);
+      acc[r] = fma(minimum, splat(sums[(r0 + r) * groups + g]), acc[r]);
+    }
+  }
+  float values[LANES];
+  for (int r = 0; r < R; ++r) {
+    V16 result = acc[r];
+    if (bias != nullptr) result = result + load(bias + tile * Q4_TILE);
+    store(values, result);
+    bf16* dst = out + (r0 + r) * outs + tile * Q4_TILE;
+    for (int l = 0; l < LANES; ++l) dst[l] = bf16(values[l]);
+  }
+}
+
+// x (N, I) bf16 times the packed blocks of an (O, I) weight -> (N, O) bf16
+at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs, const at::Tensor& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (N, I) bf16");
+  const int64_t n = x.size(0), in = x.size(1), groups = in / Q4_GROUP, tiles = outs / Q4_TILE;
+  TORCH_CHECK(in % Q4_GROUP == 0 && outs % Q4_TILE == 0, "the weight must be whole blocks of 16 x 32");
+  TORCH_CHECK(blocks.scalar_type() == at::kInt && blocks.is_contiguous() && blocks.numel() == tiles * groups * Q4_WORDS,
+              "blocks must be core.cpu_linear.pack_q4_blocks' int32 tensor for this shape");
+  TORCH_CHECK(!bias.numel() || (bias.scalar_type() == at::kBFloat16 && bias.numel() == outs), "bias must be (O,) bf16");
+  const bf16* xs = x.data_ptr<bf16>();
+  std::vector<float> sums(n * groups);  // (N, I / 32): each row's inputs summed per block
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t g = 0; g < groups; ++g) sums[t * groups + g] = group_sum(xs + t * in + g * Q4_GROUP);
+  auto out = at::empty({n, outs}, x.options());
+  const int32_t* words = blocks.data_ptr<int32_t>();
+  const bf16* b = bias.numel() ? bias.data_ptr<bf16>() : nullptr;
+  bf16* dst = out.data_ptr<bf16>();
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      int64_t r0 = 0;
+      for (; r0 + Q4_ROWS <= n; r0 += Q4_ROWS) q4_tile<Q4_ROWS>(words, xs, sums.data(), b, in, outs, tile, r0, dst);
+      switch (n - r0) {  // the rest in one pass
+        case 1: q4_tile<1>(words, xs, sums.data(), b, in, outs, tile, r0, dst); break;
+        case 2: q4_tile<2>(words, xs, sums.data(), b, in, outs, tile, r0, dst); break;
+        case 3: q4_tile<3>(words, xs, sums.data(), b, in, outs, tile, r0, dst); break;
+        default: break;
+      }
+    }
+  });
+  return out;
+}
+
+struct Linear {  // one product from 4-bit codes (q4_mm's blocks)
+  at::Tensor blocks, bias;
+  at::Tensor operator()(const at::Tensor& x) const {  // (N, in) bf16 -> (N, out) bf16
+    return q4_mm(x, blocks, blocks.size(0) * Q4_TILE, bias);
   }
 };
 
@@ -224,9 +384,8 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   return out;
 }
 
-constexpr int64_t SLOTS = 16;  // tensors per layer, in this order:
-enum Slot { IN_NORM, QKV, QKV_SZ, QKV_BIAS, O, O_SZ, O_BIAS, POST_NORM, GATE_UP, GATE_UP_SZ, GATE_UP_BIAS, DOWN,
-            DOWN_SZ, DOWN_BIAS, Q_NORM, K_NORM };
+constexpr int64_t SLOTS = 12;  // tensors per layer, in this order:
+enum Slot { IN_NORM, QKV, QKV_BIAS, O, O_BIAS, POST_NORM, GATE_UP, GATE_UP_BIAS, DOWN, DOWN_BIAS, Q_NORM, K_NORM };
 
 // x (T, E) bf16 embeddings of the fed positions -> [residual after the last layer (T, E) bf16, then the residual after
 // each layer in `state_layers` (1-based), (T, E) bf16 each]. cos, signed sin (T, D) fp32; visible (T, T) bool;
@@ -235,7 +394,7 @@ enum Slot { IN_NORM, QKV, QKV_SZ, QKV_BIAS, O, O_SZ, O_BIAS, POST_NORM, GATE_UP,
 std::vector<at::Tensor> layers(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                const at::Tensor& visible, int64_t past, const std::vector<at::Tensor>& weights,
                                const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
-                               int64_t heads, int64_t kv_heads, int64_t group, double eps,
+                               int64_t heads, int64_t kv_heads, double eps,
                                const std::vector<int64_t>& state_layers) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (T, E) bf16");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
@@ -251,12 +410,12 @@ std::vector<at::Tensor> layers(const at::Tensor& x, const at::Tensor& cos, const
   std::vector<at::Tensor> result{at::Tensor()};
   for (int64_t i = 0; i < n_layers; ++i) {
     const at::Tensor* w = weights.data() + i * SLOTS;
-    const Linear qkv{w[QKV], w[QKV_SZ], w[QKV_BIAS]}, o{w[O], w[O_SZ], w[O_BIAS]};
-    const Linear gate_up{w[GATE_UP], w[GATE_UP_SZ], w[GATE_UP_BIAS]}, down{w[DOWN], w[DOWN_SZ], w[DOWN_BIAS]};
-    auto mixed = attention(qkv(rms_norm(residual, w[IN_NORM], eps), group), cos, sin, visible, s, keys[i], values[i],
+    const Linear qkv{w[QKV], w[QKV_BIAS]}, o{w[O], w[O_BIAS]}, gate_up{w[GATE_UP], w[GATE_UP_BIAS]};
+    const Linear down{w[DOWN], w[DOWN_BIAS]};
+    auto mixed = attention(qkv(rms_norm(residual, w[IN_NORM], eps)), cos, sin, visible, s, keys[i], values[i],
                            w[Q_NORM], w[K_NORM], eps, scale);
-    add_into(residual, o(mixed, group));
-    add_into(residual, down(silu_mul(gate_up(rms_norm(residual, w[POST_NORM], eps), group)), group));
+    add_into(residual, o(mixed));
+    add_into(residual, down(silu_mul(gate_up(rms_norm(residual, w[POST_NORM], eps)))));
     for (int64_t layer : state_layers)
       if (layer == i + 1) result.push_back(residual.to(at::kBFloat16));
   }
@@ -268,5 +427,6 @@ std::vector<at::Tensor> layers(const at::Tensor& x, const at::Tensor& cos, const
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layers", &layers, "the decoder layers of a q4 forward over at most a verify round's positions");
+  m.def("q4_mm", &q4_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 4-bit codes -> (N, O) bf16");
   m.attr("SLOTS") = SLOTS;
 }
