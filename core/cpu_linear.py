@@ -149,12 +149,63 @@ def unpack_q4_blocks(blocks: torch.Tensor) -> torch.Tensor:
     return (codes * scale + minimum).reshape(tiles * 16, groups * Q4_GROUP)
 
 
+def quantize_q8(weight: torch.Tensor, group: int = Q4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGUF's Q8_0 scheme: per block of `group` inner weights, w ~= scale * code with signed 8-bit codes, scale = the
+    block's largest magnitude / 127. Returns codes (O, I) int8 and scale (O, I/group) fp32."""
+    out_f, in_f = weight.shape
+    blocks = weight.detach().float().reshape(out_f, in_f // group, group)  # (O, I/g, g)
+    scale = (blocks.abs().amax(-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)  # (O, I/g)
+    codes = torch.round(blocks / scale[..., None]).clamp(-127, 127)  # (O, I/g, g)
+    return codes.to(torch.int8).reshape(out_f, in_f), scale
+
+
+def pack_q8_blocks(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """quantize_q8's codes in the native step's layout (core/csrc/lean_step.cpp, q8_mm): per block of 16 outputs x 32
+    inputs, 128 int32 words of codes (8 words per input pair p: output j's codes of inputs 2p, 2p + 1 in bytes 2j,
+    2j + 1), then the 16 outputs' scales as fp16 (8 words). codes (O, I) int8, scale (O, I/32) -> (O/16, I/32, 136)"""
+    out_f, in_f = codes.shape
+    tiles, groups = out_f // 16, in_f // Q4_GROUP
+    pairs = codes.reshape(tiles, 16, groups, 16, 2).permute(0, 2, 3, 1, 4)  # (tile, group, p, j, odd)
+    words = pairs.contiguous().reshape(-1).view(torch.int32).reshape(tiles, groups, 128)  # 4 bytes a word
+    scales = scale.to(torch.float16).reshape(tiles, 16, groups).permute(0, 2, 1)  # (tile, group, 16)
+    scales = scales.contiguous().reshape(-1).view(torch.int32).reshape(tiles, groups, 8)
+    return torch.cat([words, scales], dim=-1).contiguous()  # (tile, group, 136)
+
+
+def unpack_q8_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """The weight (O, I) fp32 that pack_q8_blocks' blocks stand for (tests, checks). blocks (O/16, I/32, 136)"""
+    tiles, groups, _ = blocks.shape
+    codes = blocks[..., :128].contiguous().view(torch.int8).reshape(tiles, groups, 16, 16, 2)  # (tile, group, p, j, 2)
+    codes = codes.permute(0, 3, 1, 2, 4).reshape(tiles * 16, groups, Q4_GROUP).float()  # (O, I/32, 32)
+    scale = blocks[..., 128:].contiguous().view(torch.float16).float().permute(0, 2, 1)  # (tile, 16, group)
+    return (codes * scale.reshape(tiles * 16, groups, 1)).reshape(tiles * 16, groups * Q4_GROUP)
+
+
+class Int8Linear(torch.nn.Module):
+    """A linear layer from 8-bit weight codes (quantize_q8, GGUF's Q8_0 scheme, the embedded GGUF's own scheme for its
+    embedding and LM head) with bf16 activations, by the native step's q8_mm (the module is required: torch has no
+    per-block int8 kernel). Used for the LM head in q4: half the bytes of its bf16 copy, which a decode step reads
+    whole. Each output row is computed independently of the others."""
+
+    def __init__(self, linear: torch.nn.Module, native, group: int = Q4_GROUP):
+        super().__init__()
+        self.in_features, self.out_features, self.native = linear.in_features, linear.out_features, native
+        self.blocks = pack_q8_blocks(*quantize_q8(linear.weight, group))  # (O/16, I/32, 136) int32
+        self.bias = None if getattr(linear, "bias", None) is None else linear.bias.detach().to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # (..., I) -> (N, I)
+        bias = torch.empty(0, dtype=torch.bfloat16) if self.bias is None else self.bias
+        out = self.native.q8_mm(rows, self.blocks, self.out_features, bias)  # (N, O)
+        return out.reshape(*x.shape[:-1], self.out_features)  # (N, O) -> (..., O)
+
+
 class Int4Linear(torch.nn.Module):
     """A linear layer computed from 4-bit weight codes (quantize_q4) with bf16 activations. Inference only.
 
     With the native step's module (core.native), by its q4_mm: the codes unpacked once per block for every row fed
     and summed by bf16 pair dot products (AVX512-BF16 where the CPU has it), 2-2.6x faster than torch's kernel at 1
-    to 17 rows on SmolLM2's shapes (two threads, runs/q4ext-style timing in docs/engine.md). Without it, by torch's
+    to 17 rows on SmolLM2's shapes (two threads, `python -m scripts.kernel_timing`). Without it, by torch's
     CPU int4 kernel, whose dequantisation is w = (code - 8) * scale + zero, so zero = minimum + 8 * scale. Either way
     each output row is computed independently of the others (core.exactness checks it on the machine)."""
 

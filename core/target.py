@@ -352,14 +352,20 @@ def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype) -> Target:
             raise TargetLoadError(f"{asked} cannot run exactly on this CPU: {why}. Use --dtype fp32 or auto.")
         print(f"note: {why}; loading fp32", flush=True)
         return load_target(replace(cfg, dtype="fp32"))
-    target.extra["precision"] = f"{_weights(cfg, dtype)}, {engine} forward, " + (
+    target.extra["precision"] = f"{_weights(cfg, dtype, target)}, {engine} forward, " + (
         "batch-invariant" if report.exact else f"not batch-invariant here (logits within {report.max_abs_diff:.1g})")
     target.extra["invariance"] = report
     return target
 
 
-def _weights(cfg: TargetConfig, dtype: torch.dtype) -> str:
-    return "q4 weights, bf16 activations" if cfg.quant == "q4" else _name(dtype)
+def _weights(cfg: TargetConfig, dtype: torch.dtype, target: Target | None = None) -> str:
+    if cfg.quant != "q4":
+        return _name(dtype)
+    from core.cpu_linear import Int8Linear
+
+    head = getattr(getattr(target, "lean", None), "lm_head", None)
+    return "q4 weights, 8-bit LM head, bf16 activations" if isinstance(head, Int8Linear) else \
+        "q4 weights, bf16 activations"
 
 
 def _name(dtype: torch.dtype) -> str:

@@ -130,3 +130,35 @@ def test_the_native_q4_product_is_the_codes_weight_for_any_rows_and_each_row_alo
         for rows in range(1, 17):
             assert torch.equal(q4(x[:rows]), full[:rows])
         assert all(torch.equal(q4(x[t : t + 1]), full[t : t + 1]) for t in range(17))
+
+
+@pytest.mark.parametrize("out_features, in_features", [(16, 32), (48, 96), (4096, 576)])
+def test_the_native_q8_product_is_the_codes_weight_for_any_rows_and_each_row_alone(out_features, in_features):
+    """core.cpu_linear.Int8Linear (GGUF's Q8_0 scheme, the LM head in q4): its blocks stand for quantize_q8's weight
+    exactly, the codes are within about half a step of the weight, its product is that weight's to bf16 rounding, and a
+    row's output is bit for bit the same alone or among 17."""
+    from core import native
+    from core.cpu_linear import Int8Linear, quantize_q8, unpack_q8_blocks
+
+    module, why = native.load()
+    if module is None:
+        pytest.skip(why)
+    torch.manual_seed(in_features)
+    linear = torch.nn.Linear(in_features, out_features, bias=False)
+    q8 = Int8Linear(linear, module)
+    codes, scale = quantize_q8(linear.weight)
+    want_weight = (codes.float().reshape(out_features, -1, 32) * scale.half().float()[..., None]).reshape(
+        out_features, in_features)
+    assert torch.equal(unpack_q8_blocks(q8.blocks), want_weight)
+    step = scale.repeat_interleave(32, dim=1)  # (O, I)
+    # within half a step, plus the fp16-rounded scale's error over up to 127 steps
+    assert ((want_weight - linear.weight.detach()).abs() <= 0.5 * step + 127 * (scale.half().float() - scale).abs()
+            .repeat_interleave(32, dim=1) + 1e-7).all()
+    x = torch.randn(17, in_features).bfloat16()
+    with torch.no_grad():
+        full = q8(x)  # (17, O)
+        want = torch.nn.functional.linear(x.float(), want_weight)
+        assert torch.allclose(full.float(), want, atol=0.01 * want.abs().max().item(), rtol=0.01)
+        for rows in range(1, 17):
+            assert torch.equal(q8(x[:rows]), full[:rows])
+        assert all(torch.equal(q8(x[t : t + 1]), full[t : t + 1]) for t in range(17))

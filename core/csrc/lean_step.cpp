@@ -86,88 +86,137 @@ at::Tensor rms_norm(const at::Tensor& residual, const at::Tensor& weight, double
   return out;
 }
 
-// ---- products from 4-bit codes -------------------------------------------------------------------------------------
-// The weights of a linear layer (O, I) as blocks of 16 outputs x 32 inputs (core.cpu_linear.pack_q4_blocks): per
+// ---- products from 4-bit and 8-bit codes ---------------------------------------------------------------------------
+// The weights of a linear layer (O, I) as blocks of 16 outputs x 32 inputs. q4 (core.cpu_linear.pack_q4_blocks): per
 // block 64 int32 words of codes, then 16 fp16 scales and 16 fp16 minimums, w = code * scale + minimum. Word (q, j)
 // holds output j's codes for inputs 8q .. 8q + 7: input 8q + 2k in bits 4k .. 4k + 3, input 8q + 2k + 1 in bits
 // 16 + 4k .. 19 + 4k, so (word >> 4k) & 0x000F000F is the code pair of inputs 2p, 2p + 1 (p = 4q + k) as two 16-bit
-// halves, the operand layout of a bf16 pair dot product.
+// halves, the operand layout of a bf16 pair dot product. q8 (pack_q8_blocks, GGUF's Q8_0 scheme): per block 128 words
+// of signed 8-bit codes, 8 words per input pair p (output j's codes of inputs 2p, 2p + 1 in bytes 2j, 2j + 1), then 16
+// fp16 scales, w = code * scale.
 //
-// Per block, a row's product is scale * sum_i x_i code_i + minimum * sum_i x_i: the codes are small whole numbers,
-// exact in bf16, so the sum over the block's inputs runs on bf16 pair dot products (AVX512-BF16: 32 products an
+// Per block, a row's product is scale * sum_i x_i code_i (+ minimum * sum_i x_i): the codes are whole numbers below
+// 256, exact in bf16, so the sum over the block's inputs runs on bf16 pair dot products (AVX512-BF16: 32 products an
 // instruction) and each block's codes are unpacked once for every row fed, where torch's int4 kernel paid the
-// unpacking again for each row (17 rows cost ~8x one). Batch invariance by construction: each row's value is the same
-// sequence of operations whatever the other rows are; rows are taken 4 at a time only to share the unpacking.
-constexpr int64_t Q4_GROUP = 32, Q4_TILE = 16, Q4_WORDS = 80;  // inputs a block, outputs a block, int32 words a block
-constexpr int Q4_ROWS = 4;  // at most this many rows share one unpacking (their partial sums fill the registers)
+// unpacking again for each row. Batch invariance by construction: each row's value is the same sequence of
+// operations whatever the other rows are; rows are taken a few at a time (Kind::ROWS) only to share the unpacking.
+constexpr int64_t GROUP = 32, TILE = 16;  // inputs a block, outputs a block
 // partial sums a row keeps per block: four short chains of dependent products (one row's sixteen products in one
 // chain waited on each other). The same for every row count: how a row's sum is associated must not depend on it
-constexpr int Q4_PARTIALS = 4;
+constexpr int PARTIALS = 4;
 
 // sum of x[0..31] (bf16) in fp32: two lane-wise halves, then the lanes in a fixed order
 inline float group_sum(const bf16* x) { return sum(load(x) + load(x + LANES)); }
 
+// the bf16 pair dot product's operands and step: AVX512-BF16 where the CPU has it, else fp32 products in the
+// instruction's order (input 2p + 1, then 2p)
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
-inline __m512i code_table() {  // bf16 of 0 .. 15 in 16-bit words 0 .. 15 (and again in 16 .. 31)
-  alignas(64) static const uint16_t table[32] = {
+using Pairs = __m512bh;  // 16 lanes of two bf16 codes
+inline V16 pair_step(V16 acc, Pairs codes, const bf16* x) {  // acc + codes . (x[0], x[1]) lane by lane
+  int32_t both;
+  std::memcpy(&both, x, sizeof(both));  // the two inputs as one bf16 pair
+  return {_mm512_dpbf16_ps(acc.v, codes, (__m512bh)_mm512_set1_epi32(both))};
+}
+
+inline Pairs q4_pairs(const int32_t* words, int k) {  // inputs 8q + 2k, + 1 of each output, q from `words`
+  alignas(64) static const uint16_t table[32] = {  // bf16 of 0 .. 15, twice
       0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0, 0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150,
       0x4160, 0x4170, 0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0, 0x4100, 0x4110, 0x4120, 0x4130,
       0x4140, 0x4150, 0x4160, 0x4170};
-  return _mm512_load_si512(table);
+  const __m512i pair = _mm512_and_si512(_mm512_srli_epi32(_mm512_loadu_si512(words), 4 * k),
+                                        _mm512_set1_epi32(0x000F000F));
+  return (__m512bh)_mm512_permutexvar_epi16(pair, _mm512_load_si512(table));
 }
 
-// dot[r] (16 outputs) = sum over the block's 32 inputs of code * x[r]: bf16 pair dot products into four partial sums
-// (one per quarter of the inputs, so that four chains of products run at once), added in a fixed order
-template <int R>
-inline void block_dots(const int32_t* words, const bf16* const* x, V16* dot) {
-  const __m512i table = code_table(), nibbles = _mm512_set1_epi32(0x000F000F);
-  __m512 part[R][Q4_PARTIALS];
-  for (int r = 0; r < R; ++r)
-    for (int q = 0; q < Q4_PARTIALS; ++q) part[r][q] = _mm512_setzero_ps();
-  for (int k = 0; k < 4; ++k)
-    for (int q = 0; q < 4; ++q) {
-      const __m512i packed = _mm512_loadu_si512(words + q * LANES);
-      const __m512i pair = _mm512_and_si512(_mm512_srli_epi32(packed, 4 * k), nibbles);
-      const __m512bh codes = (__m512bh)_mm512_permutexvar_epi16(pair, table);
-      const int64_t i = 8 * q + 2 * k;
-      for (int r = 0; r < R; ++r) {
-        int32_t both;
-        std::memcpy(&both, x[r] + i, sizeof(both));  // inputs i, i + 1 of row r as one bf16 pair
-        part[r][q] = _mm512_dpbf16_ps(part[r][q], codes, (__m512bh)_mm512_set1_epi32(both));
-      }
-    }
-  for (int r = 0; r < R; ++r)
-    dot[r].v = _mm512_add_ps(_mm512_add_ps(part[r][0], part[r][1]), _mm512_add_ps(part[r][2], part[r][3]));
+inline Pairs q8_pairs(const int32_t* words) {  // 16 outputs' two signed 8-bit codes -> bf16 pairs
+  const __m512i wide = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words)));  // 32 x i16
+  const __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(wide)));
+  const __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(wide, 1)));
+  return _mm512_cvtne2ps_pbh(high, low);
 }
 #else
-// the same sums with fp32 products, input 2p + 1 then 2p per pair (the order of the bf16 pair instruction)
-inline V16 codes_of(const int32_t* words, int shift) {
-  V16 r;
-#if defined(__AVX512F__)
-  r.v = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(_mm512_loadu_si512(words), shift), _mm512_set1_epi32(15)));
-#else
-  for (int l = 0; l < LANES; ++l) r.v[l] = static_cast<float>((static_cast<uint32_t>(words[l]) >> shift) & 15u);
-#endif
+struct Pairs {
+  V16 even, odd;
+};
+inline V16 pair_step(V16 acc, const Pairs& codes, const bf16* x) {
+  acc = fma(codes.odd, splat(static_cast<float>(x[1])), acc);
+  return fma(codes.even, splat(static_cast<float>(x[0])), acc);
+}
+
+inline Pairs q4_pairs(const int32_t* words, int k) {
+  Pairs r;
+  for (int l = 0; l < LANES; ++l) {
+    const uint32_t word = static_cast<uint32_t>(words[l]);
+    r.even.v[l] = static_cast<float>((word >> (4 * k)) & 15u);
+    r.odd.v[l] = static_cast<float>((word >> (16 + 4 * k)) & 15u);
+  }
   return r;
 }
 
-template <int R>
-inline void block_dots(const int32_t* words, const bf16* const* x, V16* dot) {
-  V16 part[R][Q4_PARTIALS];
-  for (int r = 0; r < R; ++r)
-    for (int q = 0; q < Q4_PARTIALS; ++q) part[r][q] = zeros();
-  for (int k = 0; k < 4; ++k)
-    for (int q = 0; q < 4; ++q) {
-      const V16 even = codes_of(words + q * LANES, 4 * k), odd = codes_of(words + q * LANES, 16 + 4 * k);
-      const int64_t i = 8 * q + 2 * k;
-      for (int r = 0; r < R; ++r) {
-        part[r][q] = fma(odd, splat(static_cast<float>(x[r][i + 1])), part[r][q]);
-        part[r][q] = fma(even, splat(static_cast<float>(x[r][i])), part[r][q]);
-      }
-    }
-  for (int r = 0; r < R; ++r) dot[r] = (part[r][0] + part[r][1]) + (part[r][2] + part[r][3]);
+inline Pairs q8_pairs(const int32_t* words) {
+  const int8_t* codes = reinterpret_cast<const int8_t*>(words);
+  Pairs r;
+  for (int l = 0; l < LANES; ++l) {
+    r.even.v[l] = static_cast<float>(codes[2 * l]);
+    r.odd.v[l] = static_cast<float>(codes[2 * l + 1]);
+  }
+  return r;
 }
 #endif
+
+// dot[r] (16 outputs) = sum over the block's 32 inputs of code * x[r], in four partial sums added in a fixed order
+template <int R>
+inline void q4_dots(const int32_t* words, const bf16* const* x, V16* dot) {
+  V16 part[R][PARTIALS];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < PARTIALS; ++q) part[r][q] = zeros();
+  for (int k = 0; k < 4; ++k)
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) {  // one partial per quarter of the inputs
+      const Pairs codes = q4_pairs(words + q * LANES, k);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) part[r][q] = pair_step(part[r][q], codes, x[r] + 8 * q + 2 * k);
+    }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) dot[r] = (part[r][0] + part[r][1]) + (part[r][2] + part[r][3]);
+}
+
+template <int R, int P>
+inline void q8_dots(const int32_t* words, const bf16* const* x, V16* dot) {
+  V16 part[R][P];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < P; ++q) part[r][q] = zeros();
+  for (int p = 0; p < GROUP / 2; p += P)
+#pragma GCC unroll 4
+    for (int q = 0; q < P; ++q) {  // input pair p + q into partial q
+      const Pairs codes = q8_pairs(words + (p + q) * 8);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) part[r][q] = pair_step(part[r][q], codes, x[r] + 2 * (p + q));
+    }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    dot[r] = part[r][0];
+    for (int q = 1; q < P; ++q) dot[r] = dot[r] + part[r][q];
+  }
+}
+
+struct Q4Blocks {  // pack_q4_blocks: codes, scales, minimums
+  static constexpr int64_t WORDS = 80, SCALES = 64, MINIMA = 72;
+  static constexpr int ROWS = 4;  // rows sharing one unpacking: R x 4 partial sums fill the registers
+  template <int R>
+  static void dots(const int32_t* words, const bf16* const* x, V16* dot) { q4_dots<R>(words, x, dot); }
+};
+
+struct Q8Blocks {  // pack_q8_blocks: codes, scales
+  static constexpr int64_t WORDS = 136, SCALES = 128, MINIMA = -1;
+  // 8 rows share one unpacking, with 2 partial sums each: turning 8-bit codes into bf16 pairs costs ~5 instructions a
+  // pair of inputs, more than the 4-bit table lookup, so it is shared by more rows
+  static constexpr int ROWS = 8;
+  template <int R>
+  static void dots(const int32_t* words, const bf16* const* x, V16* dot) { q8_dots<R, 2>(words, x, dot); }
+};
 
 inline V16 load_half(const int32_t* words) {  // 16 fp16 values -> fp32
   V16 r;
@@ -181,53 +230,61 @@ inline V16 load_half(const int32_t* words) {  // 16 fp16 values -> fp32
 }
 
 // rows r0 .. r0 + R of x (N, I) times the 16 outputs of tile `tile` -> out (N, O) bf16 (+ bias, in fp32)
-template <int R>
-void q4_tile(const int32_t* blocks, const bf16* x, const float* sums, const bf16* bias, int64_t in, int64_t outs,
-             int64_t tile, int64_t r0, bf16* out) {
-  const int64_t groups = in / Q4_GROUP;
-  const bf16* rows[R];
+template <typename Kind, int R>
+void block_tile(const int32_t* blocks, const bf16* x, const float* sums, const bf16* bias, int64_t in, int64_t outs,
+                int64_t tile, int64_t r0, bf16* out) {
+  const int64_t groups = in / GROUP;
   V16 acc[R];
-  for (int r = 0; r < R; ++r) {
-    rows[r] = x + (r0 + r) * in;
-    acc[r] = zeros();
-  }
+  for (int r = 0; r < R; ++r) acc[r] = zeros();
   for (int64_t g = 0; g < groups; ++g) {
-    const int32_t* block = blocks + (tile * groups + g) * Q4_WORDS;
+    const int32_t* block = blocks + (tile * groups + g) * Kind::WORDS;
     const bf16* at_group[R];
     V16 dot[R];
-    for (int r = 0; r < R; ++r) {
-      at_group[r] = rows[r] + g * Q4_GROUP;
-      dot[r] = zeros();
-    }
-    block_dots<R>(block, at_group, dot);
-    const V16 scale = load_half(block + 64), minimum = load_half(block + 72);
-    for (int r = 0; r < R; ++r) {
-      acc[r] = fma(scale, dot[r], acc[r]);
-      acc[r] = fma(minimum, splat(sums[(r0 + r) * groups + g]), acc[r]);
+    for (int r = 0; r < R; ++r) at_group[r] = x + (r0 + r) * in + g * GROUP;
+    Kind::template dots<R>(block, at_group, dot);
+    const V16 scale = load_half(block + Kind::SCALES);
+    for (int r = 0; r < R; ++r) acc[r] = fma(scale, dot[r], acc[r]);
+    if constexpr (Kind::MINIMA >= 0) {
+      const V16 minimum = load_half(block + Kind::MINIMA);
+      for (int r = 0; r < R; ++r) acc[r] = fma(minimum, splat(sums[(r0 + r) * groups + g]), acc[r]);
     }
   }
   float values[LANES];
   for (int r = 0; r < R; ++r) {
     V16 result = acc[r];
-    if (bias != nullptr) result = result + load(bias + tile * Q4_TILE);
+    if (bias != nullptr) result = result + load(bias + tile * TILE);
     store(values, result);
-    bf16* dst = out + (r0 + r) * outs + tile * Q4_TILE;
+    bf16* dst = out + (r0 + r) * outs + tile * TILE;
     for (int l = 0; l < LANES; ++l) dst[l] = bf16(values[l]);
   }
 }
 
+// the last rows (fewer than Kind::ROWS) in one pass
+template <typename Kind, int R>
+void tile_rest(int64_t rows, const int32_t* blocks, const bf16* x, const float* sums, const bf16* bias, int64_t in,
+               int64_t outs, int64_t tile, int64_t r0, bf16* out) {
+  if constexpr (R > 1) {
+    if (rows < R) return tile_rest<Kind, R - 1>(rows, blocks, x, sums, bias, in, outs, tile, r0, out);
+  }
+  block_tile<Kind, R>(blocks, x, sums, bias, in, outs, tile, r0, out);
+}
+
 // x (N, I) bf16 times the packed blocks of an (O, I) weight -> (N, O) bf16
-at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs, const at::Tensor& bias) {
+template <typename Kind>
+at::Tensor blocks_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs, const at::Tensor& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (N, I) bf16");
-  const int64_t n = x.size(0), in = x.size(1), groups = in / Q4_GROUP, tiles = outs / Q4_TILE;
-  TORCH_CHECK(in % Q4_GROUP == 0 && outs % Q4_TILE == 0, "the weight must be whole blocks of 16 x 32");
-  TORCH_CHECK(blocks.scalar_type() == at::kInt && blocks.is_contiguous() && blocks.numel() == tiles * groups * Q4_WORDS,
-              "blocks must be core.cpu_linear.pack_q4_blocks' int32 tensor for this shape");
+  const int64_t n = x.size(0), in = x.size(1), groups = in / GROUP, tiles = outs / TILE;
+  TORCH_CHECK(in % GROUP == 0 && outs % TILE == 0, "the weight must be whole blocks of 16 x 32");
+  TORCH_CHECK(blocks.scalar_type() == at::kInt && blocks.is_contiguous() && blocks.numel() == tiles * groups * Kind::WORDS,
+              "blocks must be core.cpu_linear's packed int32 tensor for this shape and kind");
   TORCH_CHECK(!bias.numel() || (bias.scalar_type() == at::kBFloat16 && bias.numel() == outs), "bias must be (O,) bf16");
   const bf16* xs = x.data_ptr<bf16>();
-  std::vector<float> sums(n * groups);  // (N, I / 32): each row's inputs summed per block
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t g = 0; g < groups; ++g) sums[t * groups + g] = group_sum(xs + t * in + g * Q4_GROUP);
+  std::vector<float> sums;  // (N, I / 32): each row's inputs summed per block, for the minimums
+  if constexpr (Kind::MINIMA >= 0) {
+    sums.resize(n * groups);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t g = 0; g < groups; ++g) sums[t * groups + g] = group_sum(xs + t * in + g * GROUP);
+  }
   auto out = at::empty({n, outs}, x.options());
   const int32_t* words = blocks.data_ptr<int32_t>();
   const bf16* b = bias.numel() ? bias.data_ptr<bf16>() : nullptr;
@@ -235,22 +292,26 @@ at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs, co
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     for (int64_t tile = begin; tile < end; ++tile) {
       int64_t r0 = 0;
-      for (; r0 + Q4_ROWS <= n; r0 += Q4_ROWS) q4_tile<Q4_ROWS>(words, xs, sums.data(), b, in, outs, tile, r0, dst);
-      switch (n - r0) {  // the rest in one pass
-        case 1: q4_tile<1>(words, xs, sums.data(), b, in, outs, tile, r0, dst); break;
-        case 2: q4_tile<2>(words, xs, sums.data(), b, in, outs, tile, r0, dst); break;
-        case 3: q4_tile<3>(words, xs, sums.data(), b, in, outs, tile, r0, dst); break;
-        default: break;
-      }
+      for (; r0 + Kind::ROWS <= n; r0 += Kind::ROWS)
+        block_tile<Kind, Kind::ROWS>(words, xs, sums.data(), b, in, outs, tile, r0, dst);
+      if (r0 < n) tile_rest<Kind, Kind::ROWS - 1>(n - r0, words, xs, sums.data(), b, in, outs, tile, r0, dst);
     }
   });
   return out;
 }
 
+at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs, const at::Tensor& bias) {
+  return blocks_mm<Q4Blocks>(x, blocks, outs, bias);
+}
+
+at::Tensor q8_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs, const at::Tensor& bias) {
+  return blocks_mm<Q8Blocks>(x, blocks, outs, bias);
+}
+
 struct Linear {  // one product from 4-bit codes (q4_mm's blocks)
   at::Tensor blocks, bias;
   at::Tensor operator()(const at::Tensor& x) const {  // (N, in) bf16 -> (N, out) bf16
-    return q4_mm(x, blocks, blocks.size(0) * Q4_TILE, bias);
+    return q4_mm(x, blocks, blocks.size(0) * TILE, bias);
   }
 };
 
@@ -428,5 +489,6 @@ std::vector<at::Tensor> layers(const at::Tensor& x, const at::Tensor& cos, const
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layers", &layers, "the decoder layers of a q4 forward over at most a verify round's positions");
   m.def("q4_mm", &q4_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 4-bit codes -> (N, O) bf16");
+  m.def("q8_mm", &q8_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 8-bit codes -> (N, O) bf16");
   m.attr("SLOTS") = SLOTS;
 }
