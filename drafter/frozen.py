@@ -79,6 +79,7 @@ class FrozenDraftNet:
         self._params = list(net.parameters())  # walking the modules for them on every check cost 0.14 ms
         self._weights_key: tuple | None = None
         self._maps = torch.empty(0)  # the last context's maps (C, 2L*D), reused: a fresh 1 MB tensor a round cost
+        self._refresh()  # now, not at the first proposal: a first build of the native trunk (~25 s) belongs to loading
 
     def __getattr__(self, name: str):
         return getattr(self.net, name)  # only reached for what this class does not define
