@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from core import native
 from core.forward import keep_positions, target_forward
 from core.threads import cpu_flags
 from core.tree import build_trie
@@ -114,15 +115,8 @@ def probe_key(target) -> str:
     return "|".join([platform.machine(), platform.processor(), hashlib.sha1(flags.encode()).hexdigest()[:12],
                      torch.__version__, str(torch.get_num_threads()), target.identity["name"],
                      str(target.model.dtype), str(target.device),
-                     f"lean={target.lean.weights if target.lean else None}", f"native={_native_key(target)}"])
-
-
-def _native_key(target) -> str:
-    if target.lean is None or target.lean.native is None:
-        return "none"
-    from core.native import build_key
-
-    return build_key()
+                     f"lean={target.lean.weights if target.lean else None}",
+                     f"native={native.forward_build(target)}"])
 
 
 def cached_check(target, prompt: list[int], root: Path | None) -> InvarianceReport:

@@ -41,6 +41,8 @@ LEAN_STEP = Extension("flashmap_lean_step", CSRC / "lean_step.cpp", "the native 
 def headers() -> list[Path]:
     """The shared headers every extension may include (their text is part of every build key)."""
     return sorted(CSRC.glob("*.h"))
+
+
 _loaded: dict[str, object] = {}
 
 
@@ -50,6 +52,13 @@ def build_key(ext: Extension | None = None) -> str:
     parts = [ext.source.read_text(), *(h.read_text() for h in headers()), " ".join(CFLAGS), torch.__version__,
              " ".join(sorted(cpu_flags()))]
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def forward_build(target) -> str:
+    """The build of the decode step a target's forward runs through ("none" where it runs in Python): what a result
+    cached per machine (batch invariance, the verify-cost curve) is measured again for when the step is rebuilt."""
+    lean = getattr(target, "lean", None)
+    return "none" if lean is None or getattr(lean, "native", None) is None else build_key()
 
 
 def build_root() -> Path:

@@ -123,6 +123,11 @@ class MeasuredPays(SkipEmpty):
         return sum(c for c, _ in rounds) / seconds if seconds > 0 else float("inf")
 
 
+def smoothed_rate(accepted, reached, prior_rate: float, prior_weight: float):
+    """accepted / reached with a Beta prior of weight prior_weight at prior_rate (floats or tensors alike)."""
+    return (accepted + prior_rate * prior_weight) / (reached + prior_weight)
+
+
 @dataclass
 class LookupRates:
     """How often a prompt-lookup token was accepted once verified, per length of the matched suffix (1..3 tokens;
@@ -137,8 +142,8 @@ class LookupRates:
 
     def rate(self, matched: int) -> float:
         key = min(matched, LOOKUP_STRONG)
-        reached, accepted = self.reached.get(key, 0.0), self.accepted.get(key, 0.0)
-        return (accepted + self.prior_rate * self.prior_weight) / (reached + self.prior_weight)
+        return smoothed_rate(self.accepted.get(key, 0.0), self.reached.get(key, 0.0), self.prior_rate,
+                             self.prior_weight)
 
     def record(self, matched: int, n_verified: int, n_accepted: int) -> None:
         """A verified lookup draft of n_verified tokens kept n_accepted: slots to the first rejection were reached."""
@@ -163,7 +168,7 @@ class SlotRates:
         """Each of the first n slots' acceptance given the earlier ones accepted. -> (n,)"""
         pad = [0.0] * max(0, n - len(self.reached))
         reached, accepted = torch.tensor((self.reached + pad)[:n]), torch.tensor((self.accepted + pad)[:n])  # (n,) each
-        return (accepted + self.prior_rate * self.prior_weight) / (reached + self.prior_weight)
+        return smoothed_rate(accepted, reached, self.prior_rate, self.prior_weight)
 
     def record(self, n_verified: int, n_accepted: int) -> None:
         """A verified draft of n_verified tokens kept n_accepted: slots up to the first rejection were reached."""

@@ -340,7 +340,8 @@ def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype) -> Target:
     engine = "transformers" if target.lean is None else "native lean" if target.lean.native is not None else "lean"
     engine += {"cuda": " + CUDA graphs", "sim": " (fixed-shape steps)"}.get(target.extra.get("graphs"), "")
     if target.device.type != "cpu":
-        target.extra["precision"] = f"{_weights(cfg, dtype)}, {engine} forward (batch invariance not checked on GPU)"
+        weights = _weights(cfg, dtype, target)
+        target.extra["precision"] = f"{weights}, {engine} forward (batch invariance not checked on GPU)"
         return target
     from core.exactness import cached_check, probe_prompt
 
@@ -358,12 +359,12 @@ def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype) -> Target:
     return target
 
 
-def _weights(cfg: TargetConfig, dtype: torch.dtype, target: Target | None = None) -> str:
+def _weights(cfg: TargetConfig, dtype: torch.dtype, target: Target) -> str:
     if cfg.quant != "q4":
         return _name(dtype)
     from core.cpu_linear import Int8Linear
 
-    head = getattr(getattr(target, "lean", None), "lm_head", None)
+    head = getattr(target.lean, "lm_head", None)
     return "q4 weights, 8-bit LM head, bf16 activations" if isinstance(head, Int8Linear) else \
         "q4 weights, bf16 activations"
 

@@ -21,6 +21,7 @@ from typing import Iterator
 
 import torch
 
+from core import native
 from core.drafting import MAX_BLOCK_SIZE
 from core.forward import keep_positions, target_forward
 from core.sampling import SamplingConfig
@@ -135,17 +136,7 @@ def machine_key(target) -> str:
                      target.identity["name"], str(target.model.dtype), str(target.device),
                      f"packed={target.extra.get('packed_linears', 0)}",  # oneDNN's curve is far flatter
                      target.precision,  # the forward (lean or not, its weights) shapes the curve too
-                     native_build(target)])
-
-
-def native_build(target) -> str:
-    """The compiled decode step's build a forward runs through ("python" without one): a rebuilt step (new source,
-    flags) may change the curve's shape, so its cached curve is measured again."""
-    if target.extra.get("native_step") != "native":
-        return "python"
-    from core import native
-
-    return f"native={native.build_key()}"
+                     f"native={native.forward_build(target)}"])
 
 
 def cache_file(root: Path, target) -> Path:

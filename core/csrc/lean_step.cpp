@@ -259,16 +259,6 @@ void block_tile(const int32_t* blocks, const bf16* x, const float* sums, const b
   }
 }
 
-// the last rows (fewer than Kind::ROWS) in one pass
-template <typename Kind, int R>
-void tile_rest(int64_t rows, const int32_t* blocks, const bf16* x, const float* sums, const bf16* bias, int64_t in,
-               int64_t outs, int64_t tile, int64_t r0, bf16* out) {
-  if constexpr (R > 1) {
-    if (rows < R) return tile_rest<Kind, R - 1>(rows, blocks, x, sums, bias, in, outs, tile, r0, out);
-  }
-  block_tile<Kind, R>(blocks, x, sums, bias, in, outs, tile, r0, out);
-}
-
 // x (N, I) bf16 times the packed blocks of an (O, I) weight -> (N, O) bf16
 template <typename Kind>
 at::Tensor blocks_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs, const at::Tensor& bias) {
@@ -294,7 +284,10 @@ at::Tensor blocks_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs
       int64_t r0 = 0;
       for (; r0 + Kind::ROWS <= n; r0 += Kind::ROWS)
         block_tile<Kind, Kind::ROWS>(words, xs, sums.data(), b, in, outs, tile, r0, dst);
-      if (r0 < n) tile_rest<Kind, Kind::ROWS - 1>(n - r0, words, xs, sums.data(), b, in, outs, tile, r0, dst);
+      if (r0 < n)  // the last rows (fewer than Kind::ROWS) in one pass
+        with_count<Kind::ROWS - 1>(n - r0, [&](auto rest) {
+          block_tile<Kind, decltype(rest)::value>(words, xs, sums.data(), b, in, outs, tile, r0, dst);
+        });
     }
   });
   return out;

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -118,6 +120,16 @@ inline float lane_sum(const T* x, int64_t n, bool squares) {
     acc = squares ? fma(v, v, acc) : acc + v;
   }
   return sum(acc);
+}
+
+// f(std::integral_constant<int, n>{}) for a run-time count n in 1..N (N for any larger n): calls a kernel written
+// for a compile-time count of rows or vectors (its register tile unrolled) with the count at hand
+template <int N, typename F>
+inline void with_count(int64_t n, F&& f) {
+  if constexpr (N > 1) {
+    if (n < N) return with_count<N - 1>(n, std::forward<F>(f));
+  }
+  f(std::integral_constant<int, N>{});
 }
 
 }  // namespace simd

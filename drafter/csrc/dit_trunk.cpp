@@ -59,15 +59,6 @@ void tile(const float* x, int64_t in, const float* panel, const float* bias, int
   }
 }
 
-template <int MR>
-void tile_rows(int64_t mr, const float* x, int64_t in, const float* panel, const float* bias, int64_t cols,
-               float* out, int64_t out_stride) {
-  if constexpr (MR > 1) {
-    if (mr < MR) return tile_rows<MR - 1>(mr, x, in, panel, bias, cols, out, out_stride);
-  }
-  tile<MR>(x, in, panel, bias, cols, out, out_stride);
-}
-
 struct Linear {  // a packed weight (P, I, 32) and its bias (N,)
   const at::Tensor& packed;
   const at::Tensor& bias;
@@ -82,8 +73,10 @@ struct Linear {  // a packed weight (P, I, 32) and its bias (N,)
     at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
       for (int64_t p = begin; p < end; ++p)
         for (int64_t r = 0; r < rows; r += ROWS)
-          tile_rows<ROWS>(std::min(ROWS, rows - r), x + r * in, in, w + p * in * PANEL, b + p * PANEL,
-                          std::min(PANEL, n - p * PANEL), out + r * n + p * PANEL, n);
+          with_count<ROWS>(rows - r, [&](auto mr) {
+            tile<decltype(mr)::value>(x + r * in, in, w + p * in * PANEL, b + p * PANEL,
+                                      std::min(PANEL, n - p * PANEL), out + r * n + p * PANEL, n);
+          });
     });
   }
 };
@@ -167,15 +160,6 @@ void score_group(const float* queries, int64_t nq, const float* keys_t, int64_t 
   }
 }
 
-template <int NV>
-void score_groups(int64_t nv, const float* queries, int64_t nq, const float* keys_t, int64_t nk, int64_t e, int64_t c0,
-                  float* scores) {
-  if constexpr (NV > 1) {
-    if (nv < NV) return score_groups<NV - 1>(nv, queries, nq, keys_t, nk, e, c0, scores);
-  }
-  score_group<NV>(queries, nq, keys_t, nk, e, c0, scores);
-}
-
 // out (E,) += sum over c of weights[c] * values[c] (C rows of E <= 128, vstride apart): one accumulator per 16 of E,
 // side by side over the keys
 template <int NV>
@@ -193,15 +177,6 @@ void weighted_sum(const float* weights, int64_t nk, const float* values, int64_t
   for (int j = 0; j < NV; ++j) store(out + j * LANES, acc[j] / total, e - j * LANES);
 }
 
-template <int NV>
-void weighted_sums(int64_t nv, const float* weights, int64_t nk, const float* values, int64_t vstride, int64_t e,
-                   V16 total, float* out) {
-  if constexpr (NV > 1) {
-    if (nv < NV) return weighted_sums<NV - 1>(nv, weights, nk, values, vstride, e, total, out);
-  }
-  weighted_sum<NV>(weights, nk, values, vstride, e, total, out);
-}
-
 // softmax attention of queries (Q, E) (normed and scaled) over keys_t (E, C) (normed, transposed) and values (C rows
 // of E, vstride apart) -> out (Q rows of E, ostride apart); scores is scratch
 void attend(const float* queries, int64_t nq, const float* keys_t, int64_t nk, const float* values, int64_t vstride,
@@ -209,15 +184,19 @@ void attend(const float* queries, int64_t nq, const float* keys_t, int64_t nk, c
   scores.resize(nq * nk);
   constexpr int64_t GROUP = 8 * LANES;  // keys scored side by side
   for (int64_t c0 = 0; c0 < nk; c0 += GROUP)
-    score_groups<8>((std::min(GROUP, nk - c0) + LANES - 1) / LANES, queries, nq, keys_t, nk, e, c0, scores.data());
+    with_count<8>((std::min(GROUP, nk - c0) + LANES - 1) / LANES, [&](auto nv) {
+      score_group<decltype(nv)::value>(queries, nq, keys_t, nk, e, c0, scores.data());
+    });
   for (int64_t q = 0; q < nq; ++q) {
     float* w = scores.data() + q * nk;
     V16 peak = splat(-3.0e38f);
     for (int64_t c = 0; c < nk; c += LANES) peak = max(peak, load_or(w + c, nk - c, -3.0e38f));
     const V16 shift = splat(top(peak));
     for (int64_t c = 0; c < nk; c += LANES) store(w + c, exp(load(w + c, nk - c) - shift), nk - c);
-    weighted_sums<8>((e + LANES - 1) / LANES, w, nk, values, vstride, e, splat(lane_sum(w, nk, false)),
-                     out + q * ostride);
+    const V16 total = splat(lane_sum(w, nk, false));
+    with_count<8>((e + LANES - 1) / LANES, [&](auto nv) {
+      weighted_sum<decltype(nv)::value>(w, nk, values, vstride, e, total, out + q * ostride);
+    });
   }
 }
 
@@ -291,7 +270,10 @@ at::Tensor trunk(const at::Tensor& slot_input, int64_t slots, const at::Tensor& 
   const Dims s{rows / slots, slots, d, heads, d / heads};
   const float* m = mods.data_ptr<float>();
 
-  std::vector<float> x(rows * d), h(rows * d), mixed(rows * d), y(rows * d), wide;
+  int64_t widest = 3 * d;  // the qkv product's or the widest MLP's
+  for (int64_t l = 0; l < layers; ++l)
+    widest = std::max(widest, weights[HEAD_TENSORS + l * LAYER_TENSORS + MLP_IN_BIAS].size(0));
+  std::vector<float> x(rows * d), h(rows * d), mixed(rows * d), y(rows * d), wide(rows * widest);
   Linear{weights[0], weights[1]}(slot_input.data_ptr<float>(), rows, x.data());
   const float* pos = weights[2].data_ptr<float>();  // by slot
   for (int64_t r = 0; r < rows; ++r)
@@ -302,7 +284,6 @@ at::Tensor trunk(const at::Tensor& slot_input, int64_t slots, const at::Tensor& 
     const float* lm = m + 9 * l * d;  // this block's 9 modulation rows
     // self-attention among the slots
     norm_modulate(x.data(), rows, d, lm, lm + d, ln_eps, h.data());
-    wide.resize(rows * std::max(3 * d, w[MLP_IN_BIAS].size(0)));
     Linear{w[QKV], w[QKV_BIAS]}(h.data(), rows, wide.data());
     self_attention(wide.data(), s, w[SELF_Q_NORM].data_ptr<float>(), w[SELF_K_NORM].data_ptr<float>(), qk_eps,
                    mixed.data());
