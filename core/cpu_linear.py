@@ -22,7 +22,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-PACKED_DTYPES = (torch.float32, torch.bfloat16)
+from core.threads import cpu_flags
+
+# oneDNN reorders a bf16 weight only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT (it raises on AVX2-only ones)
+BF16_PACK_FLAGS = (frozenset({"avx512bw", "avx512vl", "avx512dq"}), frozenset({"avx_ne_convert"}))
 PACK_HINT_ROWS = 17  # oneDNN picks its weight layout for this many rows (K + 1 at K = 16); it serves 1..64 well
 # bf16: oneDNN gives every row the same result for 1..17 rows only while the inner dimension stays within this
 # (measured on AVX512-BF16: 1,024 invariant, 1,536 not, from 2 rows on); wider weights are split into equal slices
@@ -36,6 +39,11 @@ def inner_slices(in_features: int, limit: int = INVARIANT_INNER) -> int:
         if in_features % n == 0 and in_features // n <= limit:
             return n
     return in_features
+
+
+def packed_dtypes(flags: frozenset[str]) -> tuple[torch.dtype, ...]:
+    """The weight dtypes oneDNN can prepack on a CPU with these /proc/cpuinfo flags."""
+    return (torch.float32, torch.bfloat16) if any(need <= flags for need in BF16_PACK_FLAGS) else (torch.float32,)
 
 
 def available() -> bool:
@@ -82,10 +90,10 @@ class PackedLinear(torch.nn.Linear):
 
 
 def pack_linears(model: torch.nn.Module) -> int:
-    """Swap every nn.Linear of an fp32 CPU model for a PackedLinear in place; returns how many were packed
-    (0 when oneDNN is unavailable, or the model is not fp32 on the CPU)."""
+    """Swap every nn.Linear of an fp32 (or, where this CPU lets oneDNN pack it, bf16) CPU model for a PackedLinear in
+    place; returns how many were packed (0 when oneDNN is unavailable, or the model's dtype cannot be packed here)."""
     first = next(model.parameters())
-    if not available() or first.device.type != "cpu" or first.dtype not in PACKED_DTYPES:
+    if not available() or first.device.type != "cpu" or first.dtype not in packed_dtypes(cpu_flags()):
         return 0
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
              if type(child) is torch.nn.Linear]

@@ -258,11 +258,14 @@ def layer_linears(layer, weights: str, native=None) -> LayerLinears | None:
 class LeanForward:
     """The target's forward on a StaticCache, with its own weights and modules (norms, projections, MLP)."""
 
-    def __init__(self, model, fixed_order: bool | None = None, weights: str = "packed", native=None):
+    def __init__(self, model, fixed_order: bool | None = None, weights: str = "packed", native=None,
+                 native_prefill: bool = False):
         """fixed_order: attend with fixed_order_attention (None: in bf16 on the CPU, where it makes every
         position's logits independent of how many are fed; elsewhere sdpa). weights: see layer_linears. native: the
         compiled decode step (core.native), which runs a q4 forward's layers over at most a verify round's
-        positions in one call; None: those run here in Python."""
+        positions in one call; None: those run here in Python. native_prefill: a prompt's prefill also runs through
+        the native step, a verify round's worth of positions at a time (where the CPU has no bf16 products, the
+        op-by-op prefill's bf16 weights cost more than the step's own kernel)."""
         why = lean_supported(model)
         if why is not None:
             raise ValueError(f"lean forward does not serve this model: {why}")
@@ -279,6 +282,7 @@ class LeanForward:
         self.fixed_order = fixed_order
         self.weights = weights
         self.native = native if weights == "q4" else None
+        self.native_prefill = native_prefill and self.native is not None
         self.linears = [layer_linears(layer, weights, self.native) for layer in self.base.layers]
         self.lm_head = self._lm_head(model)
         self._native_weights = self._collect_native_weights() if self.native is not None else []
@@ -423,6 +427,21 @@ class LeanForward:
                                  cache.values, self.n_heads, self.kv_heads, eps, sorted(inner))
         return out[0], out[1:]
 
+    def _native_chunks(self, x: torch.Tensor, cache: StaticCache, positions: torch.Tensor,
+                       layers: tuple[int, ...]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A causal prefill x (T, E) through the native layers PREFILL_ROWS positions at a time, each chunk after the
+        keys of those before it are cached: (T, E) and the states after `layers` (each (T, E))."""
+        past, outs, states = cache.length, [], []
+        for start in range(0, x.shape[0], PREFILL_ROWS):
+            rows = x[start : start + PREFILL_ROWS]  # (T_chunk, E)
+            chain = torch.ones(rows.shape[0], rows.shape[0], dtype=torch.bool, device=x.device).tril()
+            cache.length = past + start
+            out, inner = self._native_layers(rows, cache, chain, positions[start : start + PREFILL_ROWS], layers)
+            outs.append(out)
+            states.append(inner)
+        cache.length = past
+        return torch.cat(outs), [torch.cat(chunks) for chunks in zip(*states)]
+
     def _python_layers(self, x: torch.Tensor, cache: StaticCache, block_visible: torch.Tensor,
                        positions: torch.Tensor, layers: tuple[int, ...]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """All decoder layers op by op: x (T, E) -> (T, E) and the states after `layers` (each (T, E))."""
@@ -448,8 +467,12 @@ class LeanForward:
         if block_visible is None:
             block_visible = torch.ones(fed, fed, dtype=torch.bool, device=ids.device).tril()  # (T, T)
         embedded = self.base.embed_tokens(ids)  # (T, E)
-        run = self._native_layers if self.native is not None and fed <= PREFILL_ROWS else self._python_layers
-        x, inner = run(embedded, cache, block_visible, positions, layers)
+        if self.native is not None and fed <= PREFILL_ROWS:
+            x, inner = self._native_layers(embedded, cache, block_visible, positions, layers)
+        elif self.native_prefill and torch.equal(block_visible, torch.ones_like(block_visible).tril()):
+            x, inner = self._native_chunks(embedded, cache, positions, layers)
+        else:
+            x, inner = self._python_layers(embedded, cache, block_visible, positions, layers)
         cache.length = past + fed
         return self.head(x, embedded, inner, layers, keep)
 

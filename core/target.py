@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -290,15 +291,18 @@ def _finish(model, tokenizer, name: str, device: torch.device) -> Target:
     return Target(model, tokenizer, name, device, tuple(sorted(eos_ids)))
 
 
-def cpu_quant(cfg: TargetConfig, device: torch.device, flags: set[str] | None = None) -> str:
+def cpu_quant(cfg: TargetConfig, device: torch.device, flags: set[str] | None = None,
+              native_step: Callable[[], bool] = lambda: _native_module() is not None) -> str:
     """--quant auto on the CPU: q4 for the embedded default, whose GGUF holds Q4_1 blocks (q4 computes from those
-    4-bit codes, the fastest exact precision measured here: docs/engine.md), where the CPU multiplies bf16 natively
-    and torch has its int4 kernels; none otherwise (an HF checkpoint keeps its weights unless asked)."""
+    4-bit codes, the fastest exact precision measured on both kinds of CPU here: docs/engine.md), where torch has its
+    int4 kernels and either the CPU multiplies bf16 natively or the native step builds (on an AVX2-only CPU the
+    op-by-op q4 forward emulates bf16 and loses to fp32; the native step computes in fp32 lanes: 3.6x fp32 there);
+    none otherwise (an HF checkpoint keeps its weights unless asked)."""
     if (cfg.quant != "auto" or device.type != "cpu" or cfg.target != EMBEDDED_ID or cfg.engine == "transformers"
-            or cfg.cpu_precision == "reference"):
+            or cfg.cpu_precision == "reference" or cfg.dtype not in ("auto", "bf16") or not int4_available()):
         return cfg.quant
-    native = NATIVE_BF16_CPU_FLAGS & (cpu_flags() if flags is None else flags)
-    return "q4" if native and cfg.dtype in ("auto", "bf16") and int4_available() else "auto"
+    native_bf16 = NATIVE_BF16_CPU_FLAGS & (cpu_flags() if flags is None else flags)
+    return "q4" if native_bf16 or native_step() else "auto"
 
 
 def load_target(cfg: TargetConfig) -> Target:
@@ -389,7 +393,8 @@ def _setup_forward(target: Target, cfg: TargetConfig) -> Target:
         raise TargetLoadError(f"--quant q4 runs through the lean forward, which does not serve this model: {why_not}")
     if cfg.engine != "transformers" and why_not is None and not _quantised(target.model):
         native = _native_step(target) if cfg.quant == "q4" else None
-        target.lean = LeanForward(target.model, weights="q4" if cfg.quant == "q4" else "packed", native=native)
+        target.lean = LeanForward(target.model, weights="q4" if cfg.quant == "q4" else "packed", native=native,
+                                  native_prefill=not NATIVE_BF16_CPU_FLAGS & cpu_flags())
     try:
         mode = graph_mode(cfg.graphs, target.lean)
     except ValueError as err:
@@ -398,6 +403,12 @@ def _setup_forward(target: Target, cfg: TargetConfig) -> Target:
         target.lean = GraphedSteps(target.lean, mode)
         target.extra["graphs"] = mode
     return target
+
+
+def _native_module():
+    from core import native
+
+    return native.load()[0]
 
 
 def _native_step(target: Target):

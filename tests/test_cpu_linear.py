@@ -11,6 +11,7 @@ from core.cpu_linear import PackedLinear, pack_linears
 from core.drafting import NgramDrafter
 from core.engine import GenerationConfig, generate_all
 from core.target import TargetConfig, load_target
+from core.threads import cpu_flags
 from core.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3, tiny_tokenizer
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="this torch has no oneDNN")
@@ -60,7 +61,15 @@ def test_pack_linears_keeps_ties_state_and_outputs():
     ids = torch.tensor([[5, 9, 11, 3, 40, 7]])  # (B, T)
     with torch.inference_mode():
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)
-    assert pack_linears(model.to(torch.bfloat16)) == 0  # not fp32: nothing to pack
+    assert pack_linears(model.to(torch.bfloat16)) == 0  # every linear already packed: nothing left to pack
+
+
+def test_bf16_weights_are_packed_only_where_onednn_can_reorder_them():
+    avx2 = frozenset({"avx", "avx2", "fma", "f16c"})
+    assert cpu_linear.packed_dtypes(avx2) == (torch.float32,)  # oneDNN raises reordering bf16 there
+    assert torch.bfloat16 in cpu_linear.packed_dtypes(avx2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+    assert torch.bfloat16 in cpu_linear.packed_dtypes(avx2 | {"avx_ne_convert"})
+    assert cpu_linear.packed_dtypes(frozenset()) == (torch.float32,)  # no /proc/cpuinfo: the safe answer
 
 
 def test_greedy_drafting_with_a_packed_target_equals_plain_decoding():
@@ -81,7 +90,8 @@ def test_load_target_packs_on_the_cpu_unless_asked_not_to_or_short_of_memory(tmp
     tiny_qwen3().save_pretrained(tmp_path)
     tiny_tokenizer(64, QWEN3_TEMPLATE).save_pretrained(tmp_path)
     assert load_target(TargetConfig(str(tmp_path), device="cpu", dtype="fp32")).extra["packed_linears"] > 0
-    assert load_target(TargetConfig(str(tmp_path), device="cpu", dtype="bf16")).extra["packed_linears"] > 0
+    bf16_packed = load_target(TargetConfig(str(tmp_path), device="cpu", dtype="bf16")).extra.get("packed_linears", 0)
+    assert (bf16_packed > 0) == (torch.bfloat16 in cpu_linear.packed_dtypes(cpu_flags()))
     unpacked = load_target(TargetConfig(str(tmp_path), device="cpu", cpu_linear="torch"))
     assert "packed_linears" not in unpacked.extra
     monkeypatch.setattr(target_mod, "free_memory_bytes", lambda device: 2 * 10**4)  # room for no second copy

@@ -10,8 +10,8 @@ from core.cpu_linear import pack_linears
 from core.engine import GenerationConfig, generate_all
 from core.exactness import check_invariance, probe_prompt
 from core.forward import keep_positions, target_forward
-from core.lean import KEY_BLOCK, LeanForward, StaticCache, ancestor_columns, lean_supported
-from core.target import NATIVE_BF16_CPU_FLAGS, pick_dtype
+from core.lean import KEY_BLOCK, PREFILL_ROWS, LeanForward, StaticCache, ancestor_columns, lean_supported
+from core.target import NATIVE_BF16_CPU_FLAGS, TargetConfig, cpu_quant, pick_dtype
 from core.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
 from core.threads import cpu_flags
 from core.tree import ancestor_mask, build_trie, tree_positions
@@ -28,16 +28,24 @@ def native_step():
     return module
 
 
-def lean_target(model, weights: str = "packed", dtype=torch.float32, template=None):
+def lean_target(model, weights: str = "packed", dtype=torch.float32, template=None, native_prefill=False):
     """A tiny target served by the lean forward: dtype, prepacked CPU linears, weights "packed", "q4" or
-    "q4-native" (q4 with the compiled decode step)."""
+    "q4-native" (q4 with the compiled decode step, and its prefill too where native_prefill)."""
     model = copy.deepcopy(model).to(dtype)
     pack_linears(model)
     kwargs = {"template": template} if template else {}
     target = make_target(model, **kwargs)
     native_module = native_step() if weights == "q4-native" else None
-    target.lean = LeanForward(model, weights=weights.removesuffix("-native"), native=native_module)
+    target.lean = LeanForward(model, weights=weights.removesuffix("-native"), native=native_module,
+                              native_prefill=native_prefill)
     return target
+
+
+def skip_unless_offered(weights: str) -> None:
+    """bf16 products (packed, op-by-op q4) are offered on CPUs with native bf16 only (pick_dtype, cpu_quant); the
+    native q4 step on every CPU it builds on."""
+    if weights != "q4-native" and not NATIVE_BF16:
+        pytest.skip("bf16 products are offered on CPUs with native bf16 only (pick_dtype); fp32 here")
 
 
 def models():
@@ -106,11 +114,11 @@ def invariance_cases():
     return cases
 
 
-@pytest.mark.skipif(not NATIVE_BF16, reason="bf16 is offered on CPUs with native bf16 only (pick_dtype); fp32 here")
 @pytest.mark.parametrize("label,model,weights", invariance_cases())
 def test_offered_low_precisions_are_batch_invariant(label, model, weights):
     """One position alone = the same position among K + 1 chain positions = in a tree, bit for bit: what makes
     drafted output equal plain decoding in that precision whatever the near-ties."""
+    skip_unless_offered(weights)
     target = lean_target(model, weights, torch.bfloat16)
     report = check_invariance(target, probe_prompt(target.vocab_size, 70), steps=80)  # crosses a key block
     assert report.exact, report.describe()
@@ -125,10 +133,11 @@ def test_fp32_is_reported_honestly():
     assert ("not batch-invariant" in report.describe()) == (not report.exact)
 
 
-@pytest.mark.skipif(not NATIVE_BF16, reason="bf16 is offered on CPUs with native bf16 only")
-@pytest.mark.parametrize("weights", ["packed", "q4", "q4-native"])
-def test_speculative_equals_plain_through_the_lean_forward_in_low_precision(weights):
-    target = lean_target(tiny_qwen3(vocab_size=64, layers=2), weights, torch.bfloat16, QWEN3_TEMPLATE)
+@pytest.mark.parametrize("weights,native_prefill", [("packed", False), ("q4", False), ("q4-native", False),
+                                                    ("q4-native", True)])
+def test_speculative_equals_plain_through_the_lean_forward_in_low_precision(weights, native_prefill):
+    skip_unless_offered(weights)
+    target = lean_target(tiny_qwen3(vocab_size=64, layers=2), weights, torch.bfloat16, QWEN3_TEMPLATE, native_prefill)
     for seed, prompt in enumerate([[5, 6, 7, 8], [9, 30, 31], [12] * 7, list(range(4, 40))]):  # the last: a prefill
         plain, _ = generate_all(target, prompt, GenerationConfig(max_new_tokens=40))
         oracle = NoisyOracle(plain, corrupt=0.3, vocab=64, seed=seed)
@@ -144,6 +153,16 @@ def test_pick_dtype_takes_bf16_only_where_the_cpu_multiplies_it():
     assert pick_dtype("auto", cpu, {"avx2", "avx512_bf16"}) == torch.bfloat16
     assert pick_dtype("auto", cpu, {"amx_bf16"}) == torch.bfloat16
     assert pick_dtype("fp32", cpu, {"amx_bf16"}) == torch.float32
+
+
+def test_q4_is_the_cpu_default_where_bf16_is_native_or_the_native_step_builds():
+    cpu, cfg = torch.device("cpu"), TargetConfig()  # the embedded default, --quant auto
+    avx2, avx512_bf16 = {"avx2", "fma"}, {"avx2", "avx512_bf16"}
+    assert cpu_quant(cfg, cpu, avx512_bf16, native_step=lambda: False) == "q4"  # op by op if need be
+    assert cpu_quant(cfg, cpu, avx2, native_step=lambda: True) == "q4"  # the step's fp32 lanes
+    assert cpu_quant(cfg, cpu, avx2, native_step=lambda: False) == "auto"  # emulated bf16: fp32 instead
+    assert cpu_quant(TargetConfig(dtype="fp32"), cpu, avx2, native_step=lambda: True) == "auto"
+    assert cpu_quant(TargetConfig(cpu_precision="reference"), cpu, avx512_bf16, native_step=lambda: True) == "auto"
 
 
 def test_the_drafter_tools_keep_the_reference_forward_on_a_cpu(tmp_path):
@@ -180,7 +199,6 @@ def test_a_precision_that_fails_the_check_is_refused_when_asked_and_replaced_und
     assert fallback.model.dtype == torch.float32 and "fp32" in fallback.precision
 
 
-@pytest.mark.skipif(not NATIVE_BF16, reason="q4 runs on CPUs with native bf16 only")
 @pytest.mark.parametrize("name,model", models())
 def test_the_native_step_computes_the_q4_forward(name, model):
     """The compiled step (fp32 residual, its own exp and sums) against the op-by-op q4 forward: the same logits and
@@ -201,3 +219,26 @@ def test_the_native_step_computes_the_q4_forward(name, model):
             (logits_py, states_py), (logits_native, states_native) = out
             assert torch.allclose(logits_native.float(), logits_py.float(), atol=0.008, rtol=0), name
             assert torch.allclose(states_native.float(), states_py.float(), atol=0.04, rtol=0.02), name
+
+
+@pytest.mark.parametrize("name,model", models())
+def test_a_native_prefill_in_chunks_computes_the_op_by_op_prefill(name, model):
+    """native_prefill: a prompt longer than a verify round runs through the native step a round's worth of positions
+    at a time, each chunk attending to those cached before it: the logits and states of the op-by-op q4 forward fed
+    the same chunks (the op-by-op prefill multiplies by the bf16 weights instead) up to bf16 rounding, and the cache
+    left where a one-call prefill leaves it."""
+    python = lean_target(model, "q4", torch.bfloat16)
+    chunked = lean_target(model, "q4-native", torch.bfloat16, native_prefill=True)
+    prompt = torch.tensor(probe_prompt(64, 2 * PREFILL_ROWS + 5))  # three chunks, the last a short one
+    caches = [t.lean.new_cache(128) for t in (python, chunked)]
+    with torch.no_grad():
+        by_chunk = [python.lean(prompt[i : i + PREFILL_ROWS], caches[0], layers=(0, 1, 2))
+                    for i in range(0, len(prompt), PREFILL_ROWS)]
+        logits_py, states_py = (torch.cat(parts) for parts in zip(*by_chunk))
+        logits_native, states_native = chunked.lean(prompt, caches[1], layers=(0, 1, 2))
+        assert caches[0].length == caches[1].length == len(prompt)
+        (next_py, _), (next_native, _) = [t.lean(torch.tensor([5]), c) for t, c in zip((python, chunked), caches)]
+    assert logits_native.shape == logits_py.shape and states_native.shape == states_py.shape
+    assert torch.allclose(logits_native.float(), logits_py.float(), atol=0.008, rtol=0), name
+    assert torch.allclose(states_native.float(), states_py.float(), atol=0.04, rtol=0.02), name
+    assert torch.allclose(next_native.float(), next_py.float(), atol=0.008, rtol=0), name

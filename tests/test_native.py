@@ -77,15 +77,20 @@ def test_load_target_falls_back_to_the_python_step_with_one_line(monkeypatch, ca
     assert capsys.readouterr().out.count("no compiler here") == 1
 
 
+# the lanes a CPU without AVX-512 compiles (core/csrc/simd.h): two AVX2 halves, or plain arrays without AVX2 either
+LANE_BUILDS = {"avx2": ("-mno-avx512f",), "arrays": ("-mno-avx512f", "-mno-avx2")}
+
+
 @pytest.mark.slow
-def test_the_portable_build_without_avx512_is_exact_too(monkeypatch, tmp_path):
-    """The step's plain-array lanes (what a CPU without AVX-512 compiles) built here with AVX-512 turned off: the
-    q4 forward through it is batch-invariant and agrees with the op-by-op forward."""
+@pytest.mark.parametrize("lanes", sorted(LANE_BUILDS))
+def test_the_builds_without_avx512_are_exact_too(lanes, monkeypatch, tmp_path):
+    """The step built here with AVX-512 (and for plain arrays AVX2) turned off: the q4 forward through it is
+    batch-invariant and agrees with the op-by-op forward."""
     from core.exactness import check_invariance, probe_prompt
     from core.lean import LeanForward
     from tests.test_lean import lean_target, models
 
-    monkeypatch.setattr(native, "CFLAGS", (*native.CFLAGS, "-mno-avx512f"))
+    monkeypatch.setattr(native, "CFLAGS", (*native.CFLAGS, *LANE_BUILDS[lanes]))
     monkeypatch.setenv("FLASHMAP_NATIVE_DIR", str(tmp_path))
     module, why = native.load()
     assert module is not None, why

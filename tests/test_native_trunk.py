@@ -12,6 +12,7 @@ from drafter import native_trunk
 from drafter.config import DrafterConfig
 from drafter.frozen import CachedContext, FrozenDraftNet
 from drafter.network import DraftNet
+from tests.test_native import LANE_BUILDS
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +100,10 @@ def test_blocks_at_different_times_take_the_python_trunk(module):
 
 
 @pytest.mark.slow
-def test_the_portable_build_without_avx512_computes_it_too(monkeypatch, tmp_path):
-    """The plain-array lanes (what a CPU without AVX-512 compiles), built here with AVX-512 turned off."""
-    monkeypatch.setattr(native, "CFLAGS", (*native.CFLAGS, "-mno-avx512f"))
+@pytest.mark.parametrize("lanes", sorted(LANE_BUILDS))
+def test_the_builds_without_avx512_compute_it_too(lanes, monkeypatch, tmp_path):
+    """The trunk built here with AVX-512 (and for plain arrays AVX2) turned off: what a CPU without it compiles."""
+    monkeypatch.setattr(native, "CFLAGS", (*native.CFLAGS, *LANE_BUILDS[lanes]))
     monkeypatch.setenv("FLASHMAP_NATIVE_DIR", str(tmp_path))
     portable, why = native_trunk.load()
     assert portable is not None, why

@@ -101,9 +101,10 @@ at::Tensor rms_norm(const at::Tensor& residual, const at::Tensor& weight, double
 // unpacking again for each row. Batch invariance by construction: each row's value is the same sequence of
 // operations whatever the other rows are; rows are taken a few at a time (Kind::ROWS) only to share the unpacking.
 constexpr int64_t GROUP = 32, TILE = 16;  // inputs a block, outputs a block
-// partial sums a row keeps per block: four short chains of dependent products (one row's sixteen products in one
-// chain waited on each other). The same for every row count: how a row's sum is associated must not depend on it
-constexpr int PARTIALS = 4;
+// partial sums a row keeps per block: short chains of dependent products (one row's sixteen products in one chain
+// waited on each other), four where the registers hold 32 vectors, two where they hold 8 (AVX2: a V16 is two
+// registers). The same for every row count: how a row's sum is associated must not depend on it
+constexpr int PARTIALS = REGISTERS >= 32 ? 4 : 2;
 
 // sum of x[0..31] (bf16) in fp32: two lane-wise halves, then the lanes in a fixed order
 inline float group_sum(const bf16* x) { return sum(load(x) + load(x + LANES)); }
@@ -112,6 +113,7 @@ inline float group_sum(const bf16* x) { return sum(load(x) + load(x + LANES)); }
 // instruction's order (input 2p + 1, then 2p)
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 using Pairs = __m512bh;  // 16 lanes of two bf16 codes
+using Operand = bf16;  // the rows as the pair step reads them
 inline V16 pair_step(V16 acc, Pairs codes, const bf16* x) {  // acc + codes . (x[0], x[1]) lane by lane
   int32_t both;
   std::memcpy(&both, x, sizeof(both));  // the two inputs as one bf16 pair
@@ -138,11 +140,32 @@ inline Pairs q8_pairs(const int32_t* words) {  // 16 outputs' two signed 8-bit c
 struct Pairs {
   V16 even, odd;
 };
-inline V16 pair_step(V16 acc, const Pairs& codes, const bf16* x) {
-  acc = fma(codes.odd, splat(static_cast<float>(x[1])), acc);
-  return fma(codes.even, splat(static_cast<float>(x[0])), acc);
+using Operand = float;  // the rows widened to fp32 once per product, not once per block and output tile
+inline V16 pair_step(V16 acc, const Pairs& codes, const float* x) {
+  acc = fma(codes.odd, splat(x[1]), acc);
+  return fma(codes.even, splat(x[0]), acc);
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+inline __m256i codes_at(const int32_t* words, int shift) {  // eight words' 4-bit codes at bit `shift`
+  return _mm256_and_si256(_mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words)), shift),
+                          _mm256_set1_epi32(15));
+}
+
+inline Pairs q4_pairs(const int32_t* words, int k) {
+  return {{_mm256_cvtepi32_ps(codes_at(words, 4 * k)), _mm256_cvtepi32_ps(codes_at(words + 8, 4 * k))},
+          {_mm256_cvtepi32_ps(codes_at(words, 16 + 4 * k)), _mm256_cvtepi32_ps(codes_at(words + 8, 16 + 4 * k))}};
+}
+
+inline Pairs q8_pairs(const int32_t* words) {  // bytes 2l, 2l + 1: output l's two signed codes
+  const __m256i both = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words));  // 16 x (even, odd) bytes
+  const __m256i even = _mm256_srai_epi16(_mm256_slli_epi16(both, 8), 8), odd = _mm256_srai_epi16(both, 8);  // 16 x i16
+  auto floats = [](__m256i codes, int half) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(half ? _mm256_extracti128_si256(codes, 1) : _mm256_castsi256_si128(codes)));
+  };
+  return {{floats(even, 0), floats(even, 1)}, {floats(odd, 0), floats(odd, 1)}};
+}
+#else
 inline Pairs q4_pairs(const int32_t* words, int k) {
   Pairs r;
   for (int l = 0; l < LANES; ++l) {
@@ -163,27 +186,38 @@ inline Pairs q8_pairs(const int32_t* words) {
   return r;
 }
 #endif
+#endif
 
-// dot[r] (16 outputs) = sum over the block's 32 inputs of code * x[r], in four partial sums added in a fixed order
-template <int R>
-inline void q4_dots(const int32_t* words, const bf16* const* x, V16* dot) {
-  V16 part[R][PARTIALS];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-    for (int q = 0; q < PARTIALS; ++q) part[r][q] = zeros();
-  for (int k = 0; k < 4; ++k)
-#pragma GCC unroll 4
-    for (int q = 0; q < 4; ++q) {  // one partial per quarter of the inputs
-      const Pairs codes = q4_pairs(words + q * LANES, k);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) part[r][q] = pair_step(part[r][q], codes, x[r] + 8 * q + 2 * k);
-    }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) dot[r] = (part[r][0] + part[r][1]) + (part[r][2] + part[r][3]);
+// a row's partial sums added in a fixed order: (0 + 1) + (2 + 3), or 0 + 1
+template <int P>
+inline V16 combine(const V16* part) {
+  if constexpr (P == 4) return (part[0] + part[1]) + (part[2] + part[3]);
+  V16 total = part[0];
+  for (int q = 1; q < P; ++q) total = total + part[q];
+  return total;
 }
 
+// dot[r] (16 outputs) = sum over the block's 32 inputs of code * x[r]; quarter q of the inputs into partial q % P
 template <int R, int P>
-inline void q8_dots(const int32_t* words, const bf16* const* x, V16* dot) {
+inline void q4_dots(const int32_t* words, const Operand* const* x, V16* dot) {
+  V16 part[R][P];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < P; ++q) part[r][q] = zeros();
+  for (int k = 0; k < 4; ++k)
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) {
+      const Pairs codes = q4_pairs(words + q * LANES, k);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) part[r][q % P] = pair_step(part[r][q % P], codes, x[r] + 8 * q + 2 * k);
+    }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) dot[r] = combine<P>(part[r]);
+}
+
+// input pair p into partial p % P
+template <int R, int P>
+inline void q8_dots(const int32_t* words, const Operand* const* x, V16* dot) {
   V16 part[R][P];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -196,32 +230,33 @@ inline void q8_dots(const int32_t* words, const bf16* const* x, V16* dot) {
       for (int r = 0; r < R; ++r) part[r][q] = pair_step(part[r][q], codes, x[r] + 2 * (p + q));
     }
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    dot[r] = part[r][0];
-    for (int q = 1; q < P; ++q) dot[r] = dot[r] + part[r][q];
-  }
+  for (int r = 0; r < R; ++r) dot[r] = combine<P>(part[r]);
 }
 
 struct Q4Blocks {  // pack_q4_blocks: codes, scales, minimums
   static constexpr int64_t WORDS = 80, SCALES = 64, MINIMA = 72;
-  static constexpr int ROWS = 4;  // rows sharing one unpacking: R x 4 partial sums fill the registers
+  // rows sharing one unpacking: R x PARTIALS sums, the codes and the inputs fill the registers
+  static constexpr int ROWS = REGISTERS >= 32 ? 4 : 2;
   template <int R>
-  static void dots(const int32_t* words, const bf16* const* x, V16* dot) { q4_dots<R>(words, x, dot); }
+  static void dots(const int32_t* words, const Operand* const* x, V16* dot) { q4_dots<R, PARTIALS>(words, x, dot); }
 };
 
 struct Q8Blocks {  // pack_q8_blocks: codes, scales
   static constexpr int64_t WORDS = 136, SCALES = 128, MINIMA = -1;
-  // 8 rows share one unpacking, with 2 partial sums each: turning 8-bit codes into bf16 pairs costs ~5 instructions a
-  // pair of inputs, more than the 4-bit table lookup, so it is shared by more rows
-  static constexpr int ROWS = 8;
+  // 8 rows share one unpacking (2 with AVX2's 8 vectors), with 2 partial sums each: turning 8-bit codes into bf16
+  // pairs costs ~5 instructions a pair of inputs, more than the 4-bit table lookup, so it is shared by more rows
+  static constexpr int ROWS = REGISTERS >= 32 ? 8 : 2;
   template <int R>
-  static void dots(const int32_t* words, const bf16* const* x, V16* dot) { q8_dots<R, 2>(words, x, dot); }
+  static void dots(const int32_t* words, const Operand* const* x, V16* dot) { q8_dots<R, 2>(words, x, dot); }
 };
 
 inline V16 load_half(const int32_t* words) {  // 16 fp16 values -> fp32
   V16 r;
 #if defined(__AVX512F__)
   r.v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words)));
+#elif defined(__AVX2__) && defined(__F16C__)
+  r.lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(words)));
+  r.hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(words) + 1));
 #else
   const at::Half* half = reinterpret_cast<const at::Half*>(words);
   for (int l = 0; l < LANES; ++l) r.v[l] = static_cast<float>(half[l]);
@@ -231,14 +266,14 @@ inline V16 load_half(const int32_t* words) {  // 16 fp16 values -> fp32
 
 // rows r0 .. r0 + R of x (N, I) times the 16 outputs of tile `tile` -> out (N, O) bf16 (+ bias, in fp32)
 template <typename Kind, int R>
-void block_tile(const int32_t* blocks, const bf16* x, const float* sums, const bf16* bias, int64_t in, int64_t outs,
+void block_tile(const int32_t* blocks, const Operand* x, const float* sums, const bf16* bias, int64_t in, int64_t outs,
                 int64_t tile, int64_t r0, bf16* out) {
   const int64_t groups = in / GROUP;
   V16 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = zeros();
   for (int64_t g = 0; g < groups; ++g) {
     const int32_t* block = blocks + (tile * groups + g) * Kind::WORDS;
-    const bf16* at_group[R];
+    const Operand* at_group[R];
     V16 dot[R];
     for (int r = 0; r < R; ++r) at_group[r] = x + (r0 + r) * in + g * GROUP;
     Kind::template dots<R>(block, at_group, dot);
@@ -275,6 +310,15 @@ at::Tensor blocks_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs
     for (int64_t t = 0; t < n; ++t)
       for (int64_t g = 0; g < groups; ++g) sums[t * groups + g] = group_sum(xs + t * in + g * GROUP);
   }
+  std::vector<Operand> widened;  // (N, I) fp32 where the pair step reads fp32 rows
+  const Operand* rows = nullptr;
+  if constexpr (std::is_same_v<Operand, bf16>) {
+    rows = xs;
+  } else {
+    widened.resize(n * in);
+    for (int64_t i = 0; i < n * in; i += LANES) store(widened.data() + i, load(xs + i, n * in - i), n * in - i);
+    rows = widened.data();
+  }
   auto out = at::empty({n, outs}, x.options());
   const int32_t* words = blocks.data_ptr<int32_t>();
   const bf16* b = bias.numel() ? bias.data_ptr<bf16>() : nullptr;
@@ -283,10 +327,10 @@ at::Tensor blocks_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs
     for (int64_t tile = begin; tile < end; ++tile) {
       int64_t r0 = 0;
       for (; r0 + Kind::ROWS <= n; r0 += Kind::ROWS)
-        block_tile<Kind, Kind::ROWS>(words, xs, sums.data(), b, in, outs, tile, r0, dst);
+        block_tile<Kind, Kind::ROWS>(words, rows, sums.data(), b, in, outs, tile, r0, dst);
       if (r0 < n)  // the last rows (fewer than Kind::ROWS) in one pass
         with_count<Kind::ROWS - 1>(n - r0, [&](auto rest) {
-          block_tile<Kind, decltype(rest)::value>(words, xs, sums.data(), b, in, outs, tile, r0, dst);
+          block_tile<Kind, decltype(rest)::value>(words, rows, sums.data(), b, in, outs, tile, r0, dst);
         });
     }
   });

@@ -4,12 +4,13 @@
 #pragma once
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <utility>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -19,9 +20,11 @@ constexpr int LANES = 16;
 
 inline float fma_(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 
-// Sixteen float lanes: AVX-512 where the build has it, else plain arrays doing the same lane-wise operations (a
-// machine computes every row with one of the two, so rows stay equal to each other either way).
+// Sixteen float lanes: AVX-512 where the build has it, two AVX2 halves where that is the widest, else plain arrays
+// doing the same lane-wise operations (a machine computes every row with one of them, so rows stay equal to each other
+// whichever it is). REGISTERS: how many V16 values the register file holds, which sizes the kernels' register tiles.
 #if defined(__AVX512F__)
+constexpr int REGISTERS = 32;
 struct V16 {
   __m512 v;
 };
@@ -56,7 +59,86 @@ inline V16 copysign(V16 magnitude, V16 sign) {  // |magnitude| with sign's sign 
 }
 inline float sum(V16 a) { return _mm512_reduce_add_ps(a.v); }
 inline float top(V16 a) { return _mm512_reduce_max_ps(a.v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int REGISTERS = 8;  // sixteen ymm registers, two a V16
+struct V16 {
+  __m256 lo, hi;  // lanes 0..7, 8..15
+};
+inline __m256i half_mask(int64_t n) {  // the first n of eight lanes (none for n <= 0)
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(std::max<int64_t>(n, 0), 8))),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline V16 zeros() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline V16 splat(float x) { const __m256 v = _mm256_set1_ps(x); return {v, v}; }
+inline V16 load(const float* p, int64_t n = LANES) {
+  if (n >= LANES) return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
+  return {_mm256_maskload_ps(p, half_mask(n)), _mm256_maskload_ps(p + 8, half_mask(n - 8))};
+}
+inline V16 load_or(const float* p, int64_t n, float fill) {
+  const V16 loaded = load(p, n), filled = splat(fill);
+  return {_mm256_blendv_ps(filled.lo, loaded.lo, _mm256_castsi256_ps(half_mask(n))),
+          _mm256_blendv_ps(filled.hi, loaded.hi, _mm256_castsi256_ps(half_mask(n - 8)))};
+}
+inline __m256 widen(__m128i raw) {  // eight bf16 -> fp32: the 16 bits moved up
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+inline V16 load(const bf16* p, int64_t n = LANES) {
+  __m256i raw;
+  if (n >= LANES) {
+    raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  } else {  // no 16-bit masked load in AVX2: the lanes there are, through a zeroed copy
+    alignas(32) uint16_t part[LANES] = {};
+    if (n > 0) std::memcpy(part, p, static_cast<size_t>(n) * sizeof(bf16));
+    raw = _mm256_load_si256(reinterpret_cast<const __m256i*>(part));
+  }
+  return {widen(_mm256_castsi256_si128(raw)), widen(_mm256_extracti128_si256(raw, 1))};
+}
+inline void store(float* p, V16 x, int64_t n = LANES) {
+  if (n >= LANES) {
+    _mm256_storeu_ps(p, x.lo);
+    _mm256_storeu_ps(p + 8, x.hi);
+    return;
+  }
+  _mm256_maskstore_ps(p, half_mask(n), x.lo);
+  _mm256_maskstore_ps(p + 8, half_mask(n - 8), x.hi);
+}
+#define HALVES(op) return {op(a.lo, b.lo), op(a.hi, b.hi)}
+inline V16 operator+(V16 a, V16 b) { HALVES(_mm256_add_ps); }
+inline V16 operator-(V16 a, V16 b) { HALVES(_mm256_sub_ps); }
+inline V16 operator*(V16 a, V16 b) { HALVES(_mm256_mul_ps); }
+inline V16 operator/(V16 a, V16 b) { HALVES(_mm256_div_ps); }
+inline V16 max(V16 a, V16 b) { HALVES(_mm256_max_ps); }
+inline V16 min(V16 a, V16 b) { HALVES(_mm256_min_ps); }
+#undef HALVES
+inline V16 fma(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline V16 floor(V16 a) { return {_mm256_floor_ps(a.lo), _mm256_floor_ps(a.hi)}; }
+inline __m256 pow2_half(__m256 k) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23));
+}
+inline V16 pow2(V16 k) { return {pow2_half(k.lo), pow2_half(k.hi)}; }  // 2^k for whole k in -126..127
+inline V16 abs(V16 a) {
+  const __m256 bit = _mm256_set1_ps(-0.0f);
+  return {_mm256_andnot_ps(bit, a.lo), _mm256_andnot_ps(bit, a.hi)};
+}
+inline V16 copysign(V16 magnitude, V16 sign) {  // |magnitude| with sign's sign bit
+  const __m256 bit = _mm256_set1_ps(-0.0f);
+  return {_mm256_or_ps(_mm256_andnot_ps(bit, magnitude.lo), _mm256_and_ps(bit, sign.lo)),
+          _mm256_or_ps(_mm256_andnot_ps(bit, magnitude.hi), _mm256_and_ps(bit, sign.hi))};
+}
+inline float sum(V16 a) {  // the portable tree: lane i + lane i + 8, then + 4, + 2, + 1
+  const __m256 eight = _mm256_add_ps(a.lo, a.hi);
+  const __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+  const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+  return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
+}
+inline float top(V16 a) {
+  const __m256 eight = _mm256_max_ps(a.lo, a.hi);
+  __m128 four = _mm_max_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+  four = _mm_max_ps(four, _mm_movehl_ps(four, four));
+  return _mm_cvtss_f32(_mm_max_ss(four, _mm_shuffle_ps(four, four, 1)));
+}
 #else
+constexpr int REGISTERS = 8;  // as AVX2, which is what the compiler makes of the arrays on most x86 machines
 struct V16 {
   float v[LANES];
 };

@@ -20,7 +20,9 @@ namespace {
 using namespace simd;
 
 constexpr int64_t PANEL = 2 * LANES;  // output columns of a packed weight panel: two vectors
-constexpr int64_t ROWS = 8;  // rows of a register tile: 8 rows x 2 vectors = 16 accumulators
+// rows of a register tile: 8 rows x 2 vectors = 16 accumulators of AVX-512's 32 registers; 3 x 2 of AVX2's 8 V16
+// (the weights then come from memory as the products' operands)
+constexpr int64_t ROWS = REGISTERS >= 32 ? 8 : 3;
 
 // nn.Linear's weight (N, I) -> panels (ceil(N / 32), I, 32), zero-padded: panel p holds output columns 32p.. with
 // each input feature's 32 weights side by side, so a tile reads its panel once, front to back
