@@ -123,18 +123,30 @@ def quantize_q4(weight: torch.Tensor, group: int = Q4_GROUP) -> tuple[torch.Tens
     return codes.to(torch.int32).reshape(out_f, in_f), scale, minimum
 
 
-def pack_q4_blocks(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+LAYOUTS = ("pairs", "bytes")  # how a block arranges its codes: the native step's LAYOUT, which its CPU decides
+
+
+def pack_q4_blocks(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, layout: str = "pairs"
+                   ) -> torch.Tensor:
     """quantize_q4's codes in the native step's layout (core/csrc/lean_step.cpp, q4_mm): per block of 16 outputs x 32
-    inputs, 64 int32 words of codes (word (q, j): output j's inputs 8q .. 8q + 7, input 8q + 2k in bits 4k .., input
-    8q + 2k + 1 in bits 16 + 4k ..), then the 16 outputs' scales and minimums as fp16 (8 words each).
+    inputs, 64 int32 words of codes, then the 16 outputs' scales and minimums as fp16 (8 words each). "pairs" (bf16 or
+    fp32 pair products): word (q, j) holds output j's inputs 8q .. 8q + 7, input 8q + 2k in bits 4k .., input
+    8q + 2k + 1 in bits 16 + 4k ..; "bytes" (8-bit integer products, AVX2): byte 32m + 4l + i holds output l's code of
+    input 4m + i in its low 4 bits and output 8 + l's in its high 4 bits.
     codes (O, I) int32 in 0..15, scale, minimum (O, I/32) -> (O/16, I/32, 80) int32"""
     out_f, in_f = codes.shape
     tiles, groups = out_f // 16, in_f // Q4_GROUP
-    nibbles = codes.to(torch.int64).reshape(tiles, 16, groups, 4, 4, 2)  # (tile, j, group, q, k, odd)
-    nibbles = nibbles.permute(0, 2, 3, 1, 4, 5)  # (tile, group, q, j, k, odd)
-    shifts = 4 * torch.arange(4)[:, None] + 16 * torch.arange(2)[None]  # (k, odd)
-    words = (nibbles << shifts).sum((-2, -1))  # (tile, group, q, j), each < 2^32
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).reshape(tiles, groups, 64)  # int32 bits
+    if layout == "bytes":
+        nibbles = codes.to(torch.uint8).reshape(tiles, 2, 8, groups, 8, 4)  # (tile, high, l, group, m, i)
+        nibbles = nibbles.permute(0, 3, 4, 2, 5, 1)  # (tile, group, m, l, i, high)
+        words = (nibbles[..., 0] | (nibbles[..., 1] << 4)).contiguous().reshape(-1).view(torch.int32)
+        words = words.reshape(tiles, groups, 64)  # 32 bytes per m
+    else:
+        nibbles = codes.to(torch.int64).reshape(tiles, 16, groups, 4, 4, 2)  # (tile, j, group, q, k, odd)
+        nibbles = nibbles.permute(0, 2, 3, 1, 4, 5)  # (tile, group, q, j, k, odd)
+        shifts = 4 * torch.arange(4)[:, None] + 16 * torch.arange(2)[None]  # (k, odd)
+        words = (nibbles << shifts).sum((-2, -1))  # (tile, group, q, j), each < 2^32
+        words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).reshape(tiles, groups, 64)
 
     def halves(values: torch.Tensor) -> torch.Tensor:  # (O, I/32) -> (tile, group, 8) int32 holding 16 fp16
         per_block = values.to(torch.float16).reshape(tiles, 16, groups).permute(0, 2, 1)  # (tile, group, 16)
@@ -144,17 +156,35 @@ def pack_q4_blocks(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tens
     return torch.cat([words, halves(scale), halves(minimum)], dim=-1).contiguous()  # (tile, group, 80)
 
 
-def unpack_q4_blocks(blocks: torch.Tensor) -> torch.Tensor:
+def unpack_q4_blocks(blocks: torch.Tensor, layout: str = "pairs") -> torch.Tensor:
     """The weight (O, I) fp32 that pack_q4_blocks' blocks stand for (tests, checks). blocks (O/16, I/32, 80)"""
     tiles, groups, _ = blocks.shape
-    words = blocks[..., :64].to(torch.int64) & 0xFFFFFFFF  # (tile, group, 64) as unsigned
-    words = words.reshape(tiles, groups, 4, 16, 1, 1)  # (tile, group, q, j, 1, 1)
-    shifts = 4 * torch.arange(4)[:, None] + 16 * torch.arange(2)[None]  # (k, odd)
-    codes = (words >> shifts) & 15  # (tile, group, q, j, k, odd)
-    codes = codes.permute(0, 3, 1, 2, 4, 5).reshape(tiles * 16, groups, Q4_GROUP).float()  # (O, I/32, 32)
+    if layout == "bytes":
+        packed = blocks[..., :64].contiguous().view(torch.uint8).reshape(tiles, groups, 8, 8, 4)  # (tile, g, m, l, i)
+        codes = torch.stack([packed & 15, packed >> 4], dim=1)  # (tile, high, group, m, l, i)
+        codes = codes.permute(0, 1, 4, 2, 3, 5).reshape(tiles * 16, groups, Q4_GROUP).float()  # (O, I/32, 32)
+    else:
+        words = blocks[..., :64].to(torch.int64) & 0xFFFFFFFF  # (tile, group, 64) as unsigned
+        words = words.reshape(tiles, groups, 4, 16, 1, 1)  # (tile, group, q, j, 1, 1)
+        shifts = 4 * torch.arange(4)[:, None] + 16 * torch.arange(2)[None]  # (k, odd)
+        codes = (words >> shifts) & 15  # (tile, group, q, j, k, odd)
+        codes = codes.permute(0, 3, 1, 2, 4, 5).reshape(tiles * 16, groups, Q4_GROUP).float()  # (O, I/32, 32)
     scale, minimum = (blocks[..., lo:lo + 8].contiguous().view(torch.float16).float().permute(0, 2, 1)
                       .reshape(tiles * 16, groups, 1) for lo in (64, 72))  # (O, I/32, 1) each
     return (codes * scale + minimum).reshape(tiles * 16, groups * Q4_GROUP)
+
+
+def as_multiplied(x: torch.Tensor, activations: str, group: int = Q4_GROUP) -> torch.Tensor:
+    """The rows x (N, I) as the native products multiply them (its ACTIVATIONS): bf16 as they are; "8-bit" rounded to
+    signed codes per block of `group` inputs with the scale max |x| / 127 (GGUF's Q8_0, as llama.cpp treats
+    activations). Returns (N, I) fp32 (tests, checks)."""
+    x = x.float()
+    if activations != "8-bit":
+        return x
+    blocks = x.reshape(x.shape[0], -1, group)  # (N, I/g, g)
+    largest = blocks.abs().amax(-1, keepdim=True)  # (N, I/g, 1)
+    inverse = torch.where(largest > 0, 127.0 / largest, torch.zeros_like(largest))
+    return (torch.round(blocks * inverse) * (largest / 127.0)).reshape(x.shape)
 
 
 def quantize_q8(weight: torch.Tensor, group: int = Q4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,23 +197,26 @@ def quantize_q8(weight: torch.Tensor, group: int = Q4_GROUP) -> tuple[torch.Tens
     return codes.to(torch.int8).reshape(out_f, in_f), scale
 
 
-def pack_q8_blocks(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def pack_q8_blocks(codes: torch.Tensor, scale: torch.Tensor, layout: str = "pairs") -> torch.Tensor:
     """quantize_q8's codes in the native step's layout (core/csrc/lean_step.cpp, q8_mm): per block of 16 outputs x 32
-    inputs, 128 int32 words of codes (8 words per input pair p: output j's codes of inputs 2p, 2p + 1 in bytes 2j,
-    2j + 1), then the 16 outputs' scales as fp16 (8 words). codes (O, I) int8, scale (O, I/32) -> (O/16, I/32, 136)"""
+    inputs, 128 int32 words of codes ("pairs": 8 words per input pair p, output j's codes of inputs 2p, 2p + 1 in
+    bytes 2j, 2j + 1; "bytes": word 16m + j holds output j's codes of inputs 4m .. 4m + 3), then the 16 outputs'
+    scales as fp16 (8 words). codes (O, I) int8, scale (O, I/32) -> (O/16, I/32, 136)"""
     out_f, in_f = codes.shape
     tiles, groups = out_f // 16, in_f // Q4_GROUP
-    pairs = codes.reshape(tiles, 16, groups, 16, 2).permute(0, 2, 3, 1, 4)  # (tile, group, p, j, odd)
+    per_word = 4 if layout == "bytes" else 2  # consecutive inputs of one output side by side
+    pairs = codes.reshape(tiles, 16, groups, 32 // per_word, per_word).permute(0, 2, 3, 1, 4)  # (tile, group, p, j, _)
     words = pairs.contiguous().reshape(-1).view(torch.int32).reshape(tiles, groups, 128)  # 4 bytes a word
     scales = scale.to(torch.float16).reshape(tiles, 16, groups).permute(0, 2, 1)  # (tile, group, 16)
     scales = scales.contiguous().reshape(-1).view(torch.int32).reshape(tiles, groups, 8)
     return torch.cat([words, scales], dim=-1).contiguous()  # (tile, group, 136)
 
 
-def unpack_q8_blocks(blocks: torch.Tensor) -> torch.Tensor:
+def unpack_q8_blocks(blocks: torch.Tensor, layout: str = "pairs") -> torch.Tensor:
     """The weight (O, I) fp32 that pack_q8_blocks' blocks stand for (tests, checks). blocks (O/16, I/32, 136)"""
     tiles, groups, _ = blocks.shape
-    codes = blocks[..., :128].contiguous().view(torch.int8).reshape(tiles, groups, 16, 16, 2)  # (tile, group, p, j, 2)
+    per_word = 4 if layout == "bytes" else 2
+    codes = blocks[..., :128].contiguous().view(torch.int8).reshape(tiles, groups, 32 // per_word, 16, per_word)
     codes = codes.permute(0, 3, 1, 2, 4).reshape(tiles * 16, groups, Q4_GROUP).float()  # (O, I/32, 32)
     scale = blocks[..., 128:].contiguous().view(torch.float16).float().permute(0, 2, 1)  # (tile, 16, group)
     return (codes * scale.reshape(tiles * 16, groups, 1)).reshape(tiles * 16, groups * Q4_GROUP)
@@ -198,7 +231,7 @@ class Int8Linear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Module, native, group: int = Q4_GROUP):
         super().__init__()
         self.in_features, self.out_features, self.native = linear.in_features, linear.out_features, native
-        self.blocks = pack_q8_blocks(*quantize_q8(linear.weight, group))  # (O/16, I/32, 136) int32
+        self.blocks = pack_q8_blocks(*quantize_q8(linear.weight, group), native.LAYOUT)  # (O/16, I/32, 136) int32
         self.bias = None if getattr(linear, "bias", None) is None else linear.bias.detach().to(torch.bfloat16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -224,7 +257,7 @@ class Int4Linear(torch.nn.Module):
         self.native = native if group == Q4_GROUP else None
         self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
         if self.native is not None:
-            self.blocks = pack_q4_blocks(codes, scale, minimum)  # (O/16, I/32, 80) int32
+            self.blocks = pack_q4_blocks(codes, scale, minimum, self.native.LAYOUT)  # (O/16, I/32, 80) int32
             return
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # (O, I/2) uint8
         zero = minimum + 8 * scale  # (O, I/g)

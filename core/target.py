@@ -368,9 +368,12 @@ def _weights(cfg: TargetConfig, dtype: torch.dtype, target: Target) -> str:
         return _name(dtype)
     from core.cpu_linear import Int8Linear
 
+    native = getattr(target.lean, "native", None)
+    # the native products' activations: bf16, or 8-bit codes per block of 32 (its integer products, AVX2)
+    activations = "bf16 activations" if native is None else f"{native.ACTIVATIONS} activations in the products"
     head = getattr(target.lean, "lm_head", None)
-    return "q4 weights, 8-bit LM head, bf16 activations" if isinstance(head, Int8Linear) else \
-        "q4 weights, bf16 activations"
+    return f"q4 weights, 8-bit LM head, {activations}" if isinstance(head, Int8Linear) else \
+        f"q4 weights, {activations}"
 
 
 def _name(dtype: torch.dtype) -> str:

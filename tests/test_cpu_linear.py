@@ -119,7 +119,7 @@ def test_the_native_q4_product_is_the_codes_weight_for_any_rows_and_each_row_alo
     (unpack_q4_blocks), its product is that weight's to bf16 rounding, and a row's output is bit for bit the same
     alone or among 17 (every row count from 1 to 17 goes through a different mix of tiles)."""
     from core import native
-    from core.cpu_linear import Int4Linear, quantize_q4, unpack_q4_blocks
+    from core.cpu_linear import Int4Linear, as_multiplied, quantize_q4, unpack_q4_blocks
 
     module, why = native.load()
     if module is None:
@@ -128,14 +128,17 @@ def test_the_native_q4_product_is_the_codes_weight_for_any_rows_and_each_row_alo
     linear = torch.nn.Linear(in_features, out_features, bias=bias)
     q4 = Int4Linear(linear, native=module)
     codes, scale, minimum = quantize_q4(linear.weight)
-    want_weight = (codes.float().reshape(out_features, -1, 32) * scale.half().float()[..., None]
-                   + minimum.half().float()[..., None]).reshape(out_features, in_features)
-    assert torch.equal(unpack_q4_blocks(q4.blocks), want_weight)
+    steps = (codes.float().reshape(out_features, -1, 32) * scale.half().float()[..., None])  # (O, I/32, 32)
+    floors = minimum.half().float()[..., None].expand_as(steps)  # (O, I/32, 32)
+    want_weight = (steps + floors).reshape(out_features, in_features)
+    assert torch.equal(unpack_q4_blocks(q4.blocks, module.LAYOUT), want_weight)
     x = torch.randn(17, in_features).bfloat16()
     with torch.no_grad():
         full = q4(x)  # (17, O)
-        want = torch.nn.functional.linear(x.float(), want_weight, None if linear.bias is None else
-                                          linear.bias.detach().bfloat16().float())
+        # the codes' part multiplies the rows as the product sees them, the minimums the rows' exact block sums
+        want = (torch.nn.functional.linear(as_multiplied(x, module.ACTIVATIONS), steps.reshape(out_features, -1))
+                + torch.nn.functional.linear(x.float(), floors.reshape(out_features, -1),
+                                             None if linear.bias is None else linear.bias.detach().bfloat16().float()))
         assert torch.allclose(full.float(), want, atol=0.05 * want.abs().max().item() / 8, rtol=0.02)
         for rows in range(1, 17):
             assert torch.equal(q4(x[:rows]), full[:rows])
@@ -148,7 +151,7 @@ def test_the_native_q8_product_is_the_codes_weight_for_any_rows_and_each_row_alo
     exactly, the codes are within about half a step of the weight, its product is that weight's to bf16 rounding, and a
     row's output is bit for bit the same alone or among 17."""
     from core import native
-    from core.cpu_linear import Int8Linear, quantize_q8, unpack_q8_blocks
+    from core.cpu_linear import Int8Linear, as_multiplied, quantize_q8, unpack_q8_blocks
 
     module, why = native.load()
     if module is None:
@@ -159,7 +162,7 @@ def test_the_native_q8_product_is_the_codes_weight_for_any_rows_and_each_row_alo
     codes, scale = quantize_q8(linear.weight)
     want_weight = (codes.float().reshape(out_features, -1, 32) * scale.half().float()[..., None]).reshape(
         out_features, in_features)
-    assert torch.equal(unpack_q8_blocks(q8.blocks), want_weight)
+    assert torch.equal(unpack_q8_blocks(q8.blocks, module.LAYOUT), want_weight)
     step = scale.repeat_interleave(32, dim=1)  # (O, I)
     # within half a step, plus the fp16-rounded scale's error over up to 127 steps
     assert ((want_weight - linear.weight.detach()).abs() <= 0.5 * step + 127 * (scale.half().float() - scale).abs()
@@ -167,7 +170,7 @@ def test_the_native_q8_product_is_the_codes_weight_for_any_rows_and_each_row_alo
     x = torch.randn(17, in_features).bfloat16()
     with torch.no_grad():
         full = q8(x)  # (17, O)
-        want = torch.nn.functional.linear(x.float(), want_weight)
+        want = torch.nn.functional.linear(as_multiplied(x, module.ACTIVATIONS), want_weight)
         assert torch.allclose(full.float(), want, atol=0.01 * want.abs().max().item(), rtol=0.01)
         for rows in range(1, 17):
             assert torch.equal(q8(x[:rows]), full[:rows])

@@ -62,6 +62,31 @@ inline void dots(const float* a, const bf16* const* b, int64_t count, int64_t n,
                                      _mm512_shuffle_ps(eighths[0], eighths[1], 0xDD));
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   _mm512_mask_storeu_ps(out, first(count), _mm512_permutexvar_ps(order, mixed));
+#elif defined(__AVX2__) && defined(__FMA__)
+  for (int64_t k0 = 0; k0 < count; k0 += 8) {  // eight keys at a time, each reduced by sum()'s tree
+    __m256 eight[8];  // key k0 + k: lane i + lane i + 8
+    for (int64_t k = 0; k < 8; ++k) {
+      if (k0 + k >= count) {
+        eight[k] = _mm256_setzero_ps();
+        continue;
+      }
+      const bf16* key = b[k0 + k];
+      V16 part = load(a, n) * load(key, n);
+      for (int64_t i = LANES; i < n; i += LANES) part = fma(load(a + i, n - i), load(key + i, n - i), part);
+      eight[k] = _mm256_add_ps(part.lo, part.hi);
+    }
+    __m256 fours[4], twos[2];
+    for (int j = 0; j < 4; ++j)  // keys 2j, 2j + 1 in the low and high 128 bits: + 4
+      fours[j] = _mm256_add_ps(_mm256_permute2f128_ps(eight[2 * j], eight[2 * j + 1], 0x20),
+                               _mm256_permute2f128_ps(eight[2 * j], eight[2 * j + 1], 0x31));
+    for (int j = 0; j < 2; ++j)  // + 2: low 128 bits keys 4j, 4j + 2; high keys 4j + 1, 4j + 3
+      twos[j] = _mm256_add_ps(_mm256_shuffle_ps(fours[2 * j], fours[2 * j + 1], 0x44),
+                              _mm256_shuffle_ps(fours[2 * j], fours[2 * j + 1], 0xEE));
+    // + 1: keys 0, 2, 4, 6 in the low 128 bits, 1, 3, 5, 7 in the high
+    const __m256 mixed = _mm256_add_ps(_mm256_shuffle_ps(twos[0], twos[1], 0x88), _mm256_shuffle_ps(twos[0], twos[1], 0xDD));
+    const __m256 ordered = _mm256_permutevar8x32_ps(mixed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_maskstore_ps(out + k0, half_mask(count - k0), ordered);
+  }
 #else
   for (int64_t k = 0; k < count; ++k) out[k] = dot(a, b[k], n);
 #endif
@@ -114,6 +139,9 @@ inline float group_sum(const bf16* x) { return sum(load(x) + load(x + LANES)); }
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 using Pairs = __m512bh;  // 16 lanes of two bf16 codes
 using Operand = bf16;  // the rows as the pair step reads them
+constexpr const char* LAYOUT = "pairs";  // the codes' arrangement in a block (core.cpu_linear.pack_q4_blocks)
+constexpr const char* ACTIVATIONS = "bf16";
+inline const Operand* prepare_rows(const bf16* x, int64_t, int64_t, std::vector<Operand>&) { return x; }
 inline V16 pair_step(V16 acc, Pairs codes, const bf16* x) {  // acc + codes . (x[0], x[1]) lane by lane
   int32_t both;
   std::memcpy(&both, x, sizeof(both));  // the two inputs as one bf16 pair
@@ -136,36 +164,117 @@ inline Pairs q8_pairs(const int32_t* words) {  // 16 outputs' two signed 8-bit c
   const __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(wide, 1)));
   return _mm512_cvtne2ps_pbh(high, low);
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+// AVX2 has no bf16 products, and fp32 ones cost ~20 instructions per 32 products a row with the unpacking and the
+// broadcasts (measured 1.4-1.8x torch's int4 kernel, still behind llama.cpp). So here, as llama.cpp does, each row's
+// inputs are rounded to signed 8-bit codes per block of 32 with one fp32 scale (GGUF's Q8_0 applied to activations),
+// and a block's sum of code products is exact integer arithmetic: vpmaddubsw multiplies 32 unsigned by 32 signed
+// 8-bit codes and adds neighbours, ~3 instructions per 32 products a row. A row's codes depend on that row alone.
+struct Operand {  // one row's block of 32 inputs
+  int8_t codes[GROUP];  // round(x * 127 / max |x|)
+  float scale;  // max |x| / 127: x ~ code * scale
+};
+constexpr const char* LAYOUT = "bytes";
+constexpr const char* ACTIVATIONS = "8-bit";
+
+// a row's blocks (N, I) bf16 -> (N, I / 32) Operand
+std::vector<Operand> quantize_rows(const bf16* x, int64_t n, int64_t in) {
+  const int64_t groups = in / GROUP;
+  std::vector<Operand> out(n * groups);
+  for (int64_t b = 0; b < n * groups; ++b) {
+    const bf16* src = x + b * GROUP;  // row b / groups, block b % groups: rows are whole blocks
+    float value[GROUP], largest = 0.0f;
+    for (int64_t i = 0; i < GROUP; ++i) largest = std::max(largest, std::fabs(value[i] = static_cast<float>(src[i])));
+    const float inverse = largest > 0.0f ? 127.0f / largest : 0.0f;
+    for (int64_t i = 0; i < GROUP; ++i) out[b].codes[i] = static_cast<int8_t>(std::nearbyint(value[i] * inverse));
+    out[b].scale = largest / 127.0f;
+  }
+  return out;
+}
+
+inline const Operand* prepare_rows(const bf16* x, int64_t n, int64_t in, std::vector<Operand>& storage) {
+  storage = quantize_rows(x, n, in);
+  return storage.data();
+}
+
+inline __m256i four_codes(const Operand* x, int m) {  // inputs 4m .. 4m + 3, in every 32-bit lane
+  int32_t four;
+  std::memcpy(&four, x->codes + 4 * m, sizeof(four));
+  return _mm256_set1_epi32(four);
+}
+
+inline V16 scaled(const __m256i* sums, const Operand* x) {  // two 8-lane int32 sums -> 16 fp32 lanes * the row's scale
+  const __m256 scale = _mm256_set1_ps(x->scale);
+  return {_mm256_mul_ps(_mm256_cvtepi32_ps(sums[0]), scale), _mm256_mul_ps(_mm256_cvtepi32_ps(sums[1]), scale)};
+}
+
+// q4, layout "bytes": byte 32m + 4l + i holds output l's code of input 4m + i (low 4 bits) and output 8 + l's (high).
+// Per 16-bit lane, 8 steps of two products each: at most 8 * 2 * 15 * 127 = 30,480, so the sums stay 16-bit
+template <int R, int P>
+inline void q4_dots(const int32_t* words, const Operand* const* x, V16* dot) {
+  __m256i part[R][2];  // outputs 0..7 and 8..15: 16-bit sums, two per output
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) part[r][0] = part[r][1] = _mm256_setzero_si256();
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int m = 0; m < GROUP / 4; ++m) {
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 8 * m));
+    const __m256i first = _mm256_and_si256(packed, low), second = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256i inputs = four_codes(x[r], m);
+      part[r][0] = _mm256_add_epi16(part[r][0], _mm256_maddubs_epi16(first, inputs));
+      part[r][1] = _mm256_add_epi16(part[r][1], _mm256_maddubs_epi16(second, inputs));
+    }
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m256i sums[2] = {_mm256_madd_epi16(part[r][0], ones), _mm256_madd_epi16(part[r][1], ones)};
+    dot[r] = scaled(sums, x[r]);
+  }
+}
+
+// q8, layout "bytes": word 16m + j holds output j's signed codes of inputs 4m .. 4m + 3. vpmaddubsw wants one operand
+// unsigned: |code| times the input code carrying the weight code's sign; each step widened to 32 bits (two products
+// of up to 127 * 127 each)
+template <int R, int P>
+inline void q8_dots(const int32_t* words, const Operand* const* x, V16* dot) {
+  __m256i part[R][2];  // outputs 0..7 and 8..15: 32-bit sums
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) part[r][0] = part[r][1] = _mm256_setzero_si256();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int m = 0; m < GROUP / 4; ++m) {
+    const __m256i codes[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 16 * m)),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 16 * m + 8))};
+    const __m256i size[2] = {_mm256_abs_epi8(codes[0]), _mm256_abs_epi8(codes[1])};
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256i inputs = four_codes(x[r], m);
+      for (int h = 0; h < 2; ++h)
+        part[r][h] = _mm256_add_epi32(
+            part[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(size[h], _mm256_sign_epi8(inputs, codes[h])), ones));
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) dot[r] = scaled(part[r], x[r]);
+}
 #else
 struct Pairs {
   V16 even, odd;
 };
 using Operand = float;  // the rows widened to fp32 once per product, not once per block and output tile
+constexpr const char* LAYOUT = "pairs";
+constexpr const char* ACTIVATIONS = "bf16";
+inline const Operand* prepare_rows(const bf16* x, int64_t n, int64_t in, std::vector<Operand>& storage) {
+  storage.resize(n * in);
+  for (int64_t i = 0; i < n * in; i += LANES) store(storage.data() + i, load(x + i, n * in - i), n * in - i);
+  return storage.data();
+}
 inline V16 pair_step(V16 acc, const Pairs& codes, const float* x) {
   acc = fma(codes.odd, splat(x[1]), acc);
   return fma(codes.even, splat(x[0]), acc);
 }
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-inline __m256i codes_at(const int32_t* words, int shift) {  // eight words' 4-bit codes at bit `shift`
-  return _mm256_and_si256(_mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words)), shift),
-                          _mm256_set1_epi32(15));
-}
-
-inline Pairs q4_pairs(const int32_t* words, int k) {
-  return {{_mm256_cvtepi32_ps(codes_at(words, 4 * k)), _mm256_cvtepi32_ps(codes_at(words + 8, 4 * k))},
-          {_mm256_cvtepi32_ps(codes_at(words, 16 + 4 * k)), _mm256_cvtepi32_ps(codes_at(words + 8, 16 + 4 * k))}};
-}
-
-inline Pairs q8_pairs(const int32_t* words) {  // bytes 2l, 2l + 1: output l's two signed codes
-  const __m256i both = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words));  // 16 x (even, odd) bytes
-  const __m256i even = _mm256_srai_epi16(_mm256_slli_epi16(both, 8), 8), odd = _mm256_srai_epi16(both, 8);  // 16 x i16
-  auto floats = [](__m256i codes, int half) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(half ? _mm256_extracti128_si256(codes, 1) : _mm256_castsi256_si128(codes)));
-  };
-  return {{floats(even, 0), floats(even, 1)}, {floats(odd, 0), floats(odd, 1)}};
-}
-#else
 inline Pairs q4_pairs(const int32_t* words, int k) {
   Pairs r;
   for (int l = 0; l < LANES; ++l) {
@@ -186,8 +295,8 @@ inline Pairs q8_pairs(const int32_t* words) {
   return r;
 }
 #endif
-#endif
 
+#if !(defined(__AVX2__) && defined(__FMA__)) || (defined(__AVX512BF16__) && defined(__AVX512BW__))
 // a row's partial sums added in a fixed order: (0 + 1) + (2 + 3), or 0 + 1
 template <int P>
 inline V16 combine(const V16* part) {
@@ -232,11 +341,16 @@ inline void q8_dots(const int32_t* words, const Operand* const* x, V16* dot) {
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) dot[r] = combine<P>(part[r]);
 }
+#endif
+
+// the integer path: rows as 8-bit codes per block (one Operand a block), else one Operand an input
+constexpr bool INTEGER = !std::is_arithmetic_v<Operand> && !std::is_same_v<Operand, bf16>;
+constexpr int64_t OPERANDS = INTEGER ? 1 : GROUP;  // Operands a block of inputs spans
 
 struct Q4Blocks {  // pack_q4_blocks: codes, scales, minimums
   static constexpr int64_t WORDS = 80, SCALES = 64, MINIMA = 72;
   // rows sharing one unpacking: R x PARTIALS sums, the codes and the inputs fill the registers
-  static constexpr int ROWS = REGISTERS >= 32 ? 4 : 2;
+  static constexpr int ROWS = INTEGER ? 4 : REGISTERS >= 32 ? 4 : 2;
   template <int R>
   static void dots(const int32_t* words, const Operand* const* x, V16* dot) { q4_dots<R, PARTIALS>(words, x, dot); }
 };
@@ -245,7 +359,7 @@ struct Q8Blocks {  // pack_q8_blocks: codes, scales
   static constexpr int64_t WORDS = 136, SCALES = 128, MINIMA = -1;
   // 8 rows share one unpacking (2 with AVX2's 8 vectors), with 2 partial sums each: turning 8-bit codes into bf16
   // pairs costs ~5 instructions a pair of inputs, more than the 4-bit table lookup, so it is shared by more rows
-  static constexpr int ROWS = REGISTERS >= 32 ? 8 : 2;
+  static constexpr int ROWS = INTEGER ? 4 : REGISTERS >= 32 ? 8 : 2;
   template <int R>
   static void dots(const int32_t* words, const Operand* const* x, V16* dot) { q8_dots<R, 2>(words, x, dot); }
 };
@@ -275,7 +389,7 @@ void block_tile(const int32_t* blocks, const Operand* x, const float* sums, cons
     const int32_t* block = blocks + (tile * groups + g) * Kind::WORDS;
     const Operand* at_group[R];
     V16 dot[R];
-    for (int r = 0; r < R; ++r) at_group[r] = x + (r0 + r) * in + g * GROUP;
+    for (int r = 0; r < R; ++r) at_group[r] = x + ((r0 + r) * groups + g) * OPERANDS;
     Kind::template dots<R>(block, at_group, dot);
     const V16 scale = load_half(block + Kind::SCALES);
     for (int r = 0; r < R; ++r) acc[r] = fma(scale, dot[r], acc[r]);
@@ -310,15 +424,8 @@ at::Tensor blocks_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs
     for (int64_t t = 0; t < n; ++t)
       for (int64_t g = 0; g < groups; ++g) sums[t * groups + g] = group_sum(xs + t * in + g * GROUP);
   }
-  std::vector<Operand> widened;  // (N, I) fp32 where the pair step reads fp32 rows
-  const Operand* rows = nullptr;
-  if constexpr (std::is_same_v<Operand, bf16>) {
-    rows = xs;
-  } else {
-    widened.resize(n * in);
-    for (int64_t i = 0; i < n * in; i += LANES) store(widened.data() + i, load(xs + i, n * in - i), n * in - i);
-    rows = widened.data();
-  }
+  std::vector<Operand> storage;
+  const Operand* rows = prepare_rows(xs, n, in, storage);
   auto out = at::empty({n, outs}, x.options());
   const int32_t* words = blocks.data_ptr<int32_t>();
   const bf16* b = bias.numel() ? bias.data_ptr<bf16>() : nullptr;
@@ -528,4 +635,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_mm", &q4_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 4-bit codes -> (N, O) bf16");
   m.def("q8_mm", &q8_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 8-bit codes -> (N, O) bf16");
   m.attr("SLOTS") = SLOTS;
+  m.attr("LAYOUT") = LAYOUT;  // how q4_mm's and q8_mm's blocks arrange the codes (core.cpu_linear)
+  m.attr("ACTIVATIONS") = ACTIVATIONS;  // what the products multiply the weight codes by
 }
