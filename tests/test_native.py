@@ -77,20 +77,33 @@ def test_load_target_falls_back_to_the_python_step_with_one_line(monkeypatch, ca
     assert capsys.readouterr().out.count("no compiler here") == 1
 
 
-# the lanes a CPU without AVX-512 compiles (core/csrc/simd.h): two AVX2 halves, or plain arrays without AVX2 either
-LANE_BUILDS = {"avx2": ("-mno-avx512f",), "arrays": ("-mno-avx512f", "-mno-avx2")}
+# the builds other CPUs compile (core/csrc/simd.h, lean_step.cpp), each made here by turning features off: AVX2 lanes
+# and integer products (no AVX-512), plain arrays and fp32 products (no AVX2 either), AVX-512 lanes with the integer
+# products (AVX-512 without BF16). Each with the CPU flag without which it is this machine's own build (then skipped)
+LANE_BUILDS = {"avx2": ("avx512f", ("-mno-avx512f",)), "arrays": ("avx2", ("-mno-avx512f", "-mno-avx2")),
+               "avx512-integer": ("avx512_bf16", ("-mno-avx512bf16",))}
+
+
+def lane_build_flags(lanes: str) -> tuple[str, ...]:
+    """The compiler flags of one of LANE_BUILDS, or skip the test where that build is this machine's own."""
+    from core.threads import cpu_flags
+
+    needs, flags = LANE_BUILDS[lanes]
+    if needs not in cpu_flags():
+        pytest.skip(f"this CPU has no {needs}: turning it off builds what the other tests already run")
+    return flags
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lanes", sorted(LANE_BUILDS))
-def test_the_builds_without_avx512_are_exact_too(lanes, monkeypatch, tmp_path):
-    """The step built here with AVX-512 (and for plain arrays AVX2) turned off: the q4 forward through it is
-    batch-invariant and agrees with the op-by-op forward."""
+def test_the_builds_of_other_cpus_are_exact_too(lanes, monkeypatch, tmp_path):
+    """The step as another CPU builds it (LANE_BUILDS): the q4 forward through it is batch-invariant and agrees with
+    the op-by-op forward."""
     from core.exactness import check_invariance, probe_prompt
     from core.lean import LeanForward
     from tests.test_lean import lean_target, models
 
-    monkeypatch.setattr(native, "CFLAGS", (*native.CFLAGS, *LANE_BUILDS[lanes]))
+    monkeypatch.setattr(native, "CFLAGS", (*native.CFLAGS, *lane_build_flags(lanes)))
     monkeypatch.setenv("FLASHMAP_NATIVE_DIR", str(tmp_path))
     module, why = native.load()
     assert module is not None, why

@@ -205,7 +205,7 @@ inline __m256i four_codes(const Operand* x, int m) {  // inputs 4m .. 4m + 3, in
 
 inline V16 scaled(const __m256i* sums, const Operand* x) {  // two 8-lane int32 sums -> 16 fp32 lanes * the row's scale
   const __m256 scale = _mm256_set1_ps(x->scale);
-  return {_mm256_mul_ps(_mm256_cvtepi32_ps(sums[0]), scale), _mm256_mul_ps(_mm256_cvtepi32_ps(sums[1]), scale)};
+  return from_halves(_mm256_mul_ps(_mm256_cvtepi32_ps(sums[0]), scale), _mm256_mul_ps(_mm256_cvtepi32_ps(sums[1]), scale));
 }
 
 // q4, layout "bytes": byte 32m + 4l + i holds output l's code of input 4m + i (low 4 bits) and output 8 + l's (high).

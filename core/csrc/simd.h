@@ -57,6 +57,9 @@ inline V16 copysign(V16 magnitude, V16 sign) {  // |magnitude| with sign's sign 
   return {_mm512_castsi512_ps(_mm512_or_si512(_mm512_andnot_si512(bit, _mm512_castps_si512(magnitude.v)),
                                               _mm512_and_si512(bit, _mm512_castps_si512(sign.v))))};
 }
+inline V16 from_halves(__m256 lo, __m256 hi) {  // lanes 0..7, 8..15
+  return {_mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1))};
+}
 inline float sum(V16 a) { return _mm512_reduce_add_ps(a.v); }
 inline float top(V16 a) { return _mm512_reduce_max_ps(a.v); }
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -111,6 +114,7 @@ inline V16 max(V16 a, V16 b) { HALVES(_mm256_max_ps); }
 inline V16 min(V16 a, V16 b) { HALVES(_mm256_min_ps); }
 #undef HALVES
 inline V16 fma(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline V16 from_halves(__m256 lo, __m256 hi) { return {lo, hi}; }
 inline V16 floor(V16 a) { return {_mm256_floor_ps(a.lo), _mm256_floor_ps(a.hi)}; }
 inline __m256 pow2_half(__m256 k) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23));
