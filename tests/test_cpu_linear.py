@@ -11,8 +11,8 @@ from core.cpu_linear import PackedLinear, pack_linears
 from core.drafting import NgramDrafter
 from core.engine import GenerationConfig, generate_all
 from core.target import TargetConfig, load_target
-from core.threads import cpu_flags
 from core.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3, tiny_tokenizer
+from core.threads import cpu_flags
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="this torch has no oneDNN")
 
