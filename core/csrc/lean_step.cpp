@@ -118,7 +118,7 @@ at::Tensor rms_norm(const at::Tensor& residual, const at::Tensor& weight, double
 // 16 + 4k .. 19 + 4k, so (word >> 4k) & 0x000F000F is the code pair of inputs 2p, 2p + 1 (p = 4q + k) as two 16-bit
 // halves, the operand layout of a bf16 pair dot product. q8 (pack_q8_blocks, GGUF's Q8_0 scheme): per block 128 words
 // of signed 8-bit codes, 8 words per input pair p (output j's codes of inputs 2p, 2p + 1 in bytes 2j, 2j + 1), then 16
-// fp16 scales, w = code * scale.
+// fp16 scales, w = code * scale. That is the "pairs" layout; the integer products read the "bytes" one (below).
 //
 // Per block, a row's product is scale * sum_i x_i code_i (+ minimum * sum_i x_i): the codes are whole numbers below
 // 256, exact in bf16, so the sum over the block's inputs runs on bf16 pair dot products (AVX512-BF16: 32 products an
@@ -127,15 +127,16 @@ at::Tensor rms_norm(const at::Tensor& residual, const at::Tensor& weight, double
 // operations whatever the other rows are; rows are taken a few at a time (Kind::ROWS) only to share the unpacking.
 constexpr int64_t GROUP = 32, TILE = 16;  // inputs a block, outputs a block
 // partial sums a row keeps per block: short chains of dependent products (one row's sixteen products in one chain
-// waited on each other), four where the registers hold 32 vectors, two where they hold 8 (AVX2: a V16 is two
-// registers). The same for every row count: how a row's sum is associated must not depend on it
+// waited on each other), four where the registers hold 32 vectors (AVX-512), two where they hold 8 (the plain-array
+// build). The same for every row count: how a row's sum is associated must not depend on it
 constexpr int PARTIALS = REGISTERS >= 32 ? 4 : 2;
 
 // sum of x[0..31] (bf16) in fp32: two lane-wise halves, then the lanes in a fixed order
 inline float group_sum(const bf16* x) { return sum(load(x) + load(x + LANES)); }
 
-// the bf16 pair dot product's operands and step: AVX512-BF16 where the CPU has it, else fp32 products in the
-// instruction's order (input 2p + 1, then 2p)
+// the products' operands and steps: bf16 pair dot products where the CPU has AVX512-BF16; integer products on 8-bit
+// codes with AVX2 (a CPU with AVX-512 but no BF16 included); else fp32 products in the pair instruction's order
+// (input 2p + 1, then 2p)
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 using Pairs = __m512bh;  // 16 lanes of two bf16 codes
 using Operand = bf16;  // the rows as the pair step reads them

@@ -142,7 +142,7 @@ inline float top(V16 a) {
   return _mm_cvtss_f32(_mm_max_ss(four, _mm_shuffle_ps(four, four, 1)));
 }
 #else
-constexpr int REGISTERS = 8;  // as AVX2, which is what the compiler makes of the arrays on most x86 machines
+constexpr int REGISTERS = 8;  // sized as for AVX2: the compiler spreads the arrays over whatever vectors it has
 struct V16 {
   float v[LANES];
 };
