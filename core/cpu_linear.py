@@ -123,9 +123,6 @@ def quantize_q4(weight: torch.Tensor, group: int = Q4_GROUP) -> tuple[torch.Tens
     return codes.to(torch.int32).reshape(out_f, in_f), scale, minimum
 
 
-LAYOUTS = ("pairs", "bytes")  # how a block arranges its codes: the native step's LAYOUT, which its CPU decides
-
-
 def pack_q4_blocks(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, layout: str = "pairs"
                    ) -> torch.Tensor:
     """quantize_q4's codes in the native step's layout (core/csrc/lean_step.cpp, q4_mm): per block of 16 outputs x 32

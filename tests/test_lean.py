@@ -159,7 +159,7 @@ def test_q4_is_the_cpu_default_where_bf16_is_native_or_the_native_step_builds():
     cpu, cfg = torch.device("cpu"), TargetConfig()  # the embedded default, --quant auto
     avx2, avx512_bf16 = {"avx2", "fma"}, {"avx2", "avx512_bf16"}
     assert cpu_quant(cfg, cpu, avx512_bf16, native_step=lambda: False) == "q4"  # op by op if need be
-    assert cpu_quant(cfg, cpu, avx2, native_step=lambda: True) == "q4"  # the step's fp32 lanes
+    assert cpu_quant(cfg, cpu, avx2, native_step=lambda: True) == "q4"  # the step's integer products
     assert cpu_quant(cfg, cpu, avx2, native_step=lambda: False) == "auto"  # emulated bf16: fp32 instead
     assert cpu_quant(TargetConfig(dtype="fp32"), cpu, avx2, native_step=lambda: True) == "auto"
     assert cpu_quant(TargetConfig(cpu_precision="reference"), cpu, avx512_bf16, native_step=lambda: True) == "auto"

@@ -138,6 +138,12 @@ inline float group_sum(const bf16* x) { return sum(load(x) + load(x + LANES)); }
 // codes with AVX2 (a CPU with AVX-512 but no BF16 included); else fp32 products in the pair instruction's order
 // (input 2p + 1, then 2p)
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define BF16_PRODUCTS 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define INTEGER_PRODUCTS 1
+#endif
+
+#if defined(BF16_PRODUCTS)
 using Pairs = __m512bh;  // 16 lanes of two bf16 codes
 using Operand = bf16;  // the rows as the pair step reads them
 constexpr const char* LAYOUT = "pairs";  // the codes' arrangement in a block (core.cpu_linear.pack_q4_blocks)
@@ -165,7 +171,7 @@ inline Pairs q8_pairs(const int32_t* words) {  // 16 outputs' two signed 8-bit c
   const __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(wide, 1)));
   return _mm512_cvtne2ps_pbh(high, low);
 }
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(INTEGER_PRODUCTS)
 // AVX2 has no bf16 products, and fp32 ones cost ~20 instructions per 32 products a row with the unpacking and the
 // broadcasts (measured 1.4-1.8x torch's int4 kernel, still behind llama.cpp). So here, as llama.cpp does, each row's
 // inputs are rounded to signed 8-bit codes per block of 32 with one fp32 scale (GGUF's Q8_0 applied to activations),
@@ -297,7 +303,7 @@ inline Pairs q8_pairs(const int32_t* words) {
 }
 #endif
 
-#if !(defined(__AVX2__) && defined(__FMA__)) || (defined(__AVX512BF16__) && defined(__AVX512BW__))
+#if !defined(INTEGER_PRODUCTS)
 // a row's partial sums added in a fixed order: (0 + 1) + (2 + 3), or 0 + 1
 template <int P>
 inline V16 combine(const V16* part) {
@@ -345,12 +351,17 @@ inline void q8_dots(const int32_t* words, const Operand* const* x, V16* dot) {
 #endif
 
 // the integer path: rows as 8-bit codes per block (one Operand a block), else one Operand an input
-constexpr bool INTEGER = !std::is_arithmetic_v<Operand> && !std::is_same_v<Operand, bf16>;
+#if defined(INTEGER_PRODUCTS)
+constexpr bool INTEGER = true;
+#else
+constexpr bool INTEGER = false;
+#endif
 constexpr int64_t OPERANDS = INTEGER ? 1 : GROUP;  // Operands a block of inputs spans
 
 struct Q4Blocks {  // pack_q4_blocks: codes, scales, minimums
   static constexpr int64_t WORDS = 80, SCALES = 64, MINIMA = 72;
-  // rows sharing one unpacking: R x PARTIALS sums, the codes and the inputs fill the registers
+  // rows sharing one unpacking: their sums (R x PARTIALS vectors; R x 2 16-bit ones for the integer products), the
+  // codes and the inputs fill the registers
   static constexpr int ROWS = INTEGER ? 4 : REGISTERS >= 32 ? 4 : 2;
   template <int R>
   static void dots(const int32_t* words, const Operand* const* x, V16* dot) { q4_dots<R, PARTIALS>(words, x, dot); }
@@ -358,8 +369,9 @@ struct Q4Blocks {  // pack_q4_blocks: codes, scales, minimums
 
 struct Q8Blocks {  // pack_q8_blocks: codes, scales
   static constexpr int64_t WORDS = 136, SCALES = 128, MINIMA = -1;
-  // 8 rows share one unpacking (2 with AVX2's 8 vectors), with 2 partial sums each: turning 8-bit codes into bf16
-  // pairs costs ~5 instructions a pair of inputs, more than the 4-bit table lookup, so it is shared by more rows
+  // 8 rows share one unpacking with 2 partial sums each (2 rows in the plain-array build; 4 rows for the integer
+  // products): turning 8-bit codes into bf16 pairs costs ~5 instructions a pair of inputs, more than the 4-bit table
+  // lookup, so it is shared by more rows
   static constexpr int ROWS = INTEGER ? 4 : REGISTERS >= 32 ? 8 : 2;
   template <int R>
   static void dots(const int32_t* words, const Operand* const* x, V16* dot) { q8_dots<R, 2>(words, x, dot); }
