@@ -241,7 +241,7 @@ def generate(
                 draft_s=t1 - t0, verify_s=t2 - t1, finish_reason=reason, branches=1 + len(draft.alternatives),
                 source=round_source(draft),
             )
-            policy.observe(draft, event.n_accepted, len(event.committed), event.draft_s + event.verify_s)
+            policy.observe(draft, event.n_accepted, len(event.committed), event.draft_s + event.verify_s, event.draft_s)
             yield event
 
 

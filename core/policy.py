@@ -10,7 +10,8 @@ the drafter's network, or none (a plain step). Their parts:
 - SkipEmpty: after drafts whose expected tokens do not pay for the drafter's own call, skip it for 1, 2, 4 ... rounds;
 - MeasuredPays: while a source's rounds commit fewer tokens a second than plain steps in this reply, skip it;
 - LookupRates: how often a copied token was accepted, per length of the matched suffix, as lookup's confidence;
-- PlainProbe: a plain step at least every N rounds, so there always are plain timings to compare with.
+- PlainProbe: a plain step at least every N rounds, so there always are plain timings to compare with;
+- CallCost: what a call of the network costs in this reply, measured against plain steps, which the skips charge.
 """
 from __future__ import annotations
 
@@ -181,6 +182,32 @@ class SlotRates:
 
 
 @dataclass
+class CallCost:
+    """What a call of the drafter's network costs, in plain steps, as measured in this reply: the median of its recent
+    calls' seconds over the median plain round's (the plain rounds MeasuredPays keeps). The bench's start-up estimate
+    (core.verify_cost.draft_cost, a warm drafter called beside one-position forwards) read 0.55 of a step where calls
+    in a reply took 0.73 (math, AVX2 EPYC, 2026-12-02): there each call first projects every position committed since
+    the last one, and its weights come back from memory. Measured on past rounds only, so exact like every policy
+    input."""
+
+    window: int = 16
+    min_calls: int = 3
+    calls: list = field(default_factory=list)  # seconds of recent network calls
+
+    def record(self, seconds: float) -> None:
+        self.calls.append(seconds)
+        del self.calls[: -self.window]
+
+    def in_steps(self, plain_rounds: list, estimate: float) -> float:
+        """The measured cost, or `estimate` until enough calls and plain rounds (MeasuredPays' (tokens, seconds))
+        were measured."""
+        if len(self.calls) < self.min_calls or len(plain_rounds) < self.min_calls:
+            return estimate
+        step = sorted(seconds for _, seconds in plain_rounds)[len(plain_rounds) // 2]
+        return sorted(self.calls)[len(self.calls) // 2] / step if step > 0 else estimate
+
+
+@dataclass
 class PolicyState:
     """What drafting measured in this reply, carried to the conversation's next reply (the app keeps one per drafter):
     the network's rounds and lookup's rounds each against plain steps, lookup's acceptance and, at T > 0, the
@@ -190,6 +217,7 @@ class PolicyState:
     lookup: MeasuredPays = field(default_factory=MeasuredPays)
     rates: LookupRates = field(default_factory=LookupRates)
     sampled: SlotRates = field(default_factory=SlotRates)
+    call_cost: CallCost = field(default_factory=CallCost)
 
 
 def round_source(draft: Draft) -> str:
@@ -208,10 +236,13 @@ class DraftPolicy:
     verification keeps the output exact."""
 
     verify_cost: tuple[float, ...]  # relative cost of 1, 2, ... positions; () for no cut (core.verify_cost)
-    charged_cost: float  # what a network draft is charged for the drafter's call in the skips (draft_pays)
+    # what a network draft is charged for the drafter's call in the skips (draft_pays) until this reply has measured it
+    # (CallCost); 0: nothing charged (T > 0, or no cost curve)
+    charged_cost: float
     skip: SkipEmpty
     probe: PlainProbe
     state: PolicyState
+    called: bool = False  # whether this round called the network (its draft may still have been cut to nothing)
 
     @classmethod
     def for_run(cls, gen, state: PolicyState | None = None) -> "DraftPolicy":
@@ -228,6 +259,7 @@ class DraftPolicy:
         """This round's draft: a prompt-lookup draft where one exists, pays under the cut and its measured rounds
         allow it, else the network's where the policy calls it, else an empty one (a plain step)."""
         # each policy's wait runs down only while it is asked, so ask them every round, before the probe
+        self.called = False
         lookup_now = self.state.lookup.draft_now()
         network_now = self.state.drafter.draft_now() and self.skip.draft_now()
         if self.probe.due():
@@ -238,6 +270,7 @@ class DraftPolicy:
             if len(lookup.tokens):
                 self.probe.record(plain=False)
                 return lookup
+        self.called = network_now
         proposal = drafter.propose(anchor, k, sampling, generator) if network_now else None
         if proposal is not None and not sampling.greedy and proposal.confidence is not None:
             proposal = replace(proposal, confidence=self.state.sampled.rates(len(proposal.tokens)))  # (K,) measured
@@ -254,24 +287,34 @@ class DraftPolicy:
         confidence = torch.full((len(lookup.tokens),), self.state.rates.rate(lookup.lookup_match))  # (K,)
         return clip_draft(replace(lookup, confidence=confidence), k, self.verify_cost)
 
-    def observe(self, draft: Draft, n_accepted: int, n_committed: int, seconds: float) -> None:
-        """A round's outcome: what it committed and what it cost (drafting and verifying), for the measured policies;
-        what a lookup draft kept, for lookup's rates."""
-        source = round_source(draft)
+    def observe(self, draft: Draft, n_accepted: int, n_committed: int, seconds: float,
+                draft_seconds: float = 0.0) -> None:
+        """A round's outcome: what it committed and what it cost (drafting and verifying; draft_seconds: drafting
+        alone), for the measured policies; what a lookup draft kept, for lookup's rates. A round that called the network
+        counts as a drafting round even when its draft was cut to nothing: it paid for the call."""
+        source = "drafter" if self.called else round_source(draft)
         if source != "lookup":
             self.state.drafter.observe(source == "drafter", n_committed, seconds)
         if source != "drafter":
             self.state.lookup.observe(source == "lookup", n_committed, seconds)
+        if self.called:
+            self.state.call_cost.record(draft_seconds)
         if source == "lookup":
             self.state.rates.record(draft.lookup_match, len(draft.tokens), n_accepted)
         if source == "drafter" and draft.q_draft is not None:  # a sampled draft (T > 0): its acceptance per slot
             self.state.sampled.record(len(draft.tokens), n_accepted)
 
+    def call_cost(self) -> float:
+        """What the skips charge a network draft for its call: measured in this reply (CallCost) where it is charged."""
+        if not self.charged_cost:
+            return 0.0
+        return self.state.call_cost.in_steps(self.state.drafter.plain_rounds, self.charged_cost)
+
     def cut(self, proposal: Draft | None, k: int) -> Draft:
         """The part of the network's proposal to verify (an empty draft for none)."""
         draft = clip_draft(proposal, k, self.verify_cost)
         if proposal is not None and proposal.confidence is not None and self.verify_cost:  # a draft it can cut
-            self.skip.drafted(draft_pays(proposal.confidence[:k], self.verify_cost, self.charged_cost))
+            self.skip.drafted(draft_pays(proposal.confidence[:k], self.verify_cost, self.call_cost()))
         self.probe.record(plain=len(draft.tokens) == 0)
         return draft
 

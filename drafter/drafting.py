@@ -28,12 +28,11 @@ def one_jump(net: FlowNet, ctx, mask, block: int, generator, factor: torch.Tenso
     x0 = 0, the centre of the noise, whose draft is deterministic (the T = 0 path).
     noise: the standard normal g (B, K, D_t) to use instead of drawing it (coupled draws, BlockSampler)."""
     b, dt = ctx.shape[0], net.cfg.target_hidden
-    g = torch.randn(b, block, dt, generator=generator) if noise is None else noise  # (B, K, D_t)
-    if noise_scale == 0:  # x0 = 0: nothing to multiply
-        x0_embed = torch.zeros(b, block, dt, device=ctx.device)  # (B, K, D_t)
-    else:
-        x0_embed = noise_scale * g.to(ctx.device) @ factor.T  # (B, K, D_t)
     zeros, ones = torch.zeros(b, device=ctx.device), torch.ones(b, device=ctx.device)
+    if noise_scale == 0:  # x0 = 0: the raw path RMSNorm(x0 E) is 0, every slot's input is pi_0 E's state
+        return net.probs(net.start_state().expand(b, block, dt), zeros, ones, ctx, mask)
+    g = torch.randn(b, block, dt, generator=generator) if noise is None else noise  # (B, K, D_t)
+    x0_embed = noise_scale * g.to(ctx.device) @ factor.T  # (B, K, D_t)
     return net.probs(net.noise_input(x0_embed, ones), zeros, ones, ctx, mask)
 
 
@@ -267,6 +266,8 @@ def couple(own: torch.Tensor, fresh: torch.Tensor, block: int) -> torch.Tensor:
 def fold_unused(probs: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     """Move the mass of draft ids with no target token (padding of a small vocabulary) onto "other"
     (id 0). probs (..., V), real (V,) True where the draft id maps to a target token."""
+    if bool(real[1:].all()):  # only "other" itself has no target token: nothing to move
+        return probs
     return torch.cat([probs[..., ~real].sum(-1, keepdim=True), probs[..., 1:] * real[1:]], dim=-1)
 
 

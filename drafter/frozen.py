@@ -75,8 +75,9 @@ class FrozenDraftNet:
     """DraftNet for inference with the conditioning of each time pair and the context's key/value maps kept.
     Everything else (cfg, noise_input, embed_matrix, ...) is the network's own."""
 
-    def __init__(self, net: DraftNet):
+    def __init__(self, net: DraftNet, products: str | None = None):
         self.net = net
+        self.products = products  # the native products (native_trunk.products_for); None: the build's fastest
         self.kv_layers = [layer for block in net.blocks for layer in (block.cross_attn.k, block.cross_attn.v)]
         self._params = list(net.parameters())  # walking the modules for them on every check cost 0.14 ms
         self._weights_key: tuple | None = None
@@ -101,6 +102,7 @@ class FrozenDraftNet:
         self.ctx_in, self.anchor_in = (self._projection(self.net.ctx_in), self._projection(self.net.anchor_in))
         # the LM head rows (V, D_t) as a linear layer: x @ head.T took 1.9 ms a proposal on one core, a third of it
         self.head = self._product(self.net.head_matrix().detach().clone())
+        self._start = self.net.start_state()  # (D_t,) every slot's input in a jump from x0 = 0
         self._conditioning: dict[tuple, tuple] = {}
         self._weights_key = key
 
@@ -112,7 +114,7 @@ class FrozenDraftNet:
                 _told.add(why)
                 logging.getLogger(__name__).warning("the drafter's trunk runs op by op in Python: %s", why)
             return None
-        return native_trunk.NativeTrunk(self.net, module)
+        return native_trunk.NativeTrunk(self.net, module, self.products)
 
     def _projection(self, layers: nn.Sequential) -> tuple:
         """ctx_in or anchor_in (a linear layer, then an RMSNorm) as (its product, its norm)."""
@@ -122,7 +124,7 @@ class FrozenDraftNet:
         """x @ weight.T + bias for frozen weights: native where the trunk is, else torch's linear (prepacked for oneDNN
         where it is built in)."""
         if self.native is not None:
-            return native_trunk.NativeLinear(self.native.module, weight, bias)
+            return native_trunk.NativeLinear(self.native.module, weight, bias, self.native.products)
         layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
         layer.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)  # (N, I)
         if bias is not None:
@@ -152,6 +154,12 @@ class FrozenDraftNet:
         anchor = self.kv(norm(product(anchor_embed)))  # (1, D_t) -> (1, D) -> (1, 2L*D)
         torch.add(anchor, self.kv_pos[-1:], out=maps[n:])
         return CachedContext(maps, tuple(self.kv_layers)), torch.ones(1, maps.shape[0], dtype=torch.bool)
+
+    @no_autograd
+    def start_state(self) -> torch.Tensor:
+        """DraftNet.start_state, kept: the slot input of a jump from x0 = 0 (the T = 0 draft) is this alone."""
+        self._refresh()
+        return self._start
 
     def conditioning(self, s: torch.Tensor, t: torch.Tensor):
         """DraftNet.conditioning, computed once per time pair (and batch size)."""

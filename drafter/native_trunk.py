@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
-from core import native
+from core import cpu_linear, native
 
 DIT_TRUNK = native.Extension("flashmap_dit_trunk", Path(__file__).parent / "csrc" / "dit_trunk.cpp",
                              "the native drafter trunk")
@@ -24,6 +25,28 @@ DIT_TRUNK = native.Extension("flashmap_dit_trunk", Path(__file__).parent / "csrc
 def load():
     """(the compiled module, "") or (None, why not)."""
     return native.load(DIT_TRUNK)
+
+
+PRODUCTS = ("fp32", "8-bit")  # what the trunk's products can multiply (dit_trunk.cpp; 8-bit where the build has it)
+
+
+def products_for(module, products: str | None) -> str:
+    """The products to draft with: the build's fastest (module.PRODUCTS) for None, else the one asked for."""
+    chosen = products or module.PRODUCTS
+    if chosen not in PRODUCTS or (chosen == "8-bit" and module.PRODUCTS != "8-bit"):
+        raise ValueError(f"the native trunk here multiplies {module.PRODUCTS} or fp32, not {chosen}")
+    return chosen
+
+
+def pack(module, weight: torch.Tensor, products: str | None = None) -> torch.Tensor:
+    """An nn.Linear weight (N, I) as the trunk's products read it: fp32 panels, or 8-bit codes (products_for): GGUF's
+    Q8_0 blocks of 16 outputs x 32 inputs, zero-padded to whole blocks (core.cpu_linear.pack_q8_blocks, "bytes")."""
+    weight = weight.detach().float().contiguous()  # (N, I)
+    if products_for(module, products) == "fp32":
+        return module.pack(weight)  # (N/32, I, 32)
+    n, i = weight.shape
+    padded = F.pad(weight, (0, -i % cpu_linear.Q4_GROUP, 0, -n % 16))  # (N', I'): whole blocks
+    return cpu_linear.pack_q8_blocks(*cpu_linear.quantize_q8(padded), "bytes")  # (N'/16, I'/32, 136)
 
 
 def _eps(norm: nn.Module) -> float:
@@ -36,10 +59,10 @@ class NativeLinear:
     (oneDNN's prepacked linear 0.31 ms), and a one-row product ~10 us where torch's took 0.15-0.23 ms.
     weight (N, I), kept packed; bias (N,) or None."""
 
-    def __init__(self, module, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, module, weight: torch.Tensor, bias: torch.Tensor | None = None, products: str | None = None):
         self.module = module
         with torch.no_grad():
-            self.packed = module.pack(weight.detach().float().contiguous())  # (N/32, I, 32)
+            self.packed = pack(module, weight, products)  # fp32 panels or 8-bit blocks
             self.bias = torch.zeros(weight.shape[0]) if bias is None else bias.detach().float().contiguous()  # (N,)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -52,8 +75,9 @@ class NativeTrunk:
     pair's conditioning and the context's key/value maps. The weights are copied and packed here: rebuild it when
     they change (FrozenDraftNet does)."""
 
-    def __init__(self, net, module):
+    def __init__(self, net, module, products: str | None = None):
         self.module = module
+        self.products = products_for(module, products)
         self.heads = net.cfg.n_heads
         norms = [attn.q_norm for block in net.blocks for attn in (block.self_attn, block.cross_attn)]
         if len({_eps(n) for n in norms}) != 1:
@@ -67,18 +91,22 @@ class NativeTrunk:
         """Linear layers side by side along their outputs (q | k | v) -> [packed weight, bias (N,)]."""
         weight = torch.cat([layer.weight.detach().float() for layer in layers])  # (N, I)
         bias = torch.cat([layer.bias.detach().float() for layer in layers])  # (N,)
-        return [self.module.pack(weight.contiguous()), bias.contiguous()]
+        return [pack(self.module, weight, self.products), bias.contiguous()]
 
     def _pack(self, net) -> list[torch.Tensor]:
         """The order dit_trunk.cpp reads: slot_in, slot_pos; per block its 16 tensors (Slot enum); out."""
         tensors = [*self._linear(net.slot_in), net.slot_pos.detach().float().contiguous()]
         for block in net.blocks:
             sa, ca = block.self_attn, block.cross_attn
-            tensors += [*self._linear(sa.q, sa.k, sa.v), sa.q_norm.weight, sa.k_norm.weight, *self._linear(sa.o),
-                        *self._linear(ca.q), ca.q_norm.weight, ca.k_norm.weight, *self._linear(ca.o),
+            tensors += [*self._linear(sa.q, sa.k, sa.v), *self._vector(sa.q_norm, sa.k_norm), *self._linear(sa.o),
+                        *self._linear(ca.q), *self._vector(ca.q_norm, ca.k_norm), *self._linear(ca.o),
                         *self._linear(block.mlp[0]), *self._linear(block.mlp[2])]
-        tensors += self._linear(net.out)
-        return [t.detach().float().contiguous() for t in tensors]
+        return tensors + self._linear(net.out)
+
+    @staticmethod
+    def _vector(*norms: nn.Module) -> list[torch.Tensor]:
+        """Norms' weights (E,) as the trunk reads them: contiguous fp32."""
+        return [norm.weight.detach().float().contiguous() for norm in norms]
 
     @staticmethod
     def modulations(conditioning) -> torch.Tensor:

@@ -88,10 +88,11 @@ class FlowDrafter:
 
     def __init__(self, net: FlowNet, vocab_ids: torch.Tensor, target, mode: str, steps: int = 1,
                  best_of: int = 1, tree: int = 1, shared_noise: bool = True, noise_scale: float = 1.0,
-                 calibration: calib.SlotCalibration | None = None):
+                 calibration: calib.SlotCalibration | None = None, products: str | None = None):
         self.net = net
-        # the DiT drafts from a frozen view that keeps the time conditioning and the context's key/value maps
-        self.frozen = FrozenDraftNet(net) if isinstance(net, DraftNet) else None
+        # the DiT drafts from a frozen view that keeps the time conditioning and the context's key/value maps, its
+        # products native where they build (products: drafter.native_trunk.products_for; None: the fastest here)
+        self.frozen = FrozenDraftNet(net, products) if isinstance(net, DraftNet) else None
         self.calibration = calibration  # per-slot confidence map fitted at T = 0 for this way of drafting
         self.sampler = drafting.BlockSampler(self.frozen or net, mode, steps, shared_noise, best_of, noise_scale)
         self.tree = tree  # drafts from independent noise per round, verified as a tree (App. D)

@@ -152,7 +152,9 @@ def test_checkpoint_of_the_wrong_kind_is_refused(setup, tiny_target, tmp_path):
         load_engine_drafter(DrafterSpec("dflash", weights=str(tmp_path)), tiny_target)
 
 
-def flow_drafters(target, vocab_ids, cfg_vocab=16):
+def flow_drafters(target, vocab_ids, cfg_vocab=16, products=None):
+    """Each way of drafting, untrained; products (drafter.native_trunk.products_for): "fp32" where a test compares a
+    frozen view's drafts with the network's own forward to float rounding (None: the build's fastest products)."""
     torch.manual_seed(0)
     hidden = target.model.config.hidden_size
     flow = build_net(tiny_cfg("flashmap", cfg_vocab, hidden), target, vocab_ids)
@@ -161,16 +163,16 @@ def flow_drafters(target, vocab_ids, cfg_vocab=16):
         for p in net.parameters():
             torch.nn.init.normal_(p, std=0.3)
         torch.nn.init.zeros_(net.other_head)  # else "other" wins every argmax and every T=0 draft is empty
-    return [FlowDrafter(flow, vocab_ids, target, "flowmap", 1), FlowDrafter(flow, vocab_ids, target, "flowmap", 2),
-            FlowDrafter(flow, vocab_ids, target, "teacher", 4), FlowDrafter(dflash, vocab_ids, target, "dflash"),
-            FlowDrafter(flow, vocab_ids, target, "flowmap", 1, best_of=3),
-            FlowDrafter(flow, vocab_ids, target, "flowmap", 1, noise_scale=0.0),
-            FlowDrafter(flow, vocab_ids, target, "flowmap", 2, noise_scale=0.0)]
+    ways = [dict(mode="flowmap", steps=1), dict(mode="flowmap", steps=2), dict(mode="teacher", steps=4),
+            dict(mode="dflash"), dict(mode="flowmap", steps=1, best_of=3),
+            dict(mode="flowmap", steps=1, noise_scale=0.0), dict(mode="flowmap", steps=2, noise_scale=0.0)]
+    return [FlowDrafter(dflash if way["mode"] == "dflash" else flow, vocab_ids, target, **way, products=products)
+            for way in ways]
 
 
 def test_the_zero_noise_jumps_are_deterministic_flow_map_jumps_from_zero(setup, tiny_target):
     _seqs, vocab_ids, _blocks = setup
-    one, two = flow_drafters(tiny_target, vocab_ids)[-2:]
+    one, two = flow_drafters(tiny_target, vocab_ids, products="fp32")[-2:]
     for zero in (one, two):
         zero.extend(list(range(5)), torch.randn(5, 2 * tiny_target.model.config.hidden_size))
         probs = [zero.sampler.probs(*zero.context(7), 4, torch.Generator().manual_seed(seed)) for seed in (0, 1)]
@@ -497,7 +499,7 @@ def test_features_are_projected_when_the_drafter_next_proposes_within_its_window
     """extend only keeps features; the context a proposal sees is the last W positions projected, whatever
     mixture of single rounds, multi-token rounds and proposals came before (context_window = 8 here)."""
     _seqs, vocab_ids, _blocks = setup
-    lazy = flow_drafters(tiny_target, vocab_ids)[0]
+    lazy = flow_drafters(tiny_target, vocab_ids, products="fp32")[0]
     feats = torch.randn(23, 2 * tiny_target.model.config.hidden_size)
     for start, stop in [(0, 5), (5, 6), (6, 7)]:
         lazy.extend(list(range(start, stop)), feats[start:stop])

@@ -1,4 +1,5 @@
-"""The frozen drafting view: the same per-slot distributions as the network's own forward, from kept parts."""
+"""The frozen drafting view: the same per-slot distributions as the network's own forward, from kept parts (its
+products in fp32 here, so that the two agree to float rounding; tests/test_native_trunk.py checks the 8-bit ones)."""
 import pytest
 import torch
 
@@ -30,7 +31,7 @@ def test_frozen_view_drafts_what_the_network_drafts(kind, mode, tiny_target):
     vocab_ids = torch.arange(16)
     vocab_ids[0] = -1
     net = random_net(kind, tiny_target, vocab_ids)
-    drafter = FlowDrafter(net, vocab_ids, tiny_target, mode)
+    drafter = FlowDrafter(net, vocab_ids, tiny_target, mode, products="fp32")
     assert isinstance(drafter.frozen, FrozenDraftNet)
     feats = torch.randn(13, 2 * tiny_target.model.config.hidden_size)
     # the window (8) slides over rounds of different sizes; the maps must follow it
@@ -51,7 +52,7 @@ def test_frozen_view_follows_weight_updates_and_batches_copies(tiny_target):
     vocab_ids = torch.arange(16)
     vocab_ids[0] = -1
     net = random_net("flashmap", tiny_target, vocab_ids)
-    drafter = FlowDrafter(net, vocab_ids, tiny_target, "flowmap")
+    drafter = FlowDrafter(net, vocab_ids, tiny_target, "flowmap", products="fp32")
     feats = torch.randn(6, 2 * tiny_target.model.config.hidden_size)
     drafter.extend(list(range(6)), feats)
     drafter.propose(3, 4, SamplingConfig(), torch.Generator().manual_seed(0))  # builds the kept parts

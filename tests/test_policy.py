@@ -3,7 +3,7 @@ import torch
 
 from core.drafting import Draft
 from core.engine import GenerationConfig
-from core.policy import DraftPolicy, MeasuredPays, SkipEmpty, best_draft_length, draft_pays
+from core.policy import CallCost, DraftPolicy, MeasuredPays, SkipEmpty, best_draft_length, draft_pays
 from core.sampling import SamplingConfig
 
 
@@ -42,6 +42,42 @@ def test_the_skips_charge_the_drafter_call_at_t0_only():
         policy.cut(draft, 2)
         assert gen.charges_draft_cost() == charged and policy.skip.empty == int(charged)
     assert not GenerationConfig(draft_cost=0.5).charges_draft_cost()  # no cost curve: no cut, nothing charged
+
+
+class FixedDrafter:
+    """Always proposes the same draft (a stand-in for the network)."""
+
+    def __init__(self, draft: Draft):
+        self.draft = draft
+
+    def propose(self, anchor, k, sampling, generator) -> Draft:
+        return self.draft
+
+
+def test_the_skips_charge_the_call_cost_measured_in_the_reply():
+    """The start-up estimate charges until three calls and three plain rounds are measured; then the median call
+    over the median plain round. A round that called the network counts as drafting even when its draft was cut to
+    nothing (its time is the call's, not a plain step's)."""
+    gen = GenerationConfig(verify_cost=(1.0, 1.1, 1.2), draft_cost=0.2, max_skip=0)  # no skips: a call each round
+    policy = DraftPolicy.for_run(gen)
+    greedy, generator = SamplingConfig(temperature=0.0), torch.Generator()
+    assert policy.call_cost() == 0.2
+    weak = FixedDrafter(Draft(torch.tensor([5, 6]), None, torch.full((2,), 0.05)))  # cut to nothing
+    for _ in range(3):
+        draft = policy.draft(weak, 1, 2, greedy, generator)
+        assert len(draft.tokens) == 0 and policy.called
+        policy.observe(draft, 0, 1, 0.016, draft_seconds=0.006)
+    assert len(policy.state.drafter.drafted_rounds) == 3 and not policy.state.drafter.plain_rounds
+    assert policy.call_cost() == 0.2  # no plain round measured yet
+    for seconds in (0.009, 0.010, 0.030):  # plain rounds: the median is 10 ms
+        policy.state.drafter.observe(False, 1, seconds)
+    assert policy.call_cost() == pytest.approx(0.6)
+    assert DraftPolicy.for_run(GenerationConfig(verify_cost=(1.0, 1.1), sampling=SamplingConfig(temperature=1.0),
+                                                draft_cost=0.2), policy.state).call_cost() == 0.0  # T > 0: none
+    cost = CallCost(window=2)
+    for seconds in (1.0, 2.0, 3.0):
+        cost.record(seconds)
+    assert cost.calls == [2.0, 3.0]
 
 
 def test_skip_empty_backs_off_after_empty_drafts_and_resets_on_a_kept_one():

@@ -15,6 +15,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "products.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 namespace {
 
 using namespace simd;
+using namespace products;
 
 // dot product of a (n,) fp32 and b (n,) bf16: lane-wise products summed over the chunks in order, then the lanes
 // reduced
@@ -125,7 +127,6 @@ at::Tensor rms_norm(const at::Tensor& residual, const at::Tensor& weight, double
 // instruction) and each block's codes are unpacked once for every row fed, where torch's int4 kernel paid the
 // unpacking again for each row. Batch invariance by construction: each row's value is the same sequence of
 // operations whatever the other rows are; rows are taken a few at a time (Kind::ROWS) only to share the unpacking.
-constexpr int64_t GROUP = 32, TILE = 16;  // inputs a block, outputs a block
 // partial sums a row keeps per block: short chains of dependent products (one row's sixteen products in one chain
 // waited on each other), four where the registers hold 32 vectors (AVX-512), two where they hold 8 (the plain-array
 // build). The same for every row count: how a row's sum is associated must not depend on it
@@ -134,15 +135,9 @@ constexpr int PARTIALS = REGISTERS >= 32 ? 4 : 2;
 // sum of x[0..31] (bf16) in fp32: two lane-wise halves, then the lanes in a fixed order
 inline float group_sum(const bf16* x) { return sum(load(x) + load(x + LANES)); }
 
-// the products' operands and steps: bf16 pair dot products where the CPU has AVX512-BF16; integer products on 8-bit
-// codes with AVX2 (a CPU with AVX-512 but no BF16 included); else fp32 products in the pair instruction's order
-// (input 2p + 1, then 2p)
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
-#define BF16_PRODUCTS 1
-#elif defined(__AVX2__) && defined(__FMA__)
-#define INTEGER_PRODUCTS 1
-#endif
-
+// the products' operands and steps (products.h chooses): bf16 pair dot products where the CPU has AVX512-BF16; integer
+// products on 8-bit codes with AVX2 (a CPU with AVX-512 but no BF16 included); else fp32 products in the pair
+// instruction's order (input 2p + 1, then 2p)
 #if defined(BF16_PRODUCTS)
 using Pairs = __m512bh;  // 16 lanes of two bf16 codes
 using Operand = bf16;  // the rows as the pair step reads them
@@ -172,47 +167,13 @@ inline Pairs q8_pairs(const int32_t* words) {  // 16 outputs' two signed 8-bit c
   return _mm512_cvtne2ps_pbh(high, low);
 }
 #elif defined(INTEGER_PRODUCTS)
-// AVX2 has no bf16 products, and fp32 ones cost ~20 instructions per 32 products a row with the unpacking and the
-// broadcasts (measured 1.4-1.8x torch's int4 kernel, still behind llama.cpp). So here, as llama.cpp does, each row's
-// inputs are rounded to signed 8-bit codes per block of 32 with one fp32 scale (GGUF's Q8_0 applied to activations),
-// and a block's sum of code products is exact integer arithmetic: vpmaddubsw multiplies 32 unsigned by 32 signed
-// 8-bit codes and adds neighbours, ~3 instructions per 32 products a row. A row's codes depend on that row alone.
-struct Operand {  // one row's block of 32 inputs
-  int8_t codes[GROUP];  // round(x * 127 / max |x|)
-  float scale;  // max |x| / 127: x ~ code * scale
-};
+// 8-bit codes per block of 32 inputs with one scale (products.h: Operand, quantize_rows, q8_dots)
 constexpr const char* LAYOUT = "bytes";
 constexpr const char* ACTIVATIONS = "8-bit";
-
-// a row's blocks (N, I) bf16 -> (N, I / 32) Operand
-std::vector<Operand> quantize_rows(const bf16* x, int64_t n, int64_t in) {
-  const int64_t groups = in / GROUP;
-  std::vector<Operand> out(n * groups);
-  for (int64_t b = 0; b < n * groups; ++b) {
-    const bf16* src = x + b * GROUP;  // row b / groups, block b % groups: rows are whole blocks
-    float value[GROUP], largest = 0.0f;
-    for (int64_t i = 0; i < GROUP; ++i) largest = std::max(largest, std::fabs(value[i] = static_cast<float>(src[i])));
-    const float inverse = largest > 0.0f ? 127.0f / largest : 0.0f;
-    for (int64_t i = 0; i < GROUP; ++i) out[b].codes[i] = static_cast<int8_t>(std::nearbyint(value[i] * inverse));
-    out[b].scale = largest / 127.0f;
-  }
-  return out;
-}
 
 inline const Operand* prepare_rows(const bf16* x, int64_t n, int64_t in, std::vector<Operand>& storage) {
   storage = quantize_rows(x, n, in);
   return storage.data();
-}
-
-inline __m256i four_codes(const Operand* x, int m) {  // inputs 4m .. 4m + 3, in every 32-bit lane
-  int32_t four;
-  std::memcpy(&four, x->codes + 4 * m, sizeof(four));
-  return _mm256_set1_epi32(four);
-}
-
-inline V16 scaled(const __m256i* sums, const Operand* x) {  // two 8-lane int32 sums -> 16 fp32 lanes * the row's scale
-  const __m256 scale = _mm256_set1_ps(x->scale);
-  return from_halves(_mm256_mul_ps(_mm256_cvtepi32_ps(sums[0]), scale), _mm256_mul_ps(_mm256_cvtepi32_ps(sums[1]), scale));
 }
 
 // q4, layout "bytes": byte 32m + 4l + i holds output l's code of input 4m + i (low 4 bits) and output 8 + l's (high).
@@ -241,30 +202,9 @@ inline void q4_dots(const int32_t* words, const Operand* const* x, V16* dot) {
   }
 }
 
-// q8, layout "bytes": word 16m + j holds output j's signed codes of inputs 4m .. 4m + 3. vpmaddubsw wants one operand
-// unsigned: |code| times the input code carrying the weight code's sign; each step widened to 32 bits (two products
-// of up to 127 * 127 each)
+// q8: products.h's q8_dots (P: the pair builds' partial sums; the integer sums are exact and need none)
 template <int R, int P>
-inline void q8_dots(const int32_t* words, const Operand* const* x, V16* dot) {
-  __m256i part[R][2];  // outputs 0..7 and 8..15: 32-bit sums
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) part[r][0] = part[r][1] = _mm256_setzero_si256();
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int m = 0; m < GROUP / 4; ++m) {
-    const __m256i codes[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 16 * m)),
-                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 16 * m + 8))};
-    const __m256i size[2] = {_mm256_abs_epi8(codes[0]), _mm256_abs_epi8(codes[1])};
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m256i inputs = four_codes(x[r], m);
-      for (int h = 0; h < 2; ++h)
-        part[r][h] = _mm256_add_epi32(
-            part[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(size[h], _mm256_sign_epi8(inputs, codes[h])), ones));
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) dot[r] = scaled(part[r], x[r]);
-}
+inline void q8_dots(const int32_t* words, const Operand* const* x, V16* dot) { products::q8_dots<R>(words, x, dot); }
 #else
 struct Pairs {
   V16 even, odd;
@@ -368,7 +308,7 @@ struct Q4Blocks {  // pack_q4_blocks: codes, scales, minimums
 };
 
 struct Q8Blocks {  // pack_q8_blocks: codes, scales
-  static constexpr int64_t WORDS = 136, SCALES = 128, MINIMA = -1;
+  static constexpr int64_t WORDS = Q8_WORDS, SCALES = Q8_SCALES, MINIMA = -1;
   // 8 rows share one unpacking with 2 partial sums each (2 rows in the plain-array build; 4 rows for the integer
   // products): turning 8-bit codes into bf16 pairs costs ~5 instructions a pair of inputs, more than the 4-bit table
   // lookup, so it is shared by more rows
@@ -376,20 +316,6 @@ struct Q8Blocks {  // pack_q8_blocks: codes, scales
   template <int R>
   static void dots(const int32_t* words, const Operand* const* x, V16* dot) { q8_dots<R, 2>(words, x, dot); }
 };
-
-inline V16 load_half(const int32_t* words) {  // 16 fp16 values -> fp32
-  V16 r;
-#if defined(__AVX512F__)
-  r.v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words)));
-#elif defined(__AVX2__) && defined(__F16C__)
-  r.lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(words)));
-  r.hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(words) + 1));
-#else
-  const at::Half* half = reinterpret_cast<const at::Half*>(words);
-  for (int l = 0; l < LANES; ++l) r.v[l] = static_cast<float>(half[l]);
-#endif
-  return r;
-}
 
 // rows r0 .. r0 + R of x (N, I) times the 16 outputs of tile `tile` -> out (N, O) bf16 (+ bias, in fp32)
 template <typename Kind, int R>

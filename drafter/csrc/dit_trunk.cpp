@@ -10,6 +10,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "products.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -23,16 +24,6 @@ constexpr int64_t PANEL = 2 * LANES;  // output columns of a packed weight panel
 // rows of a register tile: 8 rows x 2 vectors = 16 accumulators of AVX-512's 32 registers; 3 x 2 of AVX2's 8 V16
 // (the weights then come from memory as the products' operands)
 constexpr int64_t ROWS = REGISTERS >= 32 ? 8 : 3;
-
-// nn.Linear's weight (N, I) -> panels (ceil(N / 32), I, 32), zero-padded: panel p holds output columns 32p.. with
-// each input feature's 32 weights side by side, so a tile reads its panel once, front to back
-at::Tensor pack(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat, "weight must be (N, I) fp32");
-  const int64_t n = weight.size(0), in = weight.size(1), panels = (n + PANEL - 1) / PANEL;
-  auto padded = at::zeros({panels * PANEL, in}, weight.options());  // (P*32, I)
-  padded.narrow(0, 0, n).copy_(weight);
-  return padded.view({panels, PANEL, in}).transpose(1, 2).contiguous();  // (P, 32, I) -> (P, I, 32)
-}
 
 // MR rows of x (MR, I) times one panel (I, 32) plus bias -> out (MR, cols <= 32), rows out_stride apart
 template <int MR>
@@ -61,15 +52,28 @@ void tile(const float* x, int64_t in, const float* panel, const float* bias, int
   }
 }
 
-struct Linear {  // a packed weight (P, I, 32) and its bias (N,)
+// nn.Linear's weight (N, I) -> panels (ceil(N / 32), I, 32), zero-padded: panel p holds output columns 32p.. with
+// each input feature's 32 weights side by side, so a tile reads its panel once, front to back
+at::Tensor pack(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat, "weight must be (N, I) fp32");
+  const int64_t n = weight.size(0), in = weight.size(1), panels = (n + PANEL - 1) / PANEL;
+  auto padded = at::zeros({panels * PANEL, in}, weight.options());  // (P*32, I)
+  padded.narrow(0, 0, n).copy_(weight);
+  return padded.view({panels, PANEL, in}).transpose(1, 2).contiguous();  // (P, 32, I) -> (P, I, 32)
+}
+
+struct Fp32Linear {  // a packed weight (P, I, 32) and its bias (N,)
   const at::Tensor& packed;
   const at::Tensor& bias;
 
   int64_t out_features() const { return bias.size(0); }
 
   // x (R, I) -> out (R, N); panels are split over the threads, each panel's rows in tiles of 8
-  void operator()(const float* x, int64_t rows, float* out) const {
-    const int64_t in = packed.size(1), n = out_features();
+  void operator()(const float* x, int64_t rows, int64_t in, float* out) const {
+    const int64_t n = out_features();
+    TORCH_CHECK(packed.scalar_type() == at::kFloat && packed.dim() == 3 && packed.size(2) == PANEL &&
+                    packed.size(1) == in && packed.size(0) * PANEL >= n && packed.is_contiguous(),
+                "fp32 weights must be packed by drafter.native_trunk.pack");
     const float* w = packed.data_ptr<float>();
     const float* b = bias.data_ptr<float>();
     at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
@@ -80,6 +84,83 @@ struct Linear {  // a packed weight (P, I, 32) and its bias (N,)
                                       std::min(PANEL, n - p * PANEL), out + r * n + p * PANEL, n);
           });
     });
+  }
+};
+
+#if defined(INTEGER_PRODUCTS)
+// Where the decode step multiplies 8-bit codes (products.h), so does the trunk: weights as GGUF's Q8_0 codes
+// (core.cpu_linear.pack_q8_blocks, layout "bytes"), each row's inputs rounded to 8-bit codes per block of 32. On AVX2
+// the fp32 products ran at ~45 GMAC/s on two cores and read 4 bytes a weight; these read one. The drafts move by the
+// rounding only, and a draft is a proposal the target verifies: the output stays exact.
+constexpr int Q8_ROWS = 4;  // rows sharing one pass over a block's codes (the decode step's q8 tile)
+
+template <int R>
+void q8_tile(const int32_t* tile_blocks, int64_t groups, const products::Operand* x, int64_t r0, const float* bias,
+             int64_t cols, float* out, int64_t out_stride) {
+  V16 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = load(bias, cols);
+  for (int64_t g = 0; g < groups; ++g) {
+    const int32_t* block = tile_blocks + g * products::Q8_WORDS;
+    const products::Operand* at_group[R];
+    V16 dot[R];
+    for (int r = 0; r < R; ++r) at_group[r] = x + (r0 + r) * groups + g;
+    products::q8_dots<R>(block, at_group, dot);
+    const V16 scale = products::load_half(block + products::Q8_SCALES);
+    for (int r = 0; r < R; ++r) acc[r] = fma(scale, dot[r], acc[r]);
+  }
+  for (int r = 0; r < R; ++r) store(out + (r0 + r) * out_stride, acc[r], cols);
+}
+
+struct Q8Linear {  // packed blocks (ceil(N / 16), ceil(I / 32), 136) and the bias (N,)
+  const at::Tensor& packed;
+  const at::Tensor& bias;
+
+  int64_t out_features() const { return bias.size(0); }
+
+  // x (R, I) -> out (R, N); tiles of 16 outputs are split over the threads, each tile's rows Q8_ROWS at a time
+  void operator()(const float* x, int64_t rows, int64_t in, float* out) const {
+    const int64_t groups = packed.size(1), n = out_features();
+    TORCH_CHECK(packed.scalar_type() == at::kInt && packed.dim() == 3 && packed.size(2) == products::Q8_WORDS &&
+                    groups == (in + products::GROUP - 1) / products::GROUP && packed.size(0) * products::TILE >= n &&
+                    packed.is_contiguous(), "8-bit weights must be packed by drafter.native_trunk.pack");
+    const auto operands = products::quantize_rows(x, rows, in);  // (R, groups)
+    const int32_t* words = packed.data_ptr<int32_t>();
+    const float* b = bias.data_ptr<float>();
+    at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t)
+        for (int64_t r = 0; r < rows; r += Q8_ROWS)
+          with_count<Q8_ROWS>(rows - r, [&](auto mr) {
+            q8_tile<decltype(mr)::value>(words + t * groups * products::Q8_WORDS, groups, operands.data(), r,
+                                         b + t * products::TILE, std::min(products::TILE, n - t * products::TILE),
+                                         out + t * products::TILE, n);
+          });
+    });
+  }
+};
+#endif
+
+// the products the build multiplies fastest: 8-bit codes where the decode step's are (products.h), else fp32; fp32
+// panels are read everywhere (drafter.native_trunk.pack packs either)
+#if defined(INTEGER_PRODUCTS)
+constexpr const char* PRODUCTS = "8-bit";
+#else
+constexpr const char* PRODUCTS = "fp32";
+#endif
+
+struct Linear {  // a weight packed either way (its dtype says which) and its bias (N,)
+  const at::Tensor& packed;
+  const at::Tensor& bias;
+
+  int64_t out_features() const { return bias.size(0); }
+
+  // x (R, I) -> out (R, N)
+  void operator()(const float* x, int64_t rows, int64_t in, float* out) const {
+    if (packed.scalar_type() == at::kFloat) return Fp32Linear{packed, bias}(x, rows, in, out);
+#if defined(INTEGER_PRODUCTS)
+    return Q8Linear{packed, bias}(x, rows, in, out);
+#else
+    TORCH_CHECK(false, "this build multiplies fp32 weights only (drafter.native_trunk.pack with products=\"fp32\")");
+#endif
   }
 };
 
@@ -259,7 +340,7 @@ at::Tensor trunk(const at::Tensor& slot_input, int64_t slots, const at::Tensor& 
   const int64_t layers = (static_cast<int64_t>(weights.size()) - HEAD_TENSORS - TAIL_TENSORS) / LAYER_TENSORS;
   TORCH_CHECK(layers >= 1 && HEAD_TENSORS + layers * LAYER_TENSORS + TAIL_TENSORS == static_cast<int64_t>(weights.size()),
               "expected ", HEAD_TENSORS, " + ", LAYER_TENSORS, " per block + ", TAIL_TENSORS, " weight tensors");
-  for (const auto& w : weights) TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous(), "weights: contiguous fp32");
+  for (const auto& w : weights) TORCH_CHECK(w.is_contiguous(), "weights must be contiguous");
   TORCH_CHECK(slot_input.dim() == 2 && slot_input.scalar_type() == at::kFloat && slot_input.is_contiguous(),
               "slot_input must be (R, T) contiguous fp32");
   const int64_t rows = slot_input.size(0), d = weights[1].size(0);
@@ -276,7 +357,7 @@ at::Tensor trunk(const at::Tensor& slot_input, int64_t slots, const at::Tensor& 
   for (int64_t l = 0; l < layers; ++l)
     widest = std::max(widest, weights[HEAD_TENSORS + l * LAYER_TENSORS + MLP_IN_BIAS].size(0));
   std::vector<float> x(rows * d), h(rows * d), mixed(rows * d), y(rows * d), wide(rows * widest);
-  Linear{weights[0], weights[1]}(slot_input.data_ptr<float>(), rows, x.data());
+  Linear{weights[0], weights[1]}(slot_input.data_ptr<float>(), rows, slot_input.size(1), x.data());
   const float* pos = weights[2].data_ptr<float>();  // by slot
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < d; ++i) x[r * d + i] += pos[(r % slots) * d + i];
@@ -286,50 +367,49 @@ at::Tensor trunk(const at::Tensor& slot_input, int64_t slots, const at::Tensor& 
     const float* lm = m + 9 * l * d;  // this block's 9 modulation rows
     // self-attention among the slots
     norm_modulate(x.data(), rows, d, lm, lm + d, ln_eps, h.data());
-    Linear{w[QKV], w[QKV_BIAS]}(h.data(), rows, wide.data());
+    Linear{w[QKV], w[QKV_BIAS]}(h.data(), rows, d, wide.data());
     self_attention(wide.data(), s, w[SELF_Q_NORM].data_ptr<float>(), w[SELF_K_NORM].data_ptr<float>(), qk_eps,
                    mixed.data());
-    Linear{w[SELF_O], w[SELF_O_BIAS]}(mixed.data(), rows, y.data());
+    Linear{w[SELF_O], w[SELF_O_BIAS]}(mixed.data(), rows, d, y.data());
     gated_add(x.data(), rows, d, lm + 2 * d, y.data());
     // cross-attention to the context
     norm_modulate(x.data(), rows, d, lm + 3 * d, lm + 4 * d, ln_eps, h.data());
-    Linear{w[CROSS_Q], w[CROSS_Q_BIAS]}(h.data(), rows, y.data());
+    Linear{w[CROSS_Q], w[CROSS_Q_BIAS]}(h.data(), rows, d, y.data());
     cross_attention(y.data(), s, maps, 2 * l * d, w[CROSS_Q_NORM].data_ptr<float>(), w[CROSS_K_NORM].data_ptr<float>(),
                     qk_eps, mixed.data());
-    Linear{w[CROSS_O], w[CROSS_O_BIAS]}(mixed.data(), rows, y.data());
+    Linear{w[CROSS_O], w[CROSS_O_BIAS]}(mixed.data(), rows, d, y.data());
     gated_add(x.data(), rows, d, lm + 5 * d, y.data());
     // the MLP
     norm_modulate(x.data(), rows, d, lm + 6 * d, lm + 7 * d, ln_eps, h.data());
     const Linear mlp_in{w[MLP_IN], w[MLP_IN_BIAS]};
-    mlp_in(h.data(), rows, wide.data());
+    mlp_in(h.data(), rows, d, wide.data());
     gelu_inplace(wide.data(), rows * mlp_in.out_features());
-    Linear{w[MLP_OUT], w[MLP_OUT_BIAS]}(wide.data(), rows, y.data());
+    Linear{w[MLP_OUT], w[MLP_OUT_BIAS]}(wide.data(), rows, mlp_in.out_features(), y.data());
     gated_add(x.data(), rows, d, lm + 8 * d, y.data());
   }
   const at::Tensor* tail = weights.data() + HEAD_TENSORS + layers * LAYER_TENSORS;
   norm_modulate(x.data(), rows, d, m + 9 * layers * d, m + (9 * layers + 1) * d, ln_eps, h.data());
   const Linear out{tail[0], tail[1]};
   auto result = at::empty({rows, out.out_features()}, slot_input.options());  // (R, T)
-  out(h.data(), rows, result.data_ptr<float>());
+  out(h.data(), rows, d, result.data_ptr<float>());
   return result;
 }
 
 // x (R, I) @ W^T + bias -> (R, N) for a weight packed by `pack` (the LM head rows, and tests of the kernel)
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == packed.size(1),
-              "x must be (R, I) contiguous fp32");
-  TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.size(0) <= packed.size(0) * PANEL,
-              "bias must be (N,) fp32");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (R, I) contiguous fp32");
+  TORCH_CHECK(bias.dim() == 1 && bias.scalar_type() == at::kFloat && bias.is_contiguous(), "bias must be (N,) fp32");
   auto out = at::empty({x.size(0), bias.size(0)}, x.options());
-  Linear{packed, bias}(x.data_ptr<float>(), x.size(0), out.data_ptr<float>());
+  Linear{packed, bias}(x.data_ptr<float>(), x.size(0), x.size(1), out.data_ptr<float>());
   return out;
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("pack", &pack, "an nn.Linear weight (N, I) packed for the trunk's products");
+  m.def("pack", &pack, "an nn.Linear weight (N, I) packed for the trunk's fp32 products");
   m.def("linear", &linear, "x @ W^T + bias for a packed weight");
   m.def("trunk", &trunk, "the DiT drafter's trunk at one time pair");
   m.attr("LAYER_TENSORS") = LAYER_TENSORS;
+  m.attr("PRODUCTS") = PRODUCTS;  // the fastest products here: "fp32", or "8-bit" codes (drafter.native_trunk.pack)
 }

@@ -1,0 +1,110 @@
+// Which products the native kernels (core/csrc/lean_step.cpp, drafter/csrc/dit_trunk.cpp) build, chosen once from
+// the build's instruction set, and the integer products' shared parts.
+//
+// BF16_PRODUCTS: AVX512-BF16 pair dot products (the decode step's bf16 activations times its weight codes).
+// INTEGER_PRODUCTS: AVX2 without BF16 (an AVX-512 CPU without it included). AVX2 has no bf16 products, and fp32 ones
+// cost ~20 instructions per 32 products a row of the decode step with the unpacking and the broadcasts (measured
+// 1.4-1.8x torch's int4 kernel, still behind llama.cpp). So there, as llama.cpp does, each row's inputs are rounded
+// to signed 8-bit codes per block of 32 with one fp32 scale (GGUF's Q8_0 applied to activations), and a block's sum of
+// code products is exact integer arithmetic: vpmaddubsw multiplies 32 unsigned by 32 signed 8-bit codes and adds
+// neighbours. A row's codes depend on that row alone. Else neither: fp32 products.
+//
+// Weights with 8-bit codes (core.cpu_linear.pack_q8_blocks, layout "bytes", GGUF's Q8_0 scheme): blocks of 16 outputs
+// x 32 inputs, per block 128 int32 words of signed codes (word 16m + j holds output j's codes of inputs 4m .. 4m + 3),
+// then the 16 outputs' scales as fp16 (8 words): w = code * scale.
+#pragma once
+#include "simd.h"
+
+#include <vector>
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define BF16_PRODUCTS 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define INTEGER_PRODUCTS 1
+#endif
+
+namespace products {
+using simd::bf16;
+using simd::V16;
+
+constexpr int64_t GROUP = 32, TILE = 16;  // inputs a block, outputs a block
+constexpr int64_t Q8_WORDS = 136, Q8_SCALES = 128;  // int32 words a q8 block, the first word of its scales
+
+inline V16 load_half(const int32_t* words) {  // 16 fp16 values -> fp32
+  V16 r;
+#if defined(__AVX512F__)
+  r.v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words)));
+#elif defined(__AVX2__) && defined(__F16C__)
+  r.lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(words)));
+  r.hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(words) + 1));
+#else
+  const at::Half* half = reinterpret_cast<const at::Half*>(words);
+  for (int l = 0; l < simd::LANES; ++l) r.v[l] = static_cast<float>(half[l]);
+#endif
+  return r;
+}
+
+#if defined(INTEGER_PRODUCTS)
+struct Operand {  // one row's block of 32 inputs
+  int8_t codes[GROUP];  // round(x * 127 / max |x|)
+  float scale;  // max |x| / 127: x ~ code * scale
+};
+
+// rows x (N, I) (bf16 or fp32) -> (N, ceil(I / 32)) Operand; a last partial block reads its missing inputs as zeros
+template <typename T>
+std::vector<Operand> quantize_rows(const T* x, int64_t n, int64_t in) {
+  const int64_t groups = (in + GROUP - 1) / GROUP;
+  std::vector<Operand> out(n * groups);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const T* src = x + r * in + g * GROUP;
+      const int64_t count = std::min(GROUP, in - g * GROUP);
+      float value[GROUP] = {}, largest = 0.0f;
+      for (int64_t i = 0; i < count; ++i) largest = std::max(largest, std::fabs(value[i] = static_cast<float>(src[i])));
+      const float inverse = largest > 0.0f ? 127.0f / largest : 0.0f;
+      Operand& block = out[r * groups + g];
+      for (int64_t i = 0; i < GROUP; ++i) block.codes[i] = static_cast<int8_t>(std::nearbyint(value[i] * inverse));
+      block.scale = largest / 127.0f;
+    }
+  return out;
+}
+
+inline __m256i four_codes(const Operand* x, int m) {  // inputs 4m .. 4m + 3, in every 32-bit lane
+  int32_t four;
+  std::memcpy(&four, x->codes + 4 * m, sizeof(four));
+  return _mm256_set1_epi32(four);
+}
+
+inline V16 scaled(const __m256i* sums, const Operand* x) {  // two 8-lane int32 sums -> 16 fp32 lanes * the row's scale
+  const __m256 scale = _mm256_set1_ps(x->scale);
+  return simd::from_halves(_mm256_mul_ps(_mm256_cvtepi32_ps(sums[0]), scale),
+                           _mm256_mul_ps(_mm256_cvtepi32_ps(sums[1]), scale));
+}
+
+// dot[r] (16 outputs) = the block's sum over 32 inputs of weight code * row r's code * row r's scale. vpmaddubsw wants
+// one operand unsigned: |code| times the input code carrying the weight code's sign; each step widened to 32 bits
+// (two products of up to 127 * 127 each)
+template <int R>
+inline void q8_dots(const int32_t* words, const Operand* const* x, V16* dot) {
+  __m256i part[R][2];  // outputs 0..7 and 8..15: 32-bit sums
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) part[r][0] = part[r][1] = _mm256_setzero_si256();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int m = 0; m < GROUP / 4; ++m) {
+    const __m256i codes[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 16 * m)),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 16 * m + 8))};
+    const __m256i size[2] = {_mm256_abs_epi8(codes[0]), _mm256_abs_epi8(codes[1])};
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256i inputs = four_codes(x[r], m);
+      for (int h = 0; h < 2; ++h)
+        part[r][h] = _mm256_add_epi32(
+            part[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(size[h], _mm256_sign_epi8(inputs, codes[h])), ones));
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) dot[r] = scaled(part[r], x[r]);
+}
+#endif
+
+}  // namespace products
