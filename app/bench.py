@@ -132,6 +132,27 @@ class Runner:
                        plain_probe_every=PLAIN_PROBE_EVERY if adaptive and self.drafter is not None else 0)
 
 
+def round_costs(base: list[Run], spec: list[Run]) -> list[dict]:
+    """What each kind of drafted round cost and committed, by source and drafted length: its rounds, mean drafting and
+    verifying milliseconds, both in plain rounds (the mean round of the plain runs beside it) and tokens committed.
+    A round pays where it commits more tokens than it costs plain rounds. [] without events (transformers' runs)."""
+    plain = [ev.draft_s + ev.verify_s for run in base for ev in run.events if ev.kind == "round"]
+    kinds: dict[tuple[str, int], list] = {}
+    for ev in (ev for run in spec for ev in run.events if ev.kind == "round"):
+        kinds.setdefault((ev.source, len(ev.drafted)), []).append(ev)
+    if not plain or not kinds:
+        return []
+    step = sum(plain) / len(plain)
+    rows = []
+    for (source, drafted), events in sorted(kinds.items()):
+        draft_s = sum(ev.draft_s for ev in events) / len(events)
+        verify_s = sum(ev.verify_s for ev in events) / len(events)
+        rows.append({"source": source, "drafted": drafted, "rounds": len(events), "draft_ms": 1e3 * draft_s,
+                     "verify_ms": 1e3 * verify_s, "plain_rounds": (draft_s + verify_s) / step,
+                     "committed": sum(len(ev.committed) for ev in events) / len(events)})
+    return rows
+
+
 def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: list[Run], spec: list[Run]) -> dict:
     stats = AcceptanceStats()
     for run in spec:
@@ -164,6 +185,7 @@ def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: li
         "per_slot_acceptance": stats.per_slot(k) if stats.rounds else None,
         "rounds": stats.rounds,  # with the counts below, runs pool exactly (docs/benchmarks.md)
         "rounds_by_source": stats.sources,  # plain steps, the network's drafts, prompt-lookup drafts
+        "round_costs": round_costs(base, spec),  # what each kind of round cost, in plain rounds, and committed
         "per_slot_reached": stats.reached[:k],
         "per_slot_accepted": stats.accepted[:k],
         "identical_to_baseline": all(b.tokens == s.tokens for b, s in zip(base, spec)) if sampling.greedy else None,

@@ -290,11 +290,12 @@ class DraftPolicy:
     def observe(self, draft: Draft, n_accepted: int, n_committed: int, seconds: float,
                 draft_seconds: float = 0.0) -> None:
         """A round's outcome: what it committed and what it cost (drafting and verifying; draft_seconds: drafting
-        alone), for the measured policies; what a lookup draft kept, for lookup's rates. A round that called the network
-        counts as a drafting round even when its draft was cut to nothing: it paid for the call."""
-        source = "drafter" if self.called else round_source(draft)
+        alone), for the measured policies; what a lookup draft kept, for lookup's rates. For the network's verdict a
+        round that called it counts as drafting even when its draft was cut to nothing: it paid for the call. Lookup's
+        verdict compares its rounds with every other round that verified nothing, as it would be without lookup."""
+        source = round_source(draft)
         if source != "lookup":
-            self.state.drafter.observe(source == "drafter", n_committed, seconds)
+            self.state.drafter.observe(self.called, n_committed, seconds)
         if source != "drafter":
             self.state.lookup.observe(source == "lookup", n_committed, seconds)
         if self.called:

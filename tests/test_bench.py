@@ -34,10 +34,15 @@ def test_bench_contract(tiny_folder, tmp_path):
     assert keys <= result.keys()
     assert result["prompts"] == 2 and result["identical_to_baseline"] is True
     assert len(result["per_slot_acceptance"]) == 4 and 1.0 <= result["acceptance_length"] <= 5.0
+    costs = result["round_costs"]  # each kind of round: its rounds add up, its cost is in plain rounds
+    assert sum(row["rounds"] for row in costs) == result["rounds"]
+    assert {row["source"] for row in costs} <= {"plain", "drafter"} and all(row["plain_rounds"] > 0 for row in costs)
+    assert all(row["committed"] <= row["drafted"] + 1 for row in costs)
     bench.main(["--prompts", str(prompts), "--drafter", "hf-generate", "--max-new-tokens", "12",
                 "--target", str(tiny_folder), "--dtype", "fp32", "--out", str(out)])
     # our plain loop == transformers greedy in the reference precision (in bf16 the two forwards round differently)
     assert json.loads(out.read_text())["identical_to_baseline"] is True
+    assert json.loads(out.read_text())["round_costs"] == []  # transformers' runs have no rounds to show
     bench.main(["--prompts", str(prompts), "--drafter", "none", "--temperature", "1", "--max-new-tokens", "8",
                 "--target", str(tiny_folder), "--out", str(out)])
     assert json.loads(out.read_text())["identical_to_baseline"] is None
