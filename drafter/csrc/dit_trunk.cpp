@@ -2,8 +2,10 @@
 // one native call: the slot projection, every block's adaLN-modulated self-attention, cross-attention to the cached
 // context maps and GELU MLP, and the output projection. Python dispatched ~130 small ops a proposal for this (2.7 ms
 // of a 4.1 ms proposal on two cores, where the products themselves take ~0.5 ms); here they are plain loops, and the
-// products one register-tiled kernel over weights packed once. The result equals the Python trunk up to float
-// rounding (tests/test_native_trunk.py); a draft is a proposal the target verifies, so the output stays exact.
+// products one register-tiled kernel over weights packed once (fp32, or 8-bit codes where the build has the integer
+// products, below). The result equals the Python trunk up to float rounding, computing from the same rounded weights
+// and inputs for the 8-bit products (tests/test_native_trunk.py); a draft is a proposal the target verifies, so the
+// output stays exact.
 //
 // Shape letters: B = blocks, K = slots, R = B*K rows, D = drafter width, H = heads, E = D/H head width,
 // C = context positions, L = layers, I = MLP width, T = target width, N = a product's output width.
