@@ -66,6 +66,9 @@ def slot_kinds(ev: RoundEvent) -> list[str]:
 def render_round(tokenizer, index: int, ev: RoundEvent) -> str:
     """One row: each drafted slot marked accepted / rejected / not reached, then the target's token."""
     cells = [f"<span class='fm-round'>#{index}</span>"]
+    if ev.source == "phrasebook":  # copied from the target's phrasebook: no network call
+        cells.append("<span class='fm-slot fm-unr' title='phrasebook: what the target&#39;s own replies most often "
+                     "continue these tokens with, no drafter call'>⧉ phrasebook</span>")
     if ev.source == "lookup":  # copied from earlier in the conversation: no network call
         cells.append("<span class='fm-slot fm-unr' title='prompt lookup: copied from earlier in the conversation, "
                      "no drafter call'>⧉ copied</span>")
@@ -151,7 +154,8 @@ def render_stats(stats: AcceptanceStats, speed: ReplySpeed | None, drafter: str,
     return "  \n".join(lines)
 
 
-SOURCE_WORDS = {"drafter": "drafted by the network", "lookup": "copied by prompt lookup", "plain": "plain steps"}
+SOURCE_WORDS = {"drafter": "drafted by the network", "lookup": "copied by prompt lookup",
+                "phrasebook": "copied from the phrasebook", "plain": "plain steps"}
 
 
 def source_counts(sources: dict[str, int]) -> str:

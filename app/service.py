@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from app.conversations import ConversationStore
-from core.drafting import MAX_BLOCK_SIZE, LookupHybrid
+from core.drafting import MAX_BLOCK_SIZE
 from core.engine import PLAIN_PROBE_EVERY, GenerationConfig, RoundEvent, generate
 from core.policy import PolicyState
 from core.sampling import SamplingConfig
@@ -25,7 +25,7 @@ from core.target import Target
 from core.threads import apply_thread_policy
 from core.verify_cost import draft_cost as measure_draft_cost
 from core.verify_cost import load_cached, relative_from, save_cached, timed_passes
-from drafter.registry import DrafterUnavailable, build_drafter
+from drafter.registry import DrafterUnavailable, build_drafter, with_lookup
 from drafter.spec import DrafterSpec, app_default
 
 APP_DRAFTERS = ("flashmap", "dflash", "ngram", "none")  # what the UI offers (the teacher is for analysis)
@@ -146,9 +146,9 @@ class ChatService:
             self._drafters[key] = build_drafter(key, self.target, self.allow_download)
         if not spec.lookup:
             return self._drafters[key]
-        hybrid = replace(key, lookup=True)  # the same network, with prompt lookup beside it
+        hybrid = replace(key, lookup=True, phrasebook=spec.phrasebook)  # the same network, free sources beside it
         if hybrid not in self._drafters:
-            self._drafters[hybrid] = LookupHybrid(self._drafters[key])
+            self._drafters[hybrid] = with_lookup(self._drafters[key], self.target, spec.phrasebook)
         return self._drafters[hybrid]
 
     def max_block_size(self, name: str) -> int:

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from core.phrasebook import Phrasebook
 from core.sampling import SamplingConfig
 
 MAX_BLOCK_SIZE = 16  # the largest block K the engine verifies in one round (and the UI offers)
@@ -30,9 +31,12 @@ class Draft:
     # further drafts from independent noise draws (paper App. D), target ids each; the engine merges them with
     # `tokens` into a trie and verifies it as a tree, exactly, at T=0 only
     alternatives: tuple[tuple[int, ...], ...] = ()
-    # a prompt-lookup draft (LookupHybrid.propose_lookup): the length of the matched suffix it copies after, which
-    # the policy's measured acceptance is kept by (core.policy.LookupRates); 0 for every other draft
+    # a copied draft (LookupHybrid.propose_lookups): the length of the matched suffix it copies after, which the
+    # policy's measured acceptance is kept by (core.policy.LookupRates); 0 for every other draft
     lookup_match: int = 0
+    # where a copied draft comes from: "lookup" (earlier in the conversation) or "phrasebook" (the target's own
+    # replies to other prompts, core.phrasebook); the round's source in its event
+    lookup_source: str = "lookup"
 
 
 class Drafter(Protocol):
@@ -115,18 +119,20 @@ def lookup_plan(copied: list[int], matched: int, strong: int = LOOKUP_STRONG,
 
 
 class LookupHybrid:
-    """A drafter with a second, free source: prompt lookup, which costs no network call (App. D's trie with one
-    more source). `propose_lookup` offers the copied continuation alone; the engine's policy takes it first in a
-    round where it pays (core.policy: its measured acceptance per match length, cut under the verify cost, its own
-    measured verdict against plain steps). Where the policy does not take it and calls the network instead, at
-    T = 0 the lookup's first `branch` tokens join the network's block(s) as one more branch of the trie verified in
-    the round; at T > 0, where a trie is not exact, the network's block goes alone. Every choice depends on
-    committed tokens and past rounds only, never on the token being sampled, so the output stays exact."""
+    """A drafter with free sources beside its network: prompt lookup (the conversation) and, where the target has
+    one, its phrasebook (core.phrasebook: what the target itself wrote after the same tokens in other replies);
+    neither costs a network call (App. D's trie with more sources). `propose_lookups` offers their copied
+    continuations; the engine's policy takes the one that pays most in a round where one pays (core.policy: measured
+    acceptance per source and match length, cut under the verify cost, a measured verdict against plain steps). Where
+    the policy calls the network instead, at T = 0 the first `branch` copied tokens (the conversation's, else the
+    phrasebook's) join the network's block(s) as one more branch of the trie verified in the round; at T > 0, where a
+    trie is not exact, the network's block goes alone. Every choice depends on committed tokens and past rounds only,
+    never on the token being sampled, so the output stays exact."""
 
-    def __init__(self, main: Drafter, branch: int = LOOKUP_BRANCH):
-        self.main, self.branch = main, branch
+    def __init__(self, main: Drafter, branch: int = LOOKUP_BRANCH, phrasebook: Phrasebook | None = None):
+        self.main, self.branch, self.phrasebook = main, branch, phrasebook
         self.ngram = NgramDrafter()
-        self.name = f"{main.name}+lookup"
+        self.name = f"{main.name}+lookup" + ("+phrasebook" if phrasebook is not None else "")
         self.feature_layers = main.feature_layers
         self.max_block_size = main.max_block_size
 
@@ -144,9 +150,26 @@ class LookupHybrid:
         copied, matched = self.ngram.lookup(anchor, block_size)
         return Draft(torch.tensor(copied, dtype=torch.long), None, lookup_match=matched) if copied else None
 
+    def propose_phrase(self, anchor: int, block_size: int) -> Draft | None:
+        """The phrasebook's continuation of the conversation's longest kept suffix (up to block_size tokens), with
+        the suffix's length; None without a phrasebook or a match."""
+        if self.phrasebook is None:
+            return None
+        recent = self.ngram.history[-self.phrasebook.config.max_ngram :]  # (<=n,) all a lookup reads
+        copied, matched = self.phrasebook.lookup(recent + [anchor], block_size)
+        if not copied:
+            return None
+        return Draft(torch.tensor(copied, dtype=torch.long), None, lookup_match=matched, lookup_source="phrasebook")
+
+    def propose_lookups(self, anchor: int, block_size: int) -> tuple[Draft, ...]:
+        """Every free source's draft for this round (the conversation's first), those that found something."""
+        drafts = (self.propose_lookup(anchor, block_size), self.propose_phrase(anchor, block_size))
+        return tuple(draft for draft in drafts if draft is not None)
+
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         draft = self.main.propose(anchor, block_size, sampling, generator)
-        branch = tuple(self.ngram.lookup(anchor, block_size)[0][: self.branch])
+        copied = self.propose_lookups(anchor, block_size)
+        branch = tuple(copied[0].tokens.tolist()[: self.branch]) if copied else ()
         if not sampling.greedy or not branch or draft.tokens.tolist()[: len(branch)] == list(branch):
             return draft
         return Draft(draft.tokens, draft.q_draft, draft.confidence, (*draft.alternatives, branch))

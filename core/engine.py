@@ -23,7 +23,7 @@ import torch
 from core.drafting import MAX_BLOCK_SIZE, Draft, Drafter
 from core.forward import keep_positions, target_forward
 from core.policy import DraftPolicy, PolicyState, round_source
-from core.sampling import SamplingConfig, target_probs, verify_greedy, verify_sampled
+from core.sampling import SamplingConfig, greedy_tokens, target_probs, verify_greedy, verify_sampled
 from core.target import Target
 from core.tree import Trie, build_trie, followed_branch, greedy_path
 
@@ -161,8 +161,15 @@ def verify_round(draft: Draft, trie: Trie, logits: torch.Tensor, sampling: Sampl
         return list(range(1 + verdict.n_accepted)), verdict.next_token
     if not sampling.greedy:
         raise ValueError("tree verification of several drafts is exact at temperature 0 only")
-    path, next_token = greedy_path(trie, logits.argmax(-1).tolist())
+    path, next_token = greedy_path(trie, greedy_tokens(logits))
     return [0, *(node + 1 for node in path)], next_token
+
+
+def kept_rows(features: torch.Tensor, kept_at: list[int]) -> torch.Tensor:
+    """The kept positions' features (N, F) of a round's (T, F): a view where they are its first N rows (a chain's
+    accepted prefix, every plain step), so most rounds copy nothing."""
+    n = len(kept_at)
+    return features[:n] if kept_at[-1] == n - 1 else features[kept_at]
 
 
 def _commit(state: _State, target: Target, tokens: list[int], gen: GenerationConfig) -> tuple[list[int], str | None]:
@@ -232,7 +239,7 @@ def generate(
             keep_positions(cache, len(block), kept_at)
             kept = [block[i] for i in kept_at]  # anchor + accepted drafts now have hidden states
             if drafter is not None:
-                drafter.extend(kept, None if features is None else features[kept_at])
+                drafter.extend(kept, None if features is None else kept_rows(features, kept_at))
             t2 = clock()
             committed, reason = _commit(state, target, kept[1:] + [anchor], gen)
             event = RoundEvent(

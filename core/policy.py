@@ -3,13 +3,14 @@ exact, because every choice reads past rounds (their committed tokens and timing
 
 Shape letters: K = drafted block length.
 
-Three sources per round, in this order: a prompt-lookup draft (free: no network call, `LookupHybrid.propose_lookup`),
-the drafter's network, or none (a plain step). Their parts:
+Three kinds of source per round, in this order: a copied draft (free: no network call, `LookupHybrid.propose_lookups`:
+prompt lookup in the conversation, or the target's phrasebook), the drafter's network, or none (a plain step). Their
+parts:
 - the adaptive cut (clip_draft, best_draft_length): the prefix with the most expected committed tokens per unit of
   this machine's verify cost (core.verify_cost), from per-slot confidence;
 - SkipEmpty: after drafts whose expected tokens do not pay for the drafter's own call, skip it for 1, 2, 4 ... rounds;
 - MeasuredPays: while a source's rounds commit fewer tokens a second than plain steps in this reply, skip it;
-- LookupRates: how often a copied token was accepted, per length of the matched suffix, as lookup's confidence;
+- LookupRates: how often a copied token was accepted, per source and length of the matched suffix, as its confidence;
 - PlainProbe: a plain step at least every N rounds, so there always are plain timings to compare with;
 - CallCost: what a call of the network costs in this reply, measured against plain steps, which the skips charge.
 """
@@ -24,6 +25,7 @@ from core.drafting import LOOKUP_STRONG, Draft, Drafter, lookup_plan
 from core.sampling import SamplingConfig
 
 EMPTY = Draft(torch.empty(0, dtype=torch.long), None)
+COPIED = ("lookup", "phrasebook")  # the free sources' round names (Draft.lookup_source)
 
 
 @dataclass
@@ -131,24 +133,29 @@ def smoothed_rate(accepted, reached, prior_rate: float, prior_weight: float):
 
 @dataclass
 class LookupRates:
-    """How often a prompt-lookup token was accepted once verified, per length of the matched suffix (1..3 tokens;
-    longer matches copy more reliably): a Beta-smoothed rate, accepted / reached slots, that serves as every slot's
-    confidence for the adaptive cut. Measured on this conversation's own rounds, so it is a policy input like the
-    timings: exact at every temperature (at T > 0 it measures the acceptance p(token) of the copied tokens)."""
+    """How often a copied token was accepted once verified, per source and length of the matched suffix (prompt
+    lookup's 1..3 tokens, the phrasebook's n-grams; longer matches copy more reliably): a Beta-smoothed rate,
+    accepted / reached slots, that serves as every slot's confidence for the adaptive cut. Measured on this
+    conversation's own rounds, so it is a policy input like the timings: exact at every temperature (at T > 0 it
+    measures the acceptance p(token) of the copied tokens)."""
 
     prior_rate: float = 0.7
     prior_weight: float = 2.0
-    reached: dict[int, float] = field(default_factory=dict)
-    accepted: dict[int, float] = field(default_factory=dict)
+    reached: dict[tuple, float] = field(default_factory=dict)
+    accepted: dict[tuple, float] = field(default_factory=dict)
 
-    def rate(self, matched: int) -> float:
-        key = min(matched, LOOKUP_STRONG)
+    @staticmethod
+    def key(matched: int, source: str = "lookup") -> tuple[str, int]:
+        return source, min(matched, LOOKUP_STRONG) if source == "lookup" else matched
+
+    def rate(self, matched: int, source: str = "lookup") -> float:
+        key = self.key(matched, source)
         return smoothed_rate(self.accepted.get(key, 0.0), self.reached.get(key, 0.0), self.prior_rate,
                              self.prior_weight)
 
-    def record(self, matched: int, n_verified: int, n_accepted: int) -> None:
-        """A verified lookup draft of n_verified tokens kept n_accepted: slots to the first rejection were reached."""
-        key = min(matched, LOOKUP_STRONG)
+    def record(self, matched: int, n_verified: int, n_accepted: int, source: str = "lookup") -> None:
+        """A verified copied draft of n_verified tokens kept n_accepted: slots to the first rejection were reached."""
+        key = self.key(matched, source)
         self.reached[key] = self.reached.get(key, 0.0) + min(n_accepted + 1, n_verified)
         self.accepted[key] = self.accepted.get(key, 0.0) + n_accepted
 
@@ -210,8 +217,8 @@ class CallCost:
 @dataclass
 class PolicyState:
     """What drafting measured in this reply, carried to the conversation's next reply (the app keeps one per drafter):
-    the network's rounds and lookup's rounds each against plain steps, lookup's acceptance and, at T > 0, the
-    network's acceptance per slot."""
+    the network's rounds and the copied rounds (prompt lookup, phrasebook) each against plain steps, the copied drafts'
+    acceptance and, at T > 0, the network's acceptance per slot."""
 
     drafter: MeasuredPays = field(default_factory=MeasuredPays)
     lookup: MeasuredPays = field(default_factory=MeasuredPays)
@@ -221,10 +228,11 @@ class PolicyState:
 
 
 def round_source(draft: Draft) -> str:
-    """What a round verified: "plain" (nothing), "lookup" (a prompt-lookup draft, no network call) or "drafter"."""
+    """What a round verified: "plain" (nothing), "lookup" or "phrasebook" (a copied draft, no network call) or
+    "drafter"."""
     if len(draft.tokens) == 0:
         return "plain"
-    return "lookup" if draft.lookup_match else "drafter"
+    return draft.lookup_source if draft.lookup_match else "drafter"
 
 
 @dataclass
@@ -256,17 +264,17 @@ class DraftPolicy:
 
     def draft(self, drafter: Drafter, anchor: int, k: int, sampling: SamplingConfig,
               generator: torch.Generator) -> Draft:
-        """This round's draft: a prompt-lookup draft where one exists, pays under the cut and its measured rounds
-        allow it, else the network's where the policy calls it, else an empty one (a plain step)."""
+        """This round's draft: a copied draft where one exists, pays under the cut and the measured rounds allow it
+        (the one that pays most), else the network's where the policy calls it, else an empty one (a plain step)."""
         # each policy's wait runs down only while it is asked, so ask them every round, before the probe
         self.called = False
         lookup_now = self.state.lookup.draft_now()
         network_now = self.state.drafter.draft_now() and self.skip.draft_now()
         if self.probe.due():
             return self.cut(None, k)
-        propose_lookup = getattr(drafter, "propose_lookup", None)  # drafters with a free source (LookupHybrid)
-        if lookup_now and propose_lookup is not None:
-            lookup = self.cut_lookup(propose_lookup(anchor, k), k)
+        propose_lookups = getattr(drafter, "propose_lookups", None)  # drafters with free sources (LookupHybrid)
+        if lookup_now and propose_lookups is not None:
+            lookup = self.best_lookup(propose_lookups(anchor, k), k)
             if len(lookup.tokens):
                 self.probe.record(plain=False)
                 return lookup
@@ -276,32 +284,46 @@ class DraftPolicy:
             proposal = replace(proposal, confidence=self.state.sampled.rates(len(proposal.tokens)))  # (K,) measured
         return self.cut(proposal, k)
 
+    def best_lookup(self, lookups: tuple[Draft, ...], k: int) -> Draft:
+        """Of the free sources' drafts, the cut one with the most expected tokens per unit of verify cost (the first
+        that keeps something without a cost curve); an empty draft when none pays."""
+        best, value = EMPTY, 1.0  # a plain step: one token for one step's cost
+        for lookup in lookups:
+            cut = self.cut_lookup(lookup, k)
+            if not self.verify_cost and len(cut.tokens):
+                return cut
+            if len(cut.tokens) and self.verify_cost and expected_per_cost(cut.confidence, self.verify_cost) > value:
+                best, value = cut, expected_per_cost(cut.confidence, self.verify_cost)
+        return best
+
     def cut_lookup(self, lookup: Draft | None, k: int) -> Draft:
-        """The part of a lookup draft worth verifying: with a cost curve, the prefix that pays at lookup's measured
-        acceptance for its match length; without one, a strong match whole (lookup_plan), else nothing."""
+        """The part of a copied draft worth verifying: with a cost curve, the prefix that pays at the measured
+        acceptance of its source and match length; without one, a strong match whole (lookup_plan), else nothing."""
         if lookup is None:
             return EMPTY
         if not self.verify_cost:
             alone, _ = lookup_plan(lookup.tokens.tolist(), lookup.lookup_match)
             return clip_draft(lookup, k) if alone else EMPTY
-        confidence = torch.full((len(lookup.tokens),), self.state.rates.rate(lookup.lookup_match))  # (K,)
+        rate = self.state.rates.rate(lookup.lookup_match, lookup.lookup_source)
+        confidence = torch.full((len(lookup.tokens),), rate)  # (K,)
         return clip_draft(replace(lookup, confidence=confidence), k, self.verify_cost)
 
     def observe(self, draft: Draft, n_accepted: int, n_committed: int, seconds: float,
                 draft_seconds: float = 0.0) -> None:
         """A round's outcome: what it committed and what it cost (drafting and verifying; draft_seconds: drafting
-        alone), for the measured policies; what a lookup draft kept, for lookup's rates. For the network's verdict a
-        round that called it counts as drafting even when its draft was cut to nothing: it paid for the call. Lookup's
-        verdict compares its rounds with every other round that verified nothing, as it would be without lookup."""
+        alone), for the measured policies; what a copied draft kept, for its source's rates. For the network's verdict
+        a round that called it counts as drafting even when its draft was cut to nothing: it paid for the call. The
+        copied rounds' verdict compares them with every other round that verified nothing, as it would be without
+        them."""
         source = round_source(draft)
-        if source != "lookup":
+        if source not in COPIED:
             self.state.drafter.observe(self.called, n_committed, seconds)
         if source != "drafter":
-            self.state.lookup.observe(source == "lookup", n_committed, seconds)
+            self.state.lookup.observe(source in COPIED, n_committed, seconds)
         if self.called:
             self.state.call_cost.record(draft_seconds)
-        if source == "lookup":
-            self.state.rates.record(draft.lookup_match, len(draft.tokens), n_accepted)
+        if source in COPIED:
+            self.state.rates.record(draft.lookup_match, len(draft.tokens), n_accepted, source)
         if source == "drafter" and draft.q_draft is not None:  # a sampled draft (T > 0): its acceptance per slot
             self.state.sampled.record(len(draft.tokens), n_accepted)
 
@@ -320,29 +342,41 @@ class DraftPolicy:
         return draft
 
 
-def best_draft_length(confidence: torch.Tensor, verify_cost: tuple[float, ...]) -> int:
+def expected_tokens(confidence, verify_cost: tuple[float, ...]) -> list[float]:
+    """Expected committed tokens of verifying the first n slots, n = 0..min(K, len(verify_cost) - 1):
+    1 + sum_{k<=n} prod_{j<=k} c_j, with the drafter's per-slot confidence c (K,) as its acceptance estimate.
+    On Python floats: a cut runs every drafting round, and a dozen tensor ops on a few slots cost ~0.3 ms a round
+    here (5% of a step of the embedded default)."""
+    values = confidence.tolist() if isinstance(confidence, torch.Tensor) else list(confidence)
+    expected, reach = [1.0], 1.0
+    for c in values[: len(verify_cost) - 1]:
+        reach *= min(max(c, 0.0), 1.0)  # P(slots 1..k all accepted)
+        expected.append(expected[-1] + reach)
+    return expected
+
+
+def expected_per_cost(confidence, verify_cost: tuple[float, ...]) -> float:
+    """Expected committed tokens per unit of verify cost of verifying this whole draft (at most the curve's length):
+    (1 + sum_{k<=n} prod_{j<=k} c_j) / cost(n + 1 positions), n = len(confidence)."""
+    expected = expected_tokens(confidence, verify_cost)
+    return expected[-1] / verify_cost[len(expected) - 1]
+
+
+def best_draft_length(confidence, verify_cost: tuple[float, ...]) -> int:
     """The prefix length n maximising expected committed tokens per unit of verify cost,
     (1 + sum_{k<=n} prod_{j<=k} c_j) / cost(n + 1 positions), with the drafter's per-slot confidence c
     as its acceptance estimate. A policy only: whatever length it picks, verification keeps the output exact."""
-    n_max = min(len(confidence), len(verify_cost) - 1)
-    reach = torch.cumprod(confidence[:n_max].double().clamp(0, 1), 0)  # (n_max,) P(slots 1..k all accepted)
-    expected = torch.cat([torch.ones(1, dtype=torch.float64), 1 + reach.cumsum(0)])  # (n_max+1,) n = 0..n_max
-    cost = torch.tensor(verify_cost[: n_max + 1], dtype=torch.float64)
-    return int((expected / cost).argmax())
+    per_cost = [tokens / cost for tokens, cost in zip(expected_tokens(confidence, verify_cost), verify_cost)]
+    return per_cost.index(max(per_cost))
 
 
-def draft_pays(confidence: torch.Tensor, verify_cost: tuple[float, ...], draft_cost: float) -> bool:
+def draft_pays(confidence, verify_cost: tuple[float, ...], draft_cost: float) -> bool:
     """Whether drafting beats a plain step in expected tokens per unit of cost when the drafter's own call is paid
     too: max over n >= 1 of (1 + sum_{k<=n} prod_{j<=k} c_j) / (cost(n + 1) + draft_cost) > 1 / cost(1) = 1.
     With draft_cost = 0 this is "the cut keeps something" (best_draft_length > 0). The draft in hand is sunk, so
     its cut ignores draft_cost; this only tells the skip policy whether the next call is likely worth making."""
-    n_max = min(len(confidence), len(verify_cost) - 1)
-    if n_max < 1:
-        return False
-    reach = torch.cumprod(confidence[:n_max].double().clamp(0, 1), 0)  # (n_max,) P(slots 1..n all accepted)
-    expected = 1 + reach.cumsum(0)  # (n_max,) n = 1..n_max
-    cost = torch.tensor(verify_cost[1 : n_max + 1], dtype=torch.float64) + draft_cost  # (n_max,)
-    return bool((expected / cost).max() > 1.0)
+    expected = expected_tokens(confidence, verify_cost)
+    return any(tokens / (cost + draft_cost) > 1.0 for tokens, cost in zip(expected[1:], verify_cost[1:]))
 
 
 def clip_draft(draft: Draft | None, k: int, verify_cost: tuple[float, ...] = ()) -> Draft:

@@ -18,6 +18,9 @@ python -m drafter.data magpie --n N --out data/prompts/magpie_train.jsonl --chec
     (the target writes user requests itself from its chat template's user-turn opening, "Magpie"; every 10th is
     held apart as a check set; the training ones are then answered by generate)
 python -m drafter.data features --data DIR --layers 1 10 20 29     (optional cache; ~4.6 KB per token)
+python -m drafter.data phrasebook --data DIR [DIR ...] --out weights/<target>/phrasebook
+    (the target's phrasebook, core.phrasebook: what its replies most often continue each n-gram with; a free
+    drafting source beside prompt lookup)
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from core import phrasebook
 from core.prompts import read_jsonl
 from core.target import Target, add_target_args, load_target, target_config_from_args
 from drafter.blocks import Blocks
@@ -432,6 +436,21 @@ def add_generation_args(parser: argparse.ArgumentParser) -> None:
     add_target_args(parser, cpu_precision="reference")
 
 
+def build_phrasebook(args) -> None:
+    """The phrasebook of the replies in some data folders (one target's): each reply with the prompt's last tokens
+    before it (the chat template's opening of the assistant turn), so a reply's first words are in it too."""
+    config = phrasebook.PhrasebookConfig(args.min_ngram, args.max_ngram, args.length, args.min_support)
+    targets = [json.loads((Path(folder) / "meta.json").read_text())["target"] for folder in args.data]
+    if any(target != targets[0] for target in targets):
+        raise SystemExit(f"--data folders were written by different targets: {targets}")
+    replies = [seq.tokens[max(0, seq.prompt_len - config.max_ngram):] for folder in args.data
+               for seq in load_sequences(folder)]
+    book = phrasebook.build(tqdm(replies, desc="phrasebook", unit="reply"), config)
+    built_from = {"data": list(args.data), "replies": len(replies), "tokens": sum(map(len, replies)),
+                  "date": time.strftime("%Y-%m-%d")}
+    print(phrasebook.save(args.out, book, targets[0], built_from), f"{len(book)} n-grams")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -467,8 +486,20 @@ def main(argv=None) -> None:
                       help="bf16: the target's matmuls in bf16 (2x faster where measured, not timed without AMX; "
                            "features within ~0.8%%)")
     add_target_args(feat, cpu_precision="reference")
+    book = sub.add_parser("phrasebook", help="the target's phrasebook from its replies (core.phrasebook)")
+    book.add_argument("--data", nargs="+", required=True, help="data folders written by generate / follow-up "
+                      "(replies to training prompts only, never to eval or check prompts)")
+    book.add_argument("--out", required=True, help="e.g. weights/smollm2-135m-instruct/phrasebook")
+    defaults = phrasebook.PhrasebookConfig()
+    book.add_argument("--min-ngram", type=int, default=defaults.min_ngram)
+    book.add_argument("--max-ngram", type=int, default=defaults.max_ngram)
+    book.add_argument("--length", type=int, default=defaults.length, help="continuation tokens kept per n-gram")
+    book.add_argument("--min-support", type=int, default=defaults.min_support,
+                      help="occurrences that must agree on each continuation token")
     args = parser.parse_args(argv)
-    if args.cmd == "generate":
+    if args.cmd == "phrasebook":
+        build_phrasebook(args)
+    elif args.cmd == "generate":
         generate(args)
     elif args.cmd == "follow-up":
         follow_up(args)

@@ -9,7 +9,8 @@ A variant is a drafter spec (drafter/spec.py): `drafter[,steps=N][,noise=shuffle
 [,k=K][,lookup=1][,weights=FOLDER]` with drafter one of flashmap, flashmap-teacher, dflash (scale: the flow drafters'
 initial noise scale, 0 = the deterministic draft from x0 = 0 that the app makes at T = 0; tree=M: M drafts from
 independent noise merged into a trie of at most K nodes, App. D; lookup=1: prompt lookup beside the network, as
-core.drafting.LookupHybrid drafts at T = 0).
+core.drafting.LookupHybrid drafts at T = 0 without a cost curve; the engine's second free source, the target's
+phrasebook, is not modelled here: the bench measures it).
 
 At T=0 the target's output is fixed: its greedy response, which `python -m drafter.data generate`
 stored. A round anchored at position a accepts the draft's longest prefix that equals the response

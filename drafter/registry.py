@@ -1,11 +1,16 @@
 """Drafters from a spec: the one place a DrafterSpec becomes a drafter the engine can call."""
 from __future__ import annotations
 
+import logging
+
+from core import phrasebook
 from core.drafting import Drafter, LookupHybrid, NgramDrafter
 from core.target import Target
 from drafter.checkpoint import CheckpointError
-from drafter.runtime import load_engine_drafter
+from drafter.runtime import default_weights, load_engine_drafter
 from drafter.spec import DrafterSpec
+
+_books: dict[str, phrasebook.Phrasebook | None] = {}  # target name -> its phrasebook (None: it has none usable)
 
 
 class DrafterUnavailable(RuntimeError):
@@ -24,4 +29,24 @@ def build_drafter(spec: DrafterSpec, target: Target, allow_download: bool = Fals
         drafter = load_engine_drafter(spec, target, allow_download=allow_download)
     except CheckpointError as err:
         raise DrafterUnavailable(str(err)) from err
-    return LookupHybrid(drafter) if spec.lookup else drafter
+    return with_lookup(drafter, target, spec.phrasebook) if spec.lookup else drafter
+
+
+def with_lookup(drafter: Drafter, target: Target, use_phrasebook: bool = True) -> LookupHybrid:
+    """The network drafter with prompt lookup beside it and, where use_phrasebook and the target has one under
+    weights/<target>/phrasebook, the target's phrasebook (core.phrasebook)."""
+    return LookupHybrid(drafter, phrasebook=target_phrasebook(target) if use_phrasebook else None)
+
+
+def target_phrasebook(target: Target) -> phrasebook.Phrasebook | None:
+    """The target's shipped phrasebook, loaded once a process; None where it has none, and where one is corrupt or
+    built for another target (logged once: drafting goes on without it, the output is exact either way)."""
+    name = target.identity["name"]
+    if name not in _books:
+        folder = default_weights(name, "phrasebook")
+        try:
+            _books[name] = phrasebook.load(folder, target.identity) if folder.exists() else None
+        except phrasebook.PhrasebookError as err:
+            logging.getLogger(__name__).warning("drafting without the phrasebook: %s", err)
+            _books[name] = None
+    return _books[name]

@@ -19,6 +19,8 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
   lookup=1     network drafters: prompt lookup joins each round (core.drafting.LookupHybrid): at T = 0 its
                continuation is one more branch of the verified trie, a strong match is copied without calling the
                network; at T > 0 a round takes one of the two
+  phrasebook=0 with lookup: without the target's phrasebook (core.phrasebook), the second free source that copies
+               what the target's own replies most often continue the latest tokens with
   weights=DIR  a checkpoint other than weights/<target>/<name>
 
 `DrafterSpec.__post_init__` holds every rule about which option suits which drafter; `validate(sampling)`
@@ -42,7 +44,7 @@ LABELS = {"flashmap": "FlashMap", "flashmap-teacher": "FlashMap teacher", "dflas
 # text key -> field; the order is the canonical text's
 KEYS = {"steps": "steps", "noise": "noise", "best_of": "best_of", "tree": "tree", "scale": "noise_scale",
         "k": "block_size", "adaptive": "adaptive", "skip": "max_skip", "calibrated": "calibrated", "lookup": "lookup",
-        "weights": "weights"}
+        "phrasebook": "phrasebook", "weights": "weights"}
 
 
 class SpecError(ValueError):
@@ -62,6 +64,7 @@ class DrafterSpec:
     max_skip: int = 8
     calibrated: bool = True
     lookup: bool = False
+    phrasebook: bool = True  # with lookup: the target's phrasebook beside prompt lookup, where it has one
     weights: str | None = None
 
     def __post_init__(self):
@@ -90,6 +93,8 @@ class DrafterSpec:
             return "transformers' generate takes no adaptive cut and no drafter weights"
         if not self.calibrated and name not in NET_DRAFTERS:
             return f"calibrated applies to the network drafters ({', '.join(NET_DRAFTERS)}) only"
+        if not self.phrasebook and not self.lookup:
+            return "phrasebook=0 turns off a part of lookup; it needs lookup=1"
         if self.lookup and name not in NET_DRAFTERS:
             return f"lookup joins the network drafters ({', '.join(NET_DRAFTERS)}); n-gram is prompt lookup itself"
         if name == "none" and self.weights:
@@ -124,7 +129,7 @@ class DrafterSpec:
                        else " (drafter skipped after drafts that did not pay)")
         words += [f"adaptive K{every_round}"] if self.adaptive else []
         words += ["raw confidence"] if not self.calibrated else []
-        words += ["with prompt lookup"] if self.lookup else []
+        words += [f"with prompt lookup{' and the phrasebook' if self.phrasebook else ''}"] if self.lookup else []
         words += [f"{Path(self.weights).parent.name} checkpoint"] if self.weights else []
         return ", ".join(words)
 
@@ -178,7 +183,7 @@ def _cast(field: str, raw: str, text: str):
             return raw
         if field == "noise_scale":
             return float(raw)
-        if field in ("adaptive", "calibrated", "lookup"):
+        if field in ("adaptive", "calibrated", "lookup", "phrasebook"):
             return bool(int(raw))
         return int(raw)
     except ValueError as err:

@@ -426,3 +426,61 @@ def test_what_drafting_measured_carries_over_to_the_next_reply(tiny_target):
     alone = list(generate(tiny_target, [9, 8, 7], gen, fresh, clock=fresh_clock))
     assert [ev.committed for ev in second] == [ev.committed for ev in alone]  # exact either way
     assert carried.calls < fresh.calls and carried.calls <= 2  # it starts where the last reply left off
+
+
+def test_the_phrasebook_offers_its_copy_beside_prompt_lookup_and_the_policy_takes_the_one_that_pays():
+    from core import phrasebook
+    from core.drafting import LookupHybrid
+    from core.policy import DraftPolicy, LookupRates, PolicyState, round_source
+
+    book = phrasebook.build([[3, 4, 50, 51, 52]] * 2, phrasebook.PhrasebookConfig(min_ngram=2, max_ngram=3))
+    main = Counting([7, 8, 9, 10, 11], corrupt=0.0, vocab=64)
+    main.prompt_len, main.feature_layers = 2, ()
+    hybrid = LookupHybrid(main, branch=4, phrasebook=book)
+    hybrid.extend([5, 6, 3, 4, 40, 41, 42, 43, 3], None)
+    conversation, phrase = hybrid.propose_lookups(4, 6)
+    assert conversation.tokens.tolist() == [40, 41, 42, 43, 3, 4] and conversation.lookup_source == "lookup"
+    assert phrase.tokens.tolist() == [50, 51, 52] and phrase.lookup_match == 2 and round_source(phrase) == "phrasebook"
+    curve = (1.0, 1.1, 1.2, 1.5, 1.8, 2.0, 2.2)
+    rates = LookupRates()
+    for _ in range(20):  # in this conversation the phrasebook's copies were kept, prompt lookup's two-token ones not
+        rates.record(2, 3, 3, "phrasebook")
+        rates.record(2, 3, 0)
+    policy = DraftPolicy.for_run(GenerationConfig(verify_cost=curve), PolicyState(rates=rates))
+    assert policy.best_lookup((conversation, phrase), 6).tokens.tolist() == [50, 51, 52]
+    rates = LookupRates()
+    for _ in range(20):  # the other way round
+        rates.record(2, 3, 0, "phrasebook")
+        rates.record(2, 3, 3)
+    policy = DraftPolicy.for_run(GenerationConfig(verify_cost=curve), PolicyState(rates=rates))
+    assert policy.best_lookup((conversation, phrase), 6).lookup_source == "lookup"
+    assert hybrid.propose(4, 4, SamplingConfig(temperature=0.0), torch.Generator()).alternatives == ((40, 41, 42, 43),)
+    hybrid.reset()
+    hybrid.extend([5, 6, 3], None)  # no earlier "3 4": the phrasebook's copy is the trie's branch
+    assert hybrid.propose(4, 4, SamplingConfig(temperature=0.0), torch.Generator()).alternatives == ((50, 51, 52),)
+
+
+def test_drafting_with_the_phrasebook_equals_plain_decoding_and_keeps_the_t1_distribution(tiny_target):
+    from core import phrasebook
+    from core.drafting import LookupHybrid
+
+    prompt = [5, 6, 7, 8, 9, 10]
+    plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=40))
+    config = phrasebook.PhrasebookConfig(min_ngram=2, max_ngram=3, length=6)
+    right = phrasebook.build([plain] * 2, config)  # the target's own reply: its copies are kept
+    wrong = phrasebook.build([[(t * 7 + 1) % 64 for t in plain]] * 2 + [plain[:12]] * 2, config)  # mostly rejected
+    curve = (1.0, 1.1, 1.2, 1.5, 1.8, 2.0, 2.2)
+    sources = set()
+    for book in (right, wrong):
+        gen = GenerationConfig(max_new_tokens=40, block_size=6, verify_cost=curve, plain_probe_every=16)
+        oracle = NoisyOracle(plain, corrupt=0.5, vocab=64, seed=1)
+        oracle.prompt_len = len(prompt)
+        out, events = generate_all(tiny_target, prompt, gen, LookupHybrid(oracle, branch=3, phrasebook=book))
+        assert out == plain
+        sources |= {ev.source for ev in events[1:]}
+    assert "phrasebook" in sources
+    target = make_target(tiny_llama(vocab_size=5, layers=1, seed=3, scale=8.0))
+    book = phrasebook.build([[4, 3, 2, 4, 3, 2, 4, 3]] * 2, config)
+    assert_sampled_distribution_exact(target, LookupHybrid(SkewedSampler([0.9, 0.025, 0.025, 0.025, 0.025]),
+                                                           phrasebook=book),
+                                      prompt=(4, 3, 2, 4, 3), verify_cost=curve)

@@ -61,8 +61,13 @@ def test_panel_marks_accepted_rejected_unreached_and_target():
     assert "⑂4" in tree and tree.count("fm-acc") == 2
     copied = render.render_round(tokenizer, 4, event(drafted=(10, 11), n_accepted=2, target_token=20, source="lookup"))
     assert "⧉ copied" in copied and "⧉" not in row  # a prompt-lookup round reads as such
-    stats = AcceptanceStats().add_all([event(drafted=(10,), n_accepted=1, source="lookup"), event(), event()])
-    assert "1 copied by prompt lookup · 2 plain steps" in render.render_stats(stats, None, "flashmap", (1, 9), "", 1)
+    phrase = render.render_round(tokenizer, 5, event(drafted=(10,), n_accepted=1, target_token=20,
+                                                     source="phrasebook"))
+    assert "⧉ phrasebook" in phrase and "⧉ copied" not in phrase  # so does a phrasebook round
+    stats = AcceptanceStats().add_all([event(drafted=(10,), n_accepted=1, source="lookup"), event(), event(),
+                                       event(drafted=(10,), n_accepted=0, source="phrasebook")])
+    assert "1 copied by prompt lookup · 1 copied from the phrasebook · 2 plain steps" in render.render_stats(
+        stats, None, "flashmap", (1, 9), "", 1)
 
 
 def test_byte_pieces_are_shown_as_hex_not_replacement_characters():

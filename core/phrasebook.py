@@ -1,0 +1,172 @@
+"""The target's phrasebook: a second free drafting source, what the target itself wrote after the same few tokens.
+
+Shape letters: N = n-grams kept, S = continuation tokens stored in all.
+
+Prompt lookup copies from the conversation; this copies from the target's own earlier replies to other prompts
+(retrieval drafting, as REST does with a datastore; He et al., 2023). Replies of one model repeat its phrasing across
+prompts ("Here are some tips", "def is_prime(n):", "= 2 * 3 ="), so what most often followed an n-gram in its replies
+is a draft that costs no network call. Each kept n-gram (2 to 4 tokens) maps to its majority continuation: the token
+that most often came next, then the one that most often came after that among those occurrences, and so on while
+at least `min_support` occurrences agree (up to `length` tokens). The policy verifies such a draft as it verifies a
+conversation lookup (core.policy: measured acceptance per source and match length, the cut under the verify cost),
+so the output stays exact whatever the phrasebook holds.
+
+Stored as `config.json` (format, the target's identity, the settings and the data it was built from) and
+`index.safetensors`: `keys` (N,) the n-grams' 64-bit hashes, sorted; `lengths` (N,) uint8, their continuations'
+lengths; `tokens` (S,) the continuations one after another (uint16 where every id fits, else int32).
+"""
+from __future__ import annotations
+
+import bisect
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+FORMAT = "flashmap-chat-phrasebook/1"
+_MASK = (1 << 64) - 1
+_PRIME = 0x100000001B3  # FNV-1a's 64-bit prime
+
+
+class PhrasebookError(ValueError):
+    """A phrasebook cannot be used with this target; the message says why (drafting goes on without it)."""
+
+
+@dataclass(frozen=True)
+class PhrasebookConfig:
+    min_ngram: int = 2
+    max_ngram: int = 4
+    length: int = 8  # continuation tokens kept per n-gram
+    min_support: int = 2  # occurrences that must agree on each continuation token
+
+    def __post_init__(self):
+        if not 1 <= self.min_ngram <= self.max_ngram or not 1 <= self.length <= 255 or self.min_support < 1:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, 1 <= length <= 255 and min_support >= 1: {self}")
+
+
+def ngram_key(tokens: Iterable[int]) -> int:
+    """A 64-bit FNV-1a hash of an n-gram of token ids (n is part of the hash: every token is mixed in). Two n-grams
+    sharing a hash only make a worse draft, never a wrong output (verification decides)."""
+    key = 0xCBF29CE484222325
+    for token in tokens:
+        key = ((key ^ (int(token) + 1)) * _PRIME) & _MASK
+    return key
+
+
+def majority_continuation(followers: list[list[int]], length: int, min_support: int) -> list[int]:
+    """The continuation most occurrences agree on, token by token: each step keeps the most common next token while
+    at least min_support occurrences (of those that agreed so far) have it."""
+    path: list[int] = []
+    for step in range(length):
+        counts = Counter(seq[step] for seq in followers if len(seq) > step)
+        if not counts:
+            break
+        token, support = counts.most_common(1)[0]
+        if support < min_support:
+            break
+        path.append(token)
+        followers = [seq for seq in followers if len(seq) > step and seq[step] == token]
+    return path
+
+
+@dataclass(frozen=True)
+class Phrasebook:
+    """n-gram hash -> majority continuation, looked up longest n-gram first."""
+
+    config: PhrasebookConfig
+    keys: list[int]  # (N,) sorted hashes, a Python list: bisect on it costs ~1 us, no tensor per lookup
+    offsets: torch.Tensor  # (N+1,) int64, into tokens
+    tokens: torch.Tensor  # (S,) the continuations, one after another
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def lookup(self, history: list[int], limit: int) -> tuple[list[int], int]:
+        """(the majority continuation of history's longest kept suffix, at most `limit` tokens; that suffix's length),
+        ([], 0) when none is kept."""
+        top = min(self.config.max_ngram, len(history))
+        for n in range(top, self.config.min_ngram - 1, -1):
+            key = ngram_key(history[-n:])
+            row = bisect.bisect_left(self.keys, key)
+            if row < len(self.keys) and self.keys[row] == key:
+                start, end = int(self.offsets[row]), int(self.offsets[row + 1])
+                return self.tokens[start : min(end, start + limit)].tolist(), n
+        return [], 0
+
+
+def build(sequences: Iterable[list[int]], config: PhrasebookConfig) -> Phrasebook:
+    """The phrasebook of some token sequences (the target's replies): every n-gram with a continuation that at
+    least min_support of its occurrences share."""
+    followers: dict[int, list[list[int]]] = {}
+    for seq in sequences:
+        for end in range(1, len(seq)):
+            after = seq[end : end + config.length]
+            for n in range(config.min_ngram, min(config.max_ngram, end) + 1):
+                followers.setdefault(ngram_key(seq[end - n : end]), []).append(after)
+    kept = {}
+    for key, seqs in followers.items():
+        if len(seqs) >= config.min_support:
+            path = majority_continuation(seqs, config.length, config.min_support)
+            if path:
+                kept[key] = path
+    keys = sorted(kept)
+    lengths = torch.tensor([len(kept[key]) for key in keys], dtype=torch.long)  # (N,)
+    tokens = torch.tensor([token for key in keys for token in kept[key]], dtype=torch.long)  # (S,)
+    return Phrasebook(config, keys, starts(lengths), tokens)
+
+
+def starts(lengths: torch.Tensor) -> torch.Tensor:
+    """(N,) lengths -> (N+1,) offsets of each continuation in the flat tokens."""
+    return torch.cat([torch.zeros(1, dtype=torch.long), lengths.long().cumsum(0)])
+
+
+def save(folder, book: Phrasebook, target_identity: dict, built_from: dict) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    # uint64 hashes travel as int64 bit patterns (safetensors has no unsigned 64-bit torch dtype to round-trip)
+    keys = torch.tensor([key - (1 << 64) if key >= 1 << 63 else key for key in book.keys], dtype=torch.long)  # (N,)
+    small = book.tokens.numel() == 0 or int(book.tokens.max()) < 1 << 16
+    save_file({"keys": keys, "lengths": book.offsets.diff().to(torch.uint8),
+               "tokens": book.tokens.to(torch.uint16 if small else torch.int32)}, str(folder / "index.safetensors"))
+    meta = {"format": FORMAT, "target": target_identity, "phrasebook": asdict(book.config), "ngrams": len(book),
+            "built_from": built_from}
+    (folder / "config.json").write_text(json.dumps(meta, indent=1))
+    return folder
+
+
+def load(folder, target_identity: dict) -> Phrasebook:
+    """The phrasebook in `folder` for this target, or PhrasebookError saying why not (missing, corrupt, built for
+    another target)."""
+    folder = Path(folder)
+    cfg_path, index_path = folder / "config.json", folder / "index.safetensors"
+    if not cfg_path.is_file() or not index_path.is_file():
+        raise PhrasebookError(f"no phrasebook at {folder} (need config.json and index.safetensors)")
+    try:
+        meta = json.loads(cfg_path.read_text())
+        config = PhrasebookConfig(**meta["phrasebook"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise PhrasebookError(f"{cfg_path} is not a valid phrasebook config: {err}") from err
+    if meta.get("format") != FORMAT:
+        raise PhrasebookError(f"{cfg_path}: unknown format {meta.get('format')!r}, expected {FORMAT}")
+    if meta.get("target") != target_identity:
+        raise PhrasebookError(f"the phrasebook at {folder} was built for target {meta.get('target')}, but the loaded "
+                          f"target is {target_identity}")
+    try:
+        index = load_file(str(index_path))
+        keys, lengths, tokens = index["keys"], index["lengths"], index["tokens"].long()
+    except (SafetensorError, OSError, ValueError, KeyError) as err:
+        raise PhrasebookError(f"{index_path} is corrupt: {err}") from err
+    offsets = starts(lengths)  # (N+1,)
+    if keys.dim() != 1 or lengths.shape != keys.shape or int(offsets[-1]) != tokens.shape[0]:
+        raise PhrasebookError(f"{index_path} is corrupt: the lengths do not add up to the tokens")
+    if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < target_identity["vocab_size"]:
+        raise PhrasebookError(f"{index_path} is corrupt: token ids outside the target's vocabulary")
+    unsigned = [key + (1 << 64) if key < 0 else key for key in keys.tolist()]
+    if any(a >= b for a, b in zip(unsigned, unsigned[1:])):
+        raise PhrasebookError(f"{index_path} is corrupt: keys are not sorted")
+    return Phrasebook(config, unsigned, offsets, tokens)

@@ -1,0 +1,75 @@
+import json
+
+import pytest
+import torch
+
+from core import phrasebook
+from core.phrasebook import Phrasebook, PhrasebookConfig, PhrasebookError, majority_continuation, ngram_key
+
+TARGET = {"name": "tiny", "model_type": "llama", "vocab_size": 70000, "hidden_size": 8, "num_hidden_layers": 2}
+
+
+def test_the_majority_continuation_follows_what_most_occurrences_agree_on():
+    followers = [[5, 6, 7], [5, 6, 8], [5, 6, 8], [9, 1, 1]]
+    assert majority_continuation(followers, length=3, min_support=2) == [5, 6, 8]
+    assert majority_continuation(followers, length=2, min_support=2) == [5, 6]  # the length caps it
+    assert majority_continuation(followers, length=3, min_support=3) == [5, 6]  # only two agree on 8
+    assert majority_continuation(followers, length=3, min_support=4) == []  # not even the first token
+
+
+def test_ngram_keys_tell_order_and_length_apart():
+    keys = {ngram_key(ids) for ids in ([1, 2], [2, 1], [1, 2, 3], [0, 1, 2], [0, 0], [0])}
+    assert len(keys) == 6 and all(0 <= key < 1 << 64 for key in keys)
+    assert ngram_key([1, 2]) == ngram_key((1, 2))
+
+
+def book_of(sequences, **options) -> Phrasebook:
+    return phrasebook.build(sequences, PhrasebookConfig(**options))
+
+
+def test_a_lookup_takes_the_longest_kept_ngram_and_its_majority_continuation():
+    book = book_of([[1, 2, 3, 4, 10, 11], [1, 2, 3, 4, 10, 12], [9, 3, 4, 20, 21], [8, 3, 4, 20, 21],
+                    [5, 3, 4, 20, 21]],
+                   min_ngram=2, max_ngram=4, length=3, min_support=2)
+    assert book.lookup([7, 1, 2, 3, 4], 8) == ([10], 4)  # "1 2 3 4" twice: 10 then 11 | 12, no majority
+    assert book.lookup([7, 0, 3, 4], 8) == ([20, 21], 2)  # "3 4": 20 21 in three of its five occurrences
+    assert book.lookup([7, 0, 3, 4], 1) == ([20], 2)  # the limit
+    assert book.lookup([6, 6, 6], 8) == ([], 0)  # nothing kept
+    assert book.lookup([4], 8) == ([], 0)  # shorter than the shortest n-gram
+
+
+def test_a_phrasebook_round_trips_and_refuses_what_it_cannot_use(tmp_path):
+    sequences = [[1, 2, 3, 66000, 5], [1, 2, 3, 66000, 5], [4, 2, 3, 66000, 7]]  # an id that needs 32 bits
+    book = book_of(sequences)
+    assert len(book) > 0
+    folder = phrasebook.save(tmp_path / "book", book, TARGET, {"data": ["test"]})
+    loaded = phrasebook.load(folder, TARGET)
+    assert loaded.keys == book.keys and torch.equal(loaded.tokens, book.tokens)
+    assert loaded.lookup([9, 1, 2, 3], 8) == book.lookup([9, 1, 2, 3], 8) == ([66000, 5], 3)
+
+    small = phrasebook.save(tmp_path / "small", book_of([[1, 2, 3, 4]] * 2), TARGET, {})
+    assert phrasebook.load(small, TARGET).lookup([1, 2], 8) == ([3, 4], 2)  # stored in 16 bits
+
+    with pytest.raises(PhrasebookError, match="no phrasebook"):
+        phrasebook.load(tmp_path / "missing", TARGET)
+    with pytest.raises(PhrasebookError, match="built for target"):
+        phrasebook.load(folder, {**TARGET, "name": "other"})
+    meta = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**meta, "format": "other/1"}))
+    with pytest.raises(PhrasebookError, match="unknown format"):
+        phrasebook.load(folder, TARGET)
+    small_vocab = {**TARGET, "vocab_size": 1000}  # the index holds id 66000
+    (folder / "config.json").write_text(json.dumps({**meta, "target": small_vocab}))
+    with pytest.raises(PhrasebookError, match="outside the target's vocabulary"):
+        phrasebook.load(folder, small_vocab)
+    (folder / "config.json").write_text(json.dumps(meta))
+    (folder / "index.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(PhrasebookError, match="corrupt"):
+        phrasebook.load(folder, TARGET)
+
+
+def test_settings_out_of_range_are_refused():
+    for bad in ({"min_ngram": 0}, {"min_ngram": 5, "max_ngram": 4}, {"length": 0}, {"length": 256},
+                {"min_support": 0}):
+        with pytest.raises(ValueError):
+            PhrasebookConfig(**bad)
