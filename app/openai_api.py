@@ -110,7 +110,7 @@ def conversation(req: ChatRequest) -> tuple[list[dict], str]:
 
 def speculative(name: str, stats: AcceptanceStats, speed, precision: str) -> dict:
     return {"drafter": name, "precision": precision, "acceptance_length": stats.acceptance_length,
-            "rounds": stats.rounds, "rounds_by_source": dict(stats.sources),  # plain / drafter / lookup / phrasebook rounds
+            "rounds": stats.rounds, "rounds_by_source": dict(stats.sources),  # rounds by RoundEvent.source
             "tokens_per_s": speed.tokens_per_s, "plain_tokens_per_s": speed.plain_tokens_per_s,
             "speedup_vs_plain": speed.ratio if name != "none" else 1.0}
 

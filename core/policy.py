@@ -287,13 +287,16 @@ class DraftPolicy:
     def best_lookup(self, lookups: tuple[Draft, ...], k: int) -> Draft:
         """Of the free sources' drafts, the cut one with the most expected tokens per unit of verify cost (the first
         that keeps something without a cost curve); an empty draft when none pays."""
-        best, value = EMPTY, 1.0  # a plain step: one token for one step's cost
+        best, best_value = EMPTY, 1.0  # a plain step: one token for one step's cost
         for lookup in lookups:
             cut = self.cut_lookup(lookup, k)
-            if not self.verify_cost and len(cut.tokens):
+            if not len(cut.tokens):
+                continue
+            if not self.verify_cost:
                 return cut
-            if len(cut.tokens) and self.verify_cost and expected_per_cost(cut.confidence, self.verify_cost) > value:
-                best, value = cut, expected_per_cost(cut.confidence, self.verify_cost)
+            value = expected_per_cost(cut.confidence, self.verify_cost)
+            if value > best_value:
+                best, best_value = cut, value
         return best
 
     def cut_lookup(self, lookup: Draft | None, k: int) -> Draft:

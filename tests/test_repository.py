@@ -7,7 +7,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
 BUDGETS = {"weights/": 20 * MIB, "docs/": 1 * MIB, "data/": 4 * MIB}  # largest tracked file under each folder
-TOTAL = 82 * MIB  # all tracked files together
+TOTAL = 90 * MIB  # all tracked files together (82 before the embedded default's phrasebook, 5.4 MiB)
 
 
 def tracked() -> list[Path]:
