@@ -73,3 +73,23 @@ def test_settings_out_of_range_are_refused():
                 {"min_support": 0}):
         with pytest.raises(ValueError):
             PhrasebookConfig(**bad)
+
+
+def test_the_registry_loads_the_targets_phrasebook_and_drafts_on_without_a_broken_one(tmp_path, monkeypatch, caplog,
+                                                                                       tiny_target):
+    from core.drafting import NgramDrafter
+    from drafter import registry
+
+    folder = tmp_path / "phrasebook"
+    monkeypatch.setattr(registry, "default_weights", lambda name, kind: folder)
+    monkeypatch.setattr(registry, "_books", {})
+    assert registry.target_phrasebook(tiny_target) is None  # none shipped: nothing said, nothing loaded
+    phrasebook.save(folder, book_of([[1, 2, 3, 4]] * 2), tiny_target.identity, {})
+    monkeypatch.setattr(registry, "_books", {})
+    assert registry.with_lookup(NgramDrafter(), tiny_target).phrasebook.lookup([1, 2], 8) == ([3, 4], 2)
+    assert registry.with_lookup(NgramDrafter(), tiny_target, use_phrasebook=False).phrasebook is None
+    (folder / "index.safetensors").write_bytes(b"garbage")
+    monkeypatch.setattr(registry, "_books", {})
+    with caplog.at_level("WARNING"):
+        assert registry.with_lookup(NgramDrafter(), tiny_target).phrasebook is None
+    assert "drafting without the phrasebook" in caplog.text and "corrupt" in caplog.text
