@@ -63,15 +63,19 @@ def slot_kinds(ev: RoundEvent) -> list[str]:
             for slot in range(len(ev.drafted))]
 
 
+COPY_MARKS = {  # round source -> (its mark in the panel, what the mark's title says)
+    "lookup": ("⧉ copied", "prompt lookup: copied from earlier in the conversation, no drafter call"),
+    "phrasebook": ("⧉ phrasebook", "phrasebook: what the target&#39;s own replies most often continue these tokens "
+                                   "with, no drafter call"),
+}
+
+
 def render_round(tokenizer, index: int, ev: RoundEvent) -> str:
     """One row: each drafted slot marked accepted / rejected / not reached, then the target's token."""
     cells = [f"<span class='fm-round'>#{index}</span>"]
-    if ev.source == "phrasebook":  # copied from the target's phrasebook: no network call
-        cells.append("<span class='fm-slot fm-unr' title='phrasebook: what the target&#39;s own replies most often "
-                     "continue these tokens with, no drafter call'>⧉ phrasebook</span>")
-    if ev.source == "lookup":  # copied from earlier in the conversation: no network call
-        cells.append("<span class='fm-slot fm-unr' title='prompt lookup: copied from earlier in the conversation, "
-                     "no drafter call'>⧉ copied</span>")
+    if ev.source in COPY_MARKS:  # a copied draft: no network call
+        mark, title = COPY_MARKS[ev.source]
+        cells.append(f"<span class='fm-slot fm-unr' title='{title}'>{mark}</span>")
     if ev.branches > 1:  # the row shows the draft the target followed furthest
         cells.append(f"<span class='fm-slot fm-unr' title='best of {ev.branches} drafts, verified as a tree'>"
                      f"⑂{ev.branches}</span>")

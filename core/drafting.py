@@ -150,13 +150,17 @@ class LookupHybrid:
         copied, matched = self.ngram.lookup(anchor, block_size)
         return Draft(torch.tensor(copied, dtype=torch.long), None, lookup_match=matched) if copied else None
 
-    def propose_phrase(self, anchor: int, block_size: int) -> Draft | None:
-        """The phrasebook's continuation of the conversation's longest kept suffix (up to block_size tokens), with
-        the suffix's length; None without a phrasebook or a match."""
+    def phrase(self, anchor: int, block_size: int) -> tuple[list[int], int]:
+        """(the phrasebook's continuation of the conversation's longest kept suffix, up to block_size tokens; the
+        suffix's length), ([], 0) without a phrasebook or a match."""
         if self.phrasebook is None:
-            return None
+            return [], 0
         recent = self.ngram.history[-self.phrasebook.config.max_ngram :]  # (<=n,) all a lookup reads
-        copied, matched = self.phrasebook.lookup(recent + [anchor], block_size)
+        return self.phrasebook.lookup(recent + [anchor], block_size)
+
+    def propose_phrase(self, anchor: int, block_size: int) -> Draft | None:
+        """The phrasebook's copy (phrase) as a draft; None without one."""
+        copied, matched = self.phrase(anchor, block_size)
         if not copied:
             return None
         return Draft(torch.tensor(copied, dtype=torch.long), None, lookup_match=matched, lookup_source="phrasebook")
@@ -168,8 +172,8 @@ class LookupHybrid:
 
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         draft = self.main.propose(anchor, block_size, sampling, generator)
-        copied = self.propose_lookups(anchor, block_size)
-        branch = tuple(copied[0].tokens.tolist()[: self.branch]) if copied else ()
+        copied = self.ngram.lookup(anchor, block_size)[0] or self.phrase(anchor, block_size)[0]
+        branch = tuple(copied[: self.branch])
         if not sampling.greedy or not branch or draft.tokens.tolist()[: len(branch)] == list(branch):
             return draft
         return Draft(draft.tokens, draft.q_draft, draft.confidence, (*draft.alternatives, branch))

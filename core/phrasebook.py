@@ -154,8 +154,8 @@ def load(folder, target_identity: dict) -> Phrasebook:
     if meta.get("format") != FORMAT:
         raise PhrasebookError(f"{cfg_path}: unknown format {meta.get('format')!r}, expected {FORMAT}")
     if meta.get("target") != target_identity:
-        raise PhrasebookError(f"the phrasebook at {folder} was built for target {meta.get('target')}, but the loaded "
-                          f"target is {target_identity}")
+        raise PhrasebookError(f"the phrasebook at {folder} was built for target {meta.get('target')}, but the "
+                              f"loaded target is {target_identity}")
     try:
         index = load_file(str(index_path))
         keys, lengths, tokens = index["keys"], index["lengths"], index["tokens"].long()
