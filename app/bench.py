@@ -34,6 +34,7 @@ from core.engine import (  # noqa: E402
     generate,
 )
 from core.policy import PolicyState  # noqa: E402
+from core.prefix import PrefixCache  # noqa: E402
 from core.prompts import read_prompt_file, resolve_prompt_file  # noqa: E402
 from core.sampling import SamplingConfig  # noqa: E402
 from core.stats import AcceptanceStats  # noqa: E402
@@ -82,9 +83,9 @@ class Run:
 
 
 def run_engine(target: Target, prompt_ids: list[int], gen: GenerationConfig, drafter,
-               measured: PolicyState | None = None) -> Run:
+               measured: PolicyState | None = None, prefix: PrefixCache | None = None) -> Run:
     start = time.perf_counter()
-    events = list(generate(target, prompt_ids, gen, drafter, measured=measured))
+    events = list(generate(target, prompt_ids, gen, drafter, measured=measured, prefix=prefix))
     seconds = time.perf_counter() - start
     return Run([t for ev in events for t in ev.committed], seconds, events)
 
@@ -209,7 +210,8 @@ def make_runner(spec: DrafterSpec, target: Target, allow_download: bool = False)
         raise SystemExit(f"{spec.text()}: {err}") from err
     k = block_size_for(GenerationConfig(block_size=spec.block_size), drafter)
     measured = PolicyState()  # carried from prompt to prompt, as the app carries it from reply to reply
-    return Runner(spec, k, lambda ids, gen: run_engine(target, ids, gen, drafter, measured), drafter)
+    prefix = PrefixCache()  # each runner reuses its own previous prompt's cache, as the app and llama.cpp do
+    return Runner(spec, k, lambda ids, gen: run_engine(target, ids, gen, drafter, measured, prefix), drafter)
 
 
 def warm_up(target: Target) -> None:
@@ -238,11 +240,13 @@ def bench(cfg: BenchConfig) -> dict:
     runner = runner.with_draft_cost(target)
     anchor = llama_cpp(cfg, target)
     base, spec, anchored = [], [], []
+    plain_prefix = PrefixCache()  # plain decoding's own, like each runner's
     used: dict[int, int] = {}  # torch threads -> runs of this engine (and llama.cpp's turns) started with them
     for i, prompt in enumerate(tqdm(prompts, desc=f"bench {cfg.spec.text()}", unit="prompt")):
         ids = target.chat_ids([{"role": "user", "content": prompt}])
         gen = runner.generation(GenerationConfig(cfg.max_new_tokens, sampling=cfg.sampling, seed=cfg.seed + i), curve)
-        runs = [lambda: base.append(run_engine(target, ids, gen, None)), lambda: spec.append(runner.run(ids, gen))]
+        runs = [lambda: base.append(run_engine(target, ids, gen, None, prefix=plain_prefix)),
+                lambda: spec.append(runner.run(ids, gen))]
         if anchor is not None:
             runs.append(lambda: anchored.append(anchor.run(ids, cfg.max_new_tokens)))
         for k in range(len(runs)):  # rotate the order so drift on a noisy machine hits every side alike

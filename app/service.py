@@ -19,6 +19,7 @@ from app.conversations import ConversationStore
 from core.drafting import MAX_BLOCK_SIZE
 from core.engine import PLAIN_PROBE_EVERY, GenerationConfig, RoundEvent, generate
 from core.policy import PolicyState
+from core.prefix import PrefixCache
 from core.sampling import SamplingConfig
 from core.stats import ReplySpeed
 from core.target import Target
@@ -107,6 +108,7 @@ class ChatService:
         self._draft_costs: dict[int, float] = {}  # id(drafter) -> its call's cost relative to a target step
         # id(drafter) -> what drafting measured against plain steps in the replies so far (core.policy.PolicyState)
         self._measured: dict[int, PolicyState] = {}
+        self.prefix = PrefixCache()  # what the last reply left in its cache: the next prompt's prefill starts after it
         self.unavailable: dict[str, str] = {}
         self.verify_cost: tuple[float, ...] = ()  # relative cost of 1..17 positions; () until measured
         self.curve_status = "not measured yet: adaptive K is off until it is"
@@ -185,7 +187,7 @@ class ChatService:
             measured = None if drafter is None else self._measured.setdefault(id(drafter), PolicyState())
             if self.thread_policy is not None:  # more threads only while nothing else runs (ThreadPolicy.threads_now)
                 apply_thread_policy(self.thread_policy.threads_now())
-            for ev in generate(self.target, prompt_ids, gen, drafter, cancel, measured=measured):
+            for ev in generate(self.target, prompt_ids, gen, drafter, cancel, measured=measured, prefix=self.prefix):
                 speed.add(ev, time.perf_counter())
                 self.last_events.append(ev)
                 yield ev, speed

@@ -62,10 +62,11 @@ def run_suite(cfg: SuiteConfig, target, runners: list[bench.Runner]) -> dict:
     runners = [r.with_draft_cost(target) for r in runners]
     prompts = [p for path in cfg.prompts for p in bench.read_prompts(path, cfg.limit)]
     base, spec = [], [[] for _ in runners]
+    plain_prefix = bench.PrefixCache()  # plain decoding's own previous prompt, as each runner has its own
     for i, prompt in enumerate(tqdm(prompts, desc=f"suite x{len(runners)}", unit="prompt")):
         ids = target.chat_ids([{"role": "user", "content": prompt}])
         gen = GenerationConfig(cfg.max_new_tokens, sampling=cfg.sampling, seed=cfg.seed + i)
-        jobs = [(None, lambda g: bench.run_engine(target, ids, g, None), gen)] + [
+        jobs = [(None, lambda g: bench.run_engine(target, ids, g, None, prefix=plain_prefix), gen)] + [
             (j, lambda g, run=r.run: run(ids, g), r.generation(gen, curve)) for j, r in enumerate(runners)]
         shift = i % len(jobs)
         for j, run, job_gen in jobs[shift:] + jobs[:shift]:  # rotate who goes first

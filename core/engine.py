@@ -23,6 +23,7 @@ import torch
 from core.drafting import MAX_BLOCK_SIZE, Draft, Drafter
 from core.forward import keep_positions, target_forward
 from core.policy import DraftPolicy, PolicyState, round_source
+from core.prefix import PrefixCache
 from core.sampling import SamplingConfig, greedy_tokens, target_probs, verify_greedy, verify_sampled
 from core.target import Target
 from core.tree import Trie, build_trie, followed_branch, greedy_path
@@ -196,28 +197,74 @@ def generate(
     cancel=None,
     clock: Callable[[], float] = time.perf_counter,
     measured: PolicyState | None = None,
+    prefix: PrefixCache | None = None,
 ) -> Iterator[RoundEvent]:
     """Yield one RoundEvent per target forward until EOS, a stop string, the budget or cancel. `measured` carries
     what drafting measured in earlier replies of a conversation (core.policy.PolicyState; updated in place), so a
-    reply starts from it instead of measuring again; None: this reply measures on its own."""
+    reply starts from it instead of measuring again; None: this reply measures on its own. `prefix` holds what the
+    previous generation left in its cache (core.prefix.PrefixCache; updated in place): the prompt's prefill starts
+    after the tokens it shares with it; None: the whole prompt is prefilled."""
     block_size = block_size_for(gen, drafter)
     check_prompt(target, prompt_ids, gen, block_size)
     cancel = cancel or Never()
     layers = drafter.feature_layers if drafter is not None else ()
-    draft_gen = torch.Generator(device="cpu").manual_seed(gen.seed + 1)  # drafter noise, independent of target
-    verify_gen = torch.Generator(device=target.device).manual_seed(gen.seed)
-    state = _State(len(prompt_ids))
-    policy = DraftPolicy.for_run(gen, measured)
-    cache = target.new_cache(len(prompt_ids) + gen.max_new_tokens + block_size + 1)
+    capacity = len(prompt_ids) + gen.max_new_tokens + block_size + 1
+    cache, reused, reused_features = (prefix or PrefixCache()).take(target, prompt_ids, layers, capacity)
+    run = _Run(cache, DraftPolicy.for_run(gen, measured), layers, block_size,
+               draft_gen=torch.Generator(device="cpu").manual_seed(gen.seed + 1),  # drafter noise, apart from target's
+               verify_gen=torch.Generator(device=target.device).manual_seed(gen.seed))
+    cached = Cached(list(prompt_ids[:reused]), [] if reused_features is None else [reused_features])
+    try:
+        yield from _generate(target, prompt_ids, reused, gen, drafter, cancel, clock, run, cached)
+    finally:
+        if prefix is not None:
+            prefix.keep(cached.ids, cache, cached.all_features(), layers)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The fixed parts of one generation: its cache, policy, the drafter's feature layers, K and the generators."""
+
+    cache: object  # StaticCache or transformers' DynamicCache
+    policy: DraftPolicy
+    layers: tuple[int, ...]
+    block_size: int
+    draft_gen: torch.Generator
+    verify_gen: torch.Generator
+
+
+@dataclass
+class Cached:
+    """The positions a generation's cache holds (everything committed but the anchor) and their drafter features,
+    for core.prefix.PrefixCache."""
+
+    ids: list[int]
+    features: list[torch.Tensor]  # (N_i, F) each, in order
+
+    def add(self, ids: list[int], features: torch.Tensor | None) -> None:
+        self.ids += ids
+        if features is not None:
+            self.features.append(features)
+
+    def all_features(self) -> torch.Tensor | None:
+        return torch.cat(self.features) if self.features else None  # (P, F)
+
+
+def _generate(target: Target, prompt_ids: list[int], reused: int, gen: GenerationConfig, drafter: Drafter | None,
+              cancel, clock, run: _Run, cached: Cached) -> Iterator[RoundEvent]:
+    """generate's loop, after `reused` prompt positions came from the previous generation's cache (their features
+    already in `cached`)."""
+    state, policy, cache, layers = _State(len(prompt_ids)), run.policy, run.cache, run.layers
     with torch.inference_mode():
         t0 = clock()
-        logits, features = target_forward(target, prompt_ids, cache, layers, keep=1)
+        logits, features = target_forward(target, prompt_ids[reused:], cache, layers, keep=1)
+        cached.add(prompt_ids[reused:], features)
         no_draft = Draft(torch.empty(0, dtype=torch.long), None)
-        anchor = _verify(no_draft, logits[-1:], gen.sampling, verify_gen).next_token
+        anchor = _verify(no_draft, logits[-1:], gen.sampling, run.verify_gen).next_token
         verify_s = clock() - t0
         if drafter is not None:
             drafter.reset()
-            drafter.extend(prompt_ids, features)
+            drafter.extend(prompt_ids, cached.all_features())
         committed, reason = _commit(state, target, [anchor], gen)
         yield RoundEvent(kind="prefill", drafted=(), n_accepted=0, target_token=anchor, committed=tuple(committed),
                          text=state.text, draft_s=0.0, verify_s=verify_s, finish_reason=reason)
@@ -228,18 +275,20 @@ def generate(
                 return
             t0 = clock()
             room = gen.max_new_tokens - len(state.output)
-            k = min(block_size, room - 1)
+            k = min(run.block_size, room - 1)
             drafting = drafter is not None and k > 0
-            draft = policy.draft(drafter, anchor, k, gen.sampling, draft_gen) if drafting else no_draft
+            draft = policy.draft(drafter, anchor, k, gen.sampling, run.draft_gen) if drafting else no_draft
             trie = round_trie(draft, k)
             t1 = clock()
             block = [anchor, *trie.tokens]  # (T,) = (K+1,) for a full chain
             logits, features = target_forward(target, block, cache, layers, trie=trie)
-            kept_at, anchor = verify_round(draft, trie, logits, gen.sampling, verify_gen)
+            kept_at, anchor = verify_round(draft, trie, logits, gen.sampling, run.verify_gen)
             keep_positions(cache, len(block), kept_at)
             kept = [block[i] for i in kept_at]  # anchor + accepted drafts now have hidden states
+            kept_features = None if features is None else kept_rows(features, kept_at)  # (N, F)
+            cached.add(kept, kept_features)
             if drafter is not None:
-                drafter.extend(kept, None if features is None else kept_rows(features, kept_at))
+                drafter.extend(kept, kept_features)
             t2 = clock()
             committed, reason = _commit(state, target, kept[1:] + [anchor], gen)
             event = RoundEvent(

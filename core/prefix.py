@@ -1,0 +1,65 @@
+"""Reusing what the last reply left in the KV cache: a prompt that starts with the tokens of the previous prompt and
+reply (the conversation's next turn, or any prompt under the same system prompt) prefills only what follows them.
+
+Why: the app sends the whole conversation every turn, and a 2-core CPU prefills ~450 tokens a second, so each turn of
+a long conversation waited again for every earlier one; llama.cpp keeps the previous prompt's cache the same way.
+
+Exact where the prefill is batch-invariant: through the native step (core.lean's native prefill) every position's
+keys, values and hidden states are the same whether it was computed in a prefill chunk, a verify round or alone, so a
+reused prefix is exactly what prefilling it again would give. Elsewhere (the op-by-op prefill's kernels pick their
+order by shape) nothing is reused.
+
+Shape letters: P = reused positions, F = drafter feature width.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from core.lean import StaticCache
+
+
+def reuses_prefixes(target) -> bool:
+    """Whether this target's prefill is batch-invariant, so that a reused prefix equals a fresh prefill."""
+    lean = getattr(target, "lean", None)
+    return lean is not None and lean.native_prefill
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+@dataclass
+class PrefixCache:
+    """The token ids whose keys and values the last generation left in its cache, with that cache and the drafter
+    features of those positions at `layers` ((P, F), or None without a drafter). One per conversation or run."""
+
+    ids: list[int] = field(default_factory=list)
+    cache: StaticCache | None = None
+    features: torch.Tensor | None = None
+    layers: tuple[int, ...] = ()
+
+    def take(self, target, prompt_ids: list[int], layers: tuple[int, ...],
+             capacity: int) -> tuple[StaticCache, int, torch.Tensor | None]:
+        """A new cache of `capacity` positions holding the longest reusable prefix of prompt_ids (at least its last
+        token is left to feed: its logits start the reply), the number of positions reused and their features."""
+        cache = target.new_cache(capacity)
+        # features are reused too: a drafter needs the same layers' (a plain reply needs none)
+        reused = common_prefix(self.ids, prompt_ids[:-1]) if not layers or self.layers == layers else 0
+        if not reused or self.cache is None or not isinstance(cache, StaticCache) or not reuses_prefixes(target):
+            return cache, 0, None
+        for dst, src in ((cache.keys, self.cache.keys), (cache.values, self.cache.values)):
+            for new, old in zip(dst, src):  # (G, S, D) each layer
+                new[:, :reused] = old[:, :reused]
+        cache.length = reused
+        return cache, reused, self.features[:reused] if layers and self.features is not None else None
+
+    def keep(self, ids: list[int], cache, features: torch.Tensor | None, layers: tuple[int, ...]) -> None:
+        """After a generation: `ids` are the positions its cache holds (prompt and committed tokens but the last),
+        `features` (P, F) theirs."""
+        self.ids, self.cache, self.features, self.layers = ids, cache, features, layers
