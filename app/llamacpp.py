@@ -34,7 +34,8 @@ llm = Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     ask = json.loads(line)
-    llm.reset()  # no prompt cache carried over: every run evaluates its prompt, as the engine's runs do
+    if not ask["reuse"]:  # else llama-cpp-python evaluates only what follows the previous prompt's common prefix
+        llm.reset()
     start = time.perf_counter()
     out = llm.create_completion(prompt=ask["ids"], max_tokens=ask["max_tokens"], temperature=0.0)
     seconds = time.perf_counter() - start
@@ -69,8 +70,11 @@ class LlamaCpp:
             raise LlamaCppUnavailable(f"llama.cpp's process ended (exit code {self.proc.wait()})")
         return json.loads(line)
 
-    def run(self, prompt_ids: list[int], max_new_tokens: int) -> LlamaCppRun:
-        self.proc.stdin.write(json.dumps({"ids": list(prompt_ids), "max_tokens": max_new_tokens}) + "\n")
+    def run(self, prompt_ids: list[int], max_new_tokens: int, reuse: bool = True) -> LlamaCppRun:
+        """One greedy reply; reuse: its prompt's prefill starts after what it shares with the previous prompt and
+        reply (llama-cpp-python's prefix match; the engine's runs reuse theirs, core.prefix), else from scratch."""
+        ask = {"ids": list(prompt_ids), "max_tokens": max_new_tokens, "reuse": reuse}
+        self.proc.stdin.write(json.dumps(ask) + "\n")
         self.proc.stdin.flush()
         out = self._reply()
         return LlamaCppRun(int(out["tokens"]), float(out["seconds"]), out["text"])

@@ -76,7 +76,7 @@ def main(argv=None) -> None:
     except LlamaCppUnavailable as err:
         print(f"llama.cpp: {err}")
         return
-    runs = [llama.run(ids, 1) for _ in range(args.repeats)]
+    runs = [llama.run(ids, 1, reuse=False) for _ in range(args.repeats)]
     llama.close()
     print(f"llama.cpp ({llama.threads} threads): {runs[-1].seconds:.2f} s")
 
