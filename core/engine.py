@@ -213,7 +213,8 @@ def generate(
     run = _Run(cache, DraftPolicy.for_run(gen, measured), layers, block_size,
                draft_gen=torch.Generator(device="cpu").manual_seed(gen.seed + 1),  # drafter noise, apart from target's
                verify_gen=torch.Generator(device=target.device).manual_seed(gen.seed))
-    cached = Cached(list(prompt_ids[:reused]), [] if reused_features is None else [reused_features])
+    cached = Cached(list(prompt_ids[:reused]), [] if reused_features is None else [reused_features],
+                    keep_features=prefix is not None)
     try:
         yield from _generate(target, prompt_ids, reused, gen, drafter, cancel, clock, run, cached)
     finally:
@@ -240,10 +241,11 @@ class Cached:
 
     ids: list[int]
     features: list[torch.Tensor]  # (N_i, F) each, in order
+    keep_features: bool = True  # False: ids only (no prefix cache will take them; a long reply's features add up)
 
     def add(self, ids: list[int], features: torch.Tensor | None) -> None:
         self.ids += ids
-        if features is not None:
+        if features is not None and self.keep_features:
             self.features.append(features)
 
     def all_features(self) -> torch.Tensor | None:
@@ -259,12 +261,14 @@ def _generate(target: Target, prompt_ids: list[int], reused: int, gen: Generatio
         t0 = clock()
         logits, features = target_forward(target, prompt_ids[reused:], cache, layers, keep=1)
         cached.add(prompt_ids[reused:], features)
+        if reused and features is not None:
+            features = torch.cat([cached.features[0], features])  # (P, F): the reused positions', then the new ones
         no_draft = Draft(torch.empty(0, dtype=torch.long), None)
         anchor = _verify(no_draft, logits[-1:], gen.sampling, run.verify_gen).next_token
         verify_s = clock() - t0
         if drafter is not None:
             drafter.reset()
-            drafter.extend(prompt_ids, cached.all_features())
+            drafter.extend(prompt_ids, features)
         committed, reason = _commit(state, target, [anchor], gen)
         yield RoundEvent(kind="prefill", drafted=(), n_accepted=0, target_token=anchor, committed=tuple(committed),
                          text=state.text, draft_s=0.0, verify_s=verify_s, finish_reason=reason)
