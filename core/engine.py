@@ -23,7 +23,7 @@ import torch
 from core.drafting import MAX_BLOCK_SIZE, Draft, Drafter
 from core.forward import keep_positions, target_forward
 from core.policy import DraftPolicy, PolicyState, round_source
-from core.prefix import PrefixCache
+from core.prefix import PrefixCache, reuses_prefixes
 from core.sampling import SamplingConfig, greedy_tokens, target_probs, verify_greedy, verify_sampled
 from core.target import Target
 from core.tree import Trie, build_trie, followed_branch, greedy_path
@@ -213,12 +213,13 @@ def generate(
     run = _Run(cache, DraftPolicy.for_run(gen, measured), layers, block_size,
                draft_gen=torch.Generator(device="cpu").manual_seed(gen.seed + 1),  # drafter noise, apart from target's
                verify_gen=torch.Generator(device=target.device).manual_seed(gen.seed))
+    kept = prefix is not None and reuses_prefixes(target)  # what this cache holds is handed on only where reusable
     cached = Cached(list(prompt_ids[:reused]), [] if reused_features is None else [reused_features],
-                    keep_features=prefix is not None)
+                    keep_features=kept)
     try:
         yield from _generate(target, prompt_ids, reused, gen, drafter, cancel, clock, run, cached)
     finally:
-        if prefix is not None:
+        if kept:
             prefix.keep(cached.ids, cache, cached.all_features(), layers)
 
 

@@ -51,9 +51,11 @@ class PrefixCache:
         """A new cache of `capacity` positions holding the longest reusable prefix of prompt_ids (at least its last
         token is left to feed: its logits start the reply), the number of positions reused and their features."""
         cache = target.new_cache(capacity)
+        if self.cache is None or not reuses_prefixes(target):  # (a target that reuses has a StaticCache)
+            return cache, 0, None
         # features are reused too: a drafter needs the same layers' (a plain reply needs none)
         reused = common_prefix(self.ids, prompt_ids[:-1]) if not layers or self.layers == layers else 0
-        if not reused or self.cache is None or not isinstance(cache, StaticCache) or not reuses_prefixes(target):
+        if not reused:
             return cache, 0, None
         for dst, src in ((cache.keys, self.cache.keys), (cache.values, self.cache.values)):
             for new, old in zip(dst, src):  # (G, S, D) each layer
