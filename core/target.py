@@ -420,6 +420,10 @@ def _native_step(target: Target):
     from core import native
 
     module, why = native.load()
+    cfg = target.model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if module is not None and head_dim > native.MAX_HEAD_DIM:
+        module, why = None, f"the native step serves head dims up to {native.MAX_HEAD_DIM}, this model's is {head_dim}"
     target.extra["native_step"] = "native" if module is not None else why
     if module is None:
         print(f"note: {why}; the decode step runs op by op in Python (slower, equally exact)", flush=True)

@@ -26,29 +26,14 @@ namespace {
 using namespace simd;
 using namespace products;
 
-// dot product of a (n,) fp32 and b (n,) bf16: lane-wise products summed over the chunks in order, then the lanes
-// reduced
-inline float dot(const float* a, const bf16* b, int64_t n) {
-  V16 acc = load(a, n) * load(b, n);
-  for (int64_t i = LANES; i < n; i += LANES) acc = fma(load(a + i, n - i), load(b + i, n - i), acc);
-  return sum(acc);
-}
-
-// dot products of a (n,) fp32 with up to 16 rows b[k] (n,) bf16 -> out[k], each exactly as dot(a, b[k], n) computes it:
-// the same lane-wise products, then the lanes reduced by the same tree (lane i + lane i + 8, then + 4, + 2, + 1, which
-// is how _mm512_reduce_add_ps and the portable sum() reduce), here for 16 rows at once by shuffles, not one by one
-inline void dots(const float* a, const bf16* const* b, int64_t count, int64_t n, float* out) {
+// up to 16 dot products out[k] = sum of the lanes of part(k), a key's lane-wise products (V16): the lanes reduced by
+// one tree (lane i + lane i + 8, then + 4, + 2, + 1, which is how _mm512_reduce_add_ps and the portable sum() reduce),
+// here for 16 keys at once by shuffles, not one by one
+template <typename Part>
+inline void dots(int64_t count, Part part, float* out) {
 #if defined(__AVX512F__)
   __m512 acc[LANES];
-  for (int64_t k = 0; k < LANES; ++k) {
-    if (k >= count) {
-      acc[k] = _mm512_setzero_ps();
-      continue;
-    }
-    V16 part = load(a, n) * load(b[k], n);
-    for (int64_t i = LANES; i < n; i += LANES) part = fma(load(a + i, n - i), load(b[k] + i, n - i), part);
-    acc[k] = part.v;
-  }
+  for (int64_t k = 0; k < LANES; ++k) acc[k] = k < count ? part(k).v : _mm512_setzero_ps();
   __m512 halves[8], quarters[4], eighths[2];
   for (int j = 0; j < 8; ++j)  // keys 2j, 2j + 1: lane i + lane i + 8, i < 8
     halves[j] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * j], acc[2 * j + 1], 0x44),
@@ -72,10 +57,8 @@ inline void dots(const float* a, const bf16* const* b, int64_t count, int64_t n,
         eight[k] = _mm256_setzero_ps();
         continue;
       }
-      const bf16* key = b[k0 + k];
-      V16 part = load(a, n) * load(key, n);
-      for (int64_t i = LANES; i < n; i += LANES) part = fma(load(a + i, n - i), load(key + i, n - i), part);
-      eight[k] = _mm256_add_ps(part.lo, part.hi);
+      const V16 lanes = part(k0 + k);
+      eight[k] = _mm256_add_ps(lanes.lo, lanes.hi);
     }
     __m256 fours[4], twos[2];
     for (int j = 0; j < 4; ++j)  // keys 2j, 2j + 1 in the low and high 128 bits: + 4
@@ -90,7 +73,7 @@ inline void dots(const float* a, const bf16* const* b, int64_t count, int64_t n,
     _mm256_maskstore_ps(out + k0, half_mask(count - k0), ordered);
   }
 #else
-  for (int64_t k = 0; k < count; ++k) out[k] = dot(a, b[k], n);
+  for (int64_t k = 0; k < count; ++k) out[k] = sum(part(k));
 #endif
 }
 
@@ -423,6 +406,8 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+constexpr int64_t MAX_CHUNKS = 8;  // the head dims the attention serves: up to 128
+
 struct Shape {
   int64_t fed, past, heads, kv_heads, dim, rep;
 };
@@ -440,7 +425,10 @@ void rotate(const bf16* src, const at::Tensor& norm, double eps, const float* co
 
 // attention of fed row t's query head h over its visible keys (key/value head h / R): the P cached ones, then the fed
 // ones it sees (visible (T, T)) by increasing index, that is in the order of their compact index c, which is the
-// position each would hold in a chain; writes out (T, H * D) bf16 at row t, head h
+// position each would hold in a chain; writes out (T, H * D) bf16 at row t, head h. CHUNKS = D / 16 rounded up: the
+// query and the weighted sum of values sit in registers, and every cached key and value is read once, 16 dimensions at
+// a time in the mixed lane order (simd::load_mixed; a head dim that is no multiple of 16 reads its last chunk short)
+template <int CHUNKS>
 void attend_head(int64_t h, int64_t t, const Shape& s, const std::vector<float>& queries /* (T, H, D) */,
                  const at::Tensor& keys, const at::Tensor& values, const bool* visible, bf16* out) {
   const int64_t dim = s.dim, g = h / s.rep, kstride = keys.stride(1), vstride = values.stride(1);
@@ -449,48 +437,45 @@ void attend_head(int64_t h, int64_t t, const Shape& s, const std::vector<float>&
   std::vector<int64_t> fed_rows;  // the cache rows of the row's visible fed keys
   for (int64_t j = 0; j < s.fed; ++j)
     if (visible[t * s.fed + j]) fed_rows.push_back(s.past + j);
+  auto cache_row = [&](int64_t c) { return c < s.past ? c : fed_rows[c - s.past]; };  // compact index -> cache row
   const int64_t length = s.past + static_cast<int64_t>(fed_rows.size());  // its keys by compact index
-  const float* query = queries.data() + (t * s.heads + h) * dim;
+  const int64_t last = dim - (CHUNKS - 1) * LANES;  // dimensions in the last chunk (16 for a multiple of 16)
+  auto chunk = [&](const bf16* row, int i) {  // dimensions 16i .. 16i + 15 of a cached row, in the mixed order
+    return i + 1 < CHUNKS || last == LANES ? load_mixed(row + i * LANES) : load_mixed(row + i * LANES, last);
+  };
+  V16 query[CHUNKS];  // (D,) in the mixed order
+  for (int i = 0; i < CHUNKS; ++i) query[i] = mix(load(queries.data() + (t * s.heads + h) * dim + i * LANES, dim - i * LANES));
   std::vector<float> w(length);  // scores, then unnormalised softmax weights, by compact index
-  const bf16* chunk[LANES];  // up to 16 keys scored at once (dots)
-  for (int64_t c = 0; c < s.past; c += LANES) {  // cached keys: contiguous rows
-    const int64_t count = std::min<int64_t>(LANES, s.past - c);
-    for (int64_t k = 0; k < count; ++k) chunk[k] = kbase + (c + k) * kstride;
-    dots(query, chunk, count, dim, w.data() + c);
-  }
-  for (size_t k0 = 0; k0 < fed_rows.size(); k0 += LANES) {
-    const int64_t count = std::min<int64_t>(LANES, static_cast<int64_t>(fed_rows.size() - k0));
-    for (int64_t k = 0; k < count; ++k) chunk[k] = kbase + fed_rows[k0 + k] * kstride;
-    dots(query, chunk, count, dim, w.data() + s.past + k0);
-  }
+  auto scored = [&](int64_t c) {  // key c's lane-wise products with the query
+    const bf16* key = kbase + cache_row(c) * kstride;
+    V16 part = query[0] * chunk(key, 0);
+    for (int i = 1; i < CHUNKS; ++i) part = fma(query[i], chunk(key, i), part);
+    return part;
+  };
+  for (int64_t c = 0; c < length; c += LANES)
+    dots(std::min<int64_t>(LANES, length - c), [&](int64_t k) { return scored(c + k); }, w.data() + c);
   V16 peak = splat(-3.0e38f);  // the maximum is exact in any order
   for (int64_t c = 0; c < length; c += LANES) peak = max(peak, load_or(w.data() + c, length - c, -3.0e38f));
   const V16 shift = splat(top(peak));
   for (int64_t c = 0; c < length; c += LANES) store(w.data() + c, exp(load(w.data() + c, length - c) - shift), length - c);
   const V16 total = splat(lane_sum(w.data(), length, false));
-  // weighted sums of values by compact index, even and odd indices in two accumulators, 16 dimensions at a time held
-  // in registers over all keys (named accumulators: an array indexed by c & 1 lived on the stack)
+  // the weighted sum of values, key by key in compact order, up to 64 dimensions at a time held in registers
+  constexpr int SPAN = CHUNKS < 4 ? CHUNKS : 4;
   bf16* dst = out + (t * s.heads + h) * dim;
-  for (int64_t d = 0; d < dim; d += LANES) {
-    const int64_t n = dim - d;
-    V16 even = zeros(), odd = zeros();
-    int64_t c = 0;
-    for (; c + 1 < s.past; c += 2) {
-      even = fma(splat(w[c]), load(vbase + c * vstride + d, n), even);
-      odd = fma(splat(w[c + 1]), load(vbase + (c + 1) * vstride + d, n), odd);
+  for (int i0 = 0; i0 < CHUNKS; i0 += SPAN) {
+    V16 mixed[SPAN];
+    for (int i = 0; i < SPAN; ++i) mixed[i] = zeros();
+    for (int64_t c = 0; c < length; ++c) {
+      const bf16* row = vbase + cache_row(c) * vstride;
+      const V16 weight = splat(w[c]);
+      for (int i = 0; i < SPAN; ++i)
+        if (i0 + i < CHUNKS) mixed[i] = fma(weight, chunk(row, i0 + i), mixed[i]);
     }
-    if (c < s.past) even = fma(splat(w[c]), load(vbase + c * vstride + d, n), even);  // c even: the last cached key
-    for (size_t k = 0; k < fed_rows.size(); ++k) {
-      const int64_t at = s.past + static_cast<int64_t>(k);
-      const V16 value = load(vbase + fed_rows[k] * vstride + d, n);
-      if (at & 1)
-        odd = fma(splat(w[at]), value, odd);
-      else
-        even = fma(splat(w[at]), value, even);
+    for (int i = 0; i < SPAN && i0 + i < CHUNKS; ++i) {
+      float lanes[LANES];
+      store(lanes, mix(mixed[i] / total));
+      for (int64_t l = 0; l < std::min<int64_t>(LANES, dim - (i0 + i) * LANES); ++l) dst[(i0 + i) * LANES + l] = bf16(lanes[l]);
     }
-    float mixed[LANES];
-    store(mixed, (even + odd) / total, n);
-    for (int64_t l = 0; l < n && l < LANES; ++l) dst[d + l] = bf16(mixed[l]);
   }
 }
 
@@ -521,9 +506,12 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   const bool* seen = visible.data_ptr<bool>();
   // one unit of work per (query head, fed row): every value is the same operations whichever unit or thread computes
   // it, and the work spreads evenly over the threads (SmolLM2's three key/value heads, one a thread, did not)
-  at::parallel_for(0, s.heads * s.fed, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t unit = begin; unit < end; ++unit)
-      attend_head(unit % s.heads, unit / s.heads, s, queries, keys, values, seen, out.data_ptr<bf16>());
+  with_count<MAX_CHUNKS>((dim + LANES - 1) / LANES, [&](auto chunks) {
+    at::parallel_for(0, s.heads * s.fed, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t unit = begin; unit < end; ++unit)
+        attend_head<decltype(chunks)::value>(unit % s.heads, unit / s.heads, s, queries, keys, values, seen,
+                                             out.data_ptr<bf16>());
+    });
   });
   return out;
 }
@@ -548,6 +536,7 @@ std::vector<at::Tensor> layers(const at::Tensor& x, const at::Tensor& cos, const
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == n_layers * SLOTS, "expected ", SLOTS, " tensors a layer");
   const int64_t dim = keys[0].size(2);
   TORCH_CHECK(past + x.size(0) <= keys[0].size(1), "static KV cache full");
+  TORCH_CHECK(dim <= LANES * MAX_CHUNKS, "head dim ", dim, " is over ", LANES * MAX_CHUNKS);
   const Shape s{x.size(0), past, heads, kv_heads, dim, heads / kv_heads};
   const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
   at::Tensor residual = x.to(at::kFloat);  // (T, E) fp32

@@ -40,6 +40,9 @@ inline V16 load(const bf16* p, int64_t n = LANES) {  // bf16 -> fp32 is the 16 b
   return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16))};
 }
 inline void store(float* p, V16 x, int64_t n = LANES) { _mm512_mask_storeu_ps(p, first(n), x.v); }
+// the attention's lane order (load_mixed, mix; AVX2 below): here the natural one
+inline V16 load_mixed(const bf16* p, int64_t n = LANES) { return load(p, n); }
+inline V16 mix(V16 a) { return a; }
 inline V16 operator+(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline V16 operator-(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline V16 operator*(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
@@ -105,6 +108,18 @@ inline void store(float* p, V16 x, int64_t n = LANES) {
   _mm256_maskstore_ps(p, half_mask(n), x.lo);
   _mm256_maskstore_ps(p + 8, half_mask(n - 8), x.hi);
 }
+// Sixteen bf16 -> fp32 in the lane order two unpacks give (dimensions 0-3, 8-11 | 4-7, 12-15): one instruction a half
+// where the natural order takes three. The attention reads its cached keys and values this way, with its queries
+// brought to the same order by mix() (and its results back by mix() again: the order is its own inverse), so lane-wise
+// products pair the same dimensions and every sum runs in one fixed order.
+inline V16 load_mixed(const bf16* p, int64_t n = LANES) {
+  alignas(32) uint16_t part[LANES] = {};  // fewer than 16: the lanes there are, through a zeroed copy
+  if (n < LANES && n > 0) std::memcpy(part, p, static_cast<size_t>(n) * sizeof(bf16));
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(n < LANES ? reinterpret_cast<const bf16*>(part) : p));
+  const __m256i zero = _mm256_setzero_si256();
+  return {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, raw)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, raw))};
+}
+inline V16 mix(V16 a) { return {_mm256_permute2f128_ps(a.lo, a.hi, 0x20), _mm256_permute2f128_ps(a.lo, a.hi, 0x31)}; }
 #define HALVES(op) return {op(a.lo, b.lo), op(a.hi, b.hi)}
 inline V16 operator+(V16 a, V16 b) { HALVES(_mm256_add_ps); }
 inline V16 operator-(V16 a, V16 b) { HALVES(_mm256_sub_ps); }
@@ -152,6 +167,8 @@ inline V16 load(const float* p, int64_t n = LANES) { V16 r{}; for (int64_t l = 0
 inline V16 load(const bf16* p, int64_t n = LANES) { V16 r{}; for (int64_t l = 0; l < n && l < LANES; ++l) r.v[l] = static_cast<float>(p[l]); return r; }
 inline V16 load_or(const float* p, int64_t n, float fill) { V16 r = splat(fill); for (int64_t l = 0; l < n && l < LANES; ++l) r.v[l] = p[l]; return r; }
 inline void store(float* p, V16 x, int64_t n = LANES) { for (int64_t l = 0; l < n && l < LANES; ++l) p[l] = x.v[l]; }
+inline V16 load_mixed(const bf16* p, int64_t n = LANES) { return load(p, n); }  // the attention's lane order: natural here
+inline V16 mix(V16 a) { return a; }
 #define LANEWISE(expr) V16 r; for (int l = 0; l < LANES; ++l) r.v[l] = (expr); return r
 inline V16 operator+(V16 a, V16 b) { LANEWISE(a.v[l] + b.v[l]); }
 inline V16 operator-(V16 a, V16 b) { LANEWISE(a.v[l] - b.v[l]); }
