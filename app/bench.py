@@ -1,7 +1,7 @@
 """Benchmark CLI: plain decoding against a drafter, prompt by prompt, alternating, same settings.
 
 python -m app.bench --prompts FILE.jsonl [--limit N] --drafter SPEC [--steps 1|2] [--block-size K]
-    [--temperature T] [--max-new-tokens N] [--target ID] [--seed S] --out FILE.json
+    [--temperature T] [--max-new-tokens N] [--target ID] [--seed S] [--vs llama.cpp] [--conversation] --out FILE.json
 
 SPEC is a drafter name or its text form with options (drafter/spec.py), e.g. `flashmap,steps=2,tree=4`;
 the flags --steps, --noise, --block-size, --best-of, --tree, --adaptive, --max-skip and --weights set the
@@ -63,6 +63,9 @@ class BenchConfig(RunConfig):
     spec: DrafterSpec
     vs: str | None = None  # "llama.cpp": also run llama.cpp on the same GGUF, prompts and budget (app/llamacpp.py)
     threads: int | None = None  # torch threads; None: the app's policy on this machine (core.threads)
+    # the prompts as the turns of one conversation: each turn's prompt holds the earlier turns and plain decoding's
+    # replies to them, so the context grows turn by turn (each side reuses its previous turn's cache)
+    conversation: bool = False
 
     def __post_init__(self):
         self.spec.validate(self.sampling)
@@ -242,8 +245,11 @@ def bench(cfg: BenchConfig) -> dict:
     base, spec, anchored = [], [], []
     plain_prefix = PrefixCache()  # plain decoding's own, like each runner's
     used: dict[int, int] = {}  # torch threads -> runs of this engine (and llama.cpp's turns) started with them
+    messages: list[dict] = []  # the conversation so far (--conversation)
+    lengths: list[int] = []  # each prompt's tokens
     for i, prompt in enumerate(tqdm(prompts, desc=f"bench {cfg.spec.text()}", unit="prompt")):
-        ids = target.chat_ids([{"role": "user", "content": prompt}])
+        messages = (messages if cfg.conversation else []) + [{"role": "user", "content": prompt}]
+        ids = target.chat_ids(messages)
         gen = runner.generation(GenerationConfig(cfg.max_new_tokens, sampling=cfg.sampling, seed=cfg.seed + i), curve)
         runs = [lambda: base.append(run_engine(target, ids, gen, None, prefix=plain_prefix)),
                 lambda: spec.append(runner.run(ids, gen))]
@@ -253,7 +259,12 @@ def bench(cfg: BenchConfig) -> dict:
             threads = threads_now(cfg)  # as the app before each reply (llama.cpp, in its own process, keeps its own)
             used[threads] = used.get(threads, 0) + 1
             runs[(i + k) % len(runs)]()
+        messages.append({"role": "assistant", "content": target.decode(base[-1].tokens)})
+        lengths.append(len(ids))
     result = summarize(runner, cfg.sampling, target, base, spec)
+    result["conversation"] = cfg.conversation
+    for row, length in zip(result["per_prompt"], lengths):
+        row["prompt_tokens"] = length
     result["threads_per_run"] = {str(n): count for n, count in sorted(used.items())}  # torch threads: runs
     if anchor is not None:
         from app.llamacpp import summary
@@ -262,6 +273,7 @@ def bench(cfg: BenchConfig) -> dict:
         texts = [target.decode(run.tokens) for run in base]
         result["llama_cpp"] = summary(anchored, texts, result["baseline_tokens_per_s"], result["tokens_per_s"],
                                       anchor.threads)
+        result["llama_cpp"]["per_prompt"] = [{"tokens": run.tokens, "s": run.seconds} for run in anchored]
     return result
 
 
@@ -355,12 +367,15 @@ def parse_args(argv=None) -> tuple[BenchConfig, str]:
     parser.add_argument("--vs", default=None, choices=["llama.cpp"],
                         help="also run llama.cpp (llama-cpp-python, an optional extra) on the same GGUF, prompt "
                              "tokens, threads and budget, in turn with this engine's runs; its tokens/s beside ours")
+    parser.add_argument("--conversation", action="store_true",
+                        help="the prompts as the turns of one conversation (each turn's prompt holds the earlier "
+                             "turns and plain decoding's replies), so the context grows turn by turn")
     add_spec_args(parser)
     add_run_args(parser)
     args = parser.parse_args(argv)
     try:
         cfg = BenchConfig(spec=spec_from_args(args.drafter, args), vs=args.vs, threads=args.threads,
-                          **run_fields(args))
+                          conversation=args.conversation, **run_fields(args))
     except SpecError as err:
         raise SystemExit(str(err)) from err
     return cfg, args.out

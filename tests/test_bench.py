@@ -48,6 +48,22 @@ def test_bench_contract(tiny_folder, tmp_path):
     assert json.loads(out.read_text())["identical_to_baseline"] is None
 
 
+def test_bench_conversation_grows_one_context_turn_by_turn(tiny_folder, tmp_path):
+    prompts = prompts_file(tmp_path, 3)
+    out = tmp_path / "c.json"
+    bench.main(["--prompts", str(prompts), "--drafter", "ngram", "--block-size", "4", "--max-new-tokens", "6",
+                "--conversation", "--target", str(tiny_folder), "--out", str(out)])
+    result = json.loads(out.read_text())
+    lengths = [row["prompt_tokens"] for row in result["per_prompt"]]
+    assert result["conversation"] is True and result["identical_to_baseline"] is True
+    # each turn holds the last one's prompt, its reply and the new question
+    assert all(later > earlier + row["baseline_tokens"]
+               for earlier, later, row in zip(lengths, lengths[1:], result["per_prompt"]))
+    bench.main(["--prompts", str(prompts), "--drafter", "ngram", "--max-new-tokens", "6", "--target",
+                str(tiny_folder), "--out", str(out)])
+    assert len({row["prompt_tokens"] for row in json.loads(out.read_text())["per_prompt"]}) == 1  # separate chats
+
+
 def test_suite_runs_variants_against_one_baseline(tiny_folder, tmp_path):
     from app import suite
 
