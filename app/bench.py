@@ -313,9 +313,9 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
 
 def spec_from_args(text: str, args) -> DrafterSpec:
     """The spec text (a name, or name,option=value...) with the flags that were given filled in; `default` is the
-    app's own drafter settings at this temperature (drafter.spec.app_default)."""
+    app's own drafter settings (drafter.spec.app_default)."""
     if text == APP_DEFAULT:
-        return app_default(args.temperature)
+        return app_default()
     flags = {"steps": args.steps, "noise": args.noise, "block_size": args.block_size, "best_of": args.best_of,
              "tree": args.tree, "adaptive": args.adaptive, "max_skip": args.max_skip, "weights": args.weights}
     try:
@@ -359,7 +359,7 @@ def run_fields(args) -> dict:
 def parse_args(argv=None) -> tuple[BenchConfig, str]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", required=True,
-                        help=f"'{APP_DEFAULT}': the app's own drafter settings at this temperature (what a chat reply "
+                        help=f"'{APP_DEFAULT}': the app's own drafter settings (what a chat reply "
                              f"drafts with); or one of {', '.join(ENGINE_DRAFTERS + HF_BASELINES)}, optionally with "
                              "options, e.g. flashmap,steps=2 (a bare name: that drafter's plain settings)")
     parser.add_argument("--threads", type=int, default=None,

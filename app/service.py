@@ -81,7 +81,7 @@ class ChatSettings:
         """The app's drafter settings for these choices (drafter.spec.app_default, shared with the bench); the vLLM
         server drafts with its own drafter, so this engine's side of it is plain."""
         name = "none" if self.drafter == REMOTE else self.drafter
-        return app_default(self.temperature, name, self.steps, self.tree, self.block_size, self.adaptive)
+        return app_default(name, self.steps, self.tree, self.block_size, self.adaptive)
 
     def generation(self, verify_cost: tuple[float, ...] = (), drafting: bool = False) -> GenerationConfig:
         """The engine's settings; a drafting reply makes a plain step at least every PLAIN_PROBE_EVERY rounds, so

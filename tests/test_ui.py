@@ -221,12 +221,13 @@ def test_history_sent_back_by_the_browser_keeps_every_turn(service):
     assert len(service.prompt_ids(history[:2], "w13", settings)) > len(service.prompt_ids([], "w13", settings))
 
 
-def test_flashmap_drafts_from_zero_noise_at_t0_only():
-    """The T = 0 path chosen by measurement: FlashMap's jumps from x0 = 0, one or two; trees need noise, and
-    T > 0 keeps it. Prompt lookup and the phrasebook join a network drafter at every temperature."""
+def test_flashmap_drafts_from_zero_noise_at_every_temperature():
+    """The path chosen by measurement: FlashMap's jumps from x0 = 0, one or two, at T = 0 and T > 0; trees need
+    noise. Prompt lookup and the phrasebook join a network drafter at every temperature."""
     assert ChatSettings().spec().noise_scale == 0.0 and ChatSettings().spec().text().startswith("flashmap,scale=0")
-    assert ChatSettings(steps=2).spec().noise_scale == 0.0
-    for other in (dict(temperature=1.0), dict(steps=2, temperature=0.7), dict(tree=4), dict(drafter="dflash")):
+    for zero in (dict(steps=2), dict(temperature=1.0), dict(steps=2, temperature=0.7)):
+        assert ChatSettings(**zero).spec().noise_scale == 0.0
+    for other in (dict(tree=4), dict(drafter="dflash")):
         assert ChatSettings(**other).spec().noise_scale == 1.0
     assert ChatSettings().spec().lookup and ChatSettings(drafter="dflash").spec().lookup
     assert ChatSettings(temperature=1.0).spec().lookup and not ChatSettings(drafter="ngram").spec().lookup
