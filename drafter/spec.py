@@ -169,11 +169,11 @@ def app_default(name: str = "flashmap", steps: int = 1, tree: int = 1, block_siz
     """The drafter settings the app drafts with, one definition for the UI, the API and the bench: adaptive K under
     the measured verify cost, skips after drafts that did not pay; FlashMap's jumps start from x0 = 0 at every
     temperature (the zero-noise draft accepts more than a draft from random noise: at T = 0, docs/drafter.md; at
-    T = 0.7 and 1, where its q is sampled, slot 1's sum_v min(p, q) by +0.05 on math and code, +0.02-0.04 on chat,
-    on the same contexts, docs/results/sampled-acceptance-2026-12-03.json), while a tree needs its drafts' noise;
-    prompt lookup and the target's phrasebook join a network drafter at every temperature (T = 0: 1.23-1.38x plain
-    decoding on math and code; T = 1, paired against the network alone: 0.95x against 0.93x on math, 1.08x against
-    0.94x on code, docs/results/engine/t1-lookup-ab-avx2-*.json)."""
+    T = 0.7 and 1, where its q is sampled, it raised slot 1's acceptance sum_v min(p, q) by 0.05 on math and code and
+    0.02-0.04 on chat, on the same contexts, docs/results/sampled-acceptance-2026-12-03.json), while a tree needs its
+    drafts' noise; prompt lookup and the target's phrasebook join a network drafter at every temperature (T = 0:
+    1.23-1.38x plain decoding on math and code; T = 1, paired against the network alone: 0.95x against 0.93x on math,
+    1.08x against 0.94x on code, docs/results/engine/t1-lookup-ab-avx2-*.json)."""
     zero = name == "flashmap" and tree == 1
     return DrafterSpec(name, steps=steps, tree=tree, block_size=block_size, adaptive=adaptive,
                        noise_scale=0.0 if zero else 1.0, lookup=name in NET_DRAFTERS)

@@ -443,8 +443,9 @@ void attend_head(int64_t h, int64_t t, const Shape& s, const std::vector<float>&
   auto chunk = [&](const bf16* row, int i) {  // dimensions 16i .. 16i + 15 of a cached row, in the mixed order
     return i + 1 < CHUNKS || last == LANES ? load_mixed(row + i * LANES) : load_mixed(row + i * LANES, last);
   };
+  const float* q = queries.data() + (t * s.heads + h) * dim;
   V16 query[CHUNKS];  // (D,) in the mixed order
-  for (int i = 0; i < CHUNKS; ++i) query[i] = mix(load(queries.data() + (t * s.heads + h) * dim + i * LANES, dim - i * LANES));
+  for (int i = 0; i < CHUNKS; ++i) query[i] = mix(load(q + i * LANES, dim - i * LANES));
   std::vector<float> w(length);  // scores, then unnormalised softmax weights, by compact index
   auto scored = [&](int64_t c) {  // key c's lane-wise products with the query
     const bf16* key = kbase + cache_row(c) * kstride;
@@ -474,7 +475,8 @@ void attend_head(int64_t h, int64_t t, const Shape& s, const std::vector<float>&
     for (int i = 0; i < SPAN && i0 + i < CHUNKS; ++i) {
       float lanes[LANES];
       store(lanes, mix(mixed[i] / total));
-      for (int64_t l = 0; l < std::min<int64_t>(LANES, dim - (i0 + i) * LANES); ++l) dst[(i0 + i) * LANES + l] = bf16(lanes[l]);
+      const int64_t d0 = (i0 + i) * LANES;
+      for (int64_t l = 0; l < std::min<int64_t>(LANES, dim - d0); ++l) dst[d0 + l] = bf16(lanes[l]);
     }
   }
 }

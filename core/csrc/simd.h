@@ -115,8 +115,8 @@ inline void store(float* p, V16 x, int64_t n = LANES) {
 inline V16 load_mixed(const bf16* p, int64_t n = LANES) {
   alignas(32) uint16_t part[LANES] = {};  // fewer than 16: the lanes there are, through a zeroed copy
   if (n < LANES && n > 0) std::memcpy(part, p, static_cast<size_t>(n) * sizeof(bf16));
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(n < LANES ? reinterpret_cast<const bf16*>(part) : p));
-  const __m256i zero = _mm256_setzero_si256();
+  const void* from = n < LANES ? static_cast<const void*>(part) : static_cast<const void*>(p);
+  const __m256i raw = _mm256_loadu_si256(static_cast<const __m256i*>(from)), zero = _mm256_setzero_si256();
   return {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, raw)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, raw))};
 }
 inline V16 mix(V16 a) { return {_mm256_permute2f128_ps(a.lo, a.hi, 0x20), _mm256_permute2f128_ps(a.lo, a.hi, 0x31)}; }
