@@ -259,7 +259,8 @@ def bench(cfg: BenchConfig) -> dict:
             threads = threads_now(cfg)  # as the app before each reply (llama.cpp, in its own process, keeps its own)
             used[threads] = used.get(threads, 0) + 1
             runs[(i + k) % len(runs)]()
-        messages.append({"role": "assistant", "content": target.decode(base[-1].tokens)})
+        if cfg.conversation:
+            messages.append({"role": "assistant", "content": target.decode(base[-1].tokens)})
         lengths.append(len(ids))
     result = summarize(runner, cfg.sampling, target, base, spec)
     result["conversation"] = cfg.conversation

@@ -36,6 +36,11 @@ def lean_supported(model) -> str | None:
     return None
 
 
+def head_dim(config) -> int:
+    """A model's attention head width D: its config's own, else hidden size / query heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """x (T, N, D) with cos, signed_sin (T, 1, D): rotary position embedding, transformers' x * cos +
     rotate_half(x) * sin written as x * cos + roll(x, D/2) * signed_sin (signed_sin = [-sin_1, sin_2]): the same
@@ -274,7 +279,7 @@ class LeanForward:
         cfg = model.config
         self.n_heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.n_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.head_dim = head_dim(cfg)
         self.scale = self.head_dim ** -0.5
         self._rope = {}  # dtype -> (positions covered, cos (S, 1, D), signed sin (S, 1, D))
         if fixed_order is None:

@@ -36,7 +36,6 @@ class Extension:
 
 
 LEAN_STEP = Extension("flashmap_lean_step", CSRC / "lean_step.cpp", "the native decode step")
-MAX_HEAD_DIM = 128  # the decode step's attention holds a head in registers (lean_step.cpp's MAX_CHUNKS x 16)
 
 
 def headers() -> list[Path]:

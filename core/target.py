@@ -15,7 +15,7 @@ import torch
 
 from core.cpu_linear import int4_available, pack_linears
 from core.graphs import GRAPH_MODES, GraphedSteps, graph_mode
-from core.lean import LeanForward, lean_supported
+from core.lean import LeanForward, head_dim, lean_supported
 from core.plan import estimate_weight_bytes, plan_memory
 from core.threads import cpu_flags
 
@@ -420,10 +420,9 @@ def _native_step(target: Target):
     from core import native
 
     module, why = native.load()
-    cfg = target.model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    if module is not None and head_dim > native.MAX_HEAD_DIM:
-        module, why = None, f"the native step serves head dims up to {native.MAX_HEAD_DIM}, this model's is {head_dim}"
+    width = head_dim(target.model.config)
+    if module is not None and width > module.MAX_HEAD_DIM:
+        module, why = None, f"the native step serves head dims up to {module.MAX_HEAD_DIM}, this model's is {width}"
     target.extra["native_step"] = "native" if module is not None else why
     if module is None:
         print(f"note: {why}; the decode step runs op by op in Python (slower, equally exact)", flush=True)

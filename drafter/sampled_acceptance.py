@@ -34,7 +34,8 @@ def slot_one_acceptance(target: Target, drafter: FlowDrafter, ids: list[int], st
     """For each anchor ids[a], a >= start (the first reply token anchors the engine's first draft): sum_v min(p, q)
     of each scale's first slot, p the target's distribution of the token after the anchor, q the drafter's from the
     positions before it. Every scale draws its noise from a generator seeded alike at each anchor, so scales that
-    are equal give equal values."""
+    are equal give equal values. The drafter's own noise scale is left as it was."""
+    own_scale = drafter.sampler.noise_scale
     with torch.inference_mode():
         cache = target.new_cache(len(ids))
         logits, features = target_forward(target, ids, cache, drafter.feature_layers)  # (T, V), (T, F)
@@ -51,6 +52,7 @@ def slot_one_acceptance(target: Target, drafter: FlowDrafter, ids: list[int], st
                 row.append(float(torch.minimum(p_target[a], q_draft).sum()))
             rows.append(tuple(row))
             drafter.extend([ids[a]], features[a : a + 1])
+    drafter.sampler.noise_scale = own_scale
     return rows
 
 

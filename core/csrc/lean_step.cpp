@@ -565,6 +565,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_mm", &q4_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 4-bit codes -> (N, O) bf16");
   m.def("q8_mm", &q8_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 8-bit codes -> (N, O) bf16");
   m.attr("SLOTS") = SLOTS;
+  m.attr("MAX_HEAD_DIM") = LANES * MAX_CHUNKS;  // the attention holds a head in registers
   m.attr("LAYOUT") = LAYOUT;  // how q4_mm's and q8_mm's blocks arrange the codes (core.cpu_linear)
   m.attr("ACTIVATIONS") = ACTIVATIONS;  // what the products multiply the weight codes by
 }
