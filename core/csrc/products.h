@@ -50,6 +50,23 @@ struct Operand {  // one row's block of 32 inputs
   float scale;  // max |x| / 127: x ~ code * scale
 };
 
+// 32 inputs times `inverse`, rounded to the nearest integer (ties to even: the default rounding mode, as nearbyint) ->
+// 32 codes: the scalar loop's values, by vector instructions
+inline void round_codes(const V16* x, float inverse, int8_t* codes) {
+  const V16 by = simd::splat(inverse);
+#if defined(__AVX512F__)
+  for (int h = 0; h < 2; ++h)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16 * h), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32((x[h] * by).v)));
+#else
+  const V16 a = x[0] * by, b = x[1] * by;
+  const __m256i low = _mm256_packs_epi32(_mm256_cvtps_epi32(a.lo), _mm256_cvtps_epi32(a.hi));  // a0-3 a8-11 | a4-7 a12-15
+  const __m256i high = _mm256_packs_epi32(_mm256_cvtps_epi32(b.lo), _mm256_cvtps_epi32(b.hi));
+  const __m256i bytes = _mm256_packs_epi16(low, high);  // per 128 bits: a 0-3 8-11 b 0-3 8-11 | a 4-7 12-15 b 4-7 12-15
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes), _mm256_permutevar8x32_epi32(bytes, order));
+#endif
+}
+
 // rows x (N, I) (bf16 or fp32) -> (N, ceil(I / 32)) Operand; a last partial block reads its missing inputs as zeros
 template <typename T>
 std::vector<Operand> quantize_rows(const T* x, int64_t n, int64_t in) {
@@ -59,6 +76,14 @@ std::vector<Operand> quantize_rows(const T* x, int64_t n, int64_t in) {
     for (int64_t g = 0; g < groups; ++g) {
       const T* src = x + r * in + g * GROUP;
       const int64_t count = std::min(GROUP, in - g * GROUP);
+      Operand& whole = out[r * groups + g];
+      if (count == GROUP) {  // the scalar loop below, 16 lanes at a time: the same maximum, products and rounding
+        const V16 v[2] = {simd::load(src), simd::load(src + simd::LANES)};
+        const float largest = simd::top(simd::max(simd::abs(v[0]), simd::abs(v[1])));
+        round_codes(v, largest > 0.0f ? 127.0f / largest : 0.0f, whole.codes);
+        whole.scale = largest / 127.0f;
+        continue;
+      }
       float value[GROUP] = {}, largest = 0.0f;
       for (int64_t i = 0; i < count; ++i) largest = std::max(largest, std::fabs(value[i] = static_cast<float>(src[i])));
       const float inverse = largest > 0.0f ? 127.0f / largest : 0.0f;
