@@ -26,54 +26,69 @@ namespace {
 using namespace simd;
 using namespace products;
 
-// up to 16 dot products out[k] = sum of the lanes of part(k), a key's lane-wise products (V16): the lanes reduced by
-// one tree (lane i + lane i + 8, then + 4, + 2, + 1, which is how _mm512_reduce_add_ps and the portable sum() reduce),
-// here for 16 keys at once by shuffles, not one by one
-template <typename Part>
-inline void dots(int64_t count, Part part, float* out) {
+// up to 16 dot products for each of HEADS heads: out[j][k] = sum of the lanes of part(k)'s j-th V16, head j's lane-wise
+// products with key k, the lanes reduced by one tree (lane i + lane i + 8, then + 4, + 2, + 1, which is how
+// _mm512_reduce_add_ps and the portable sum() reduce), here for 16 keys at once by shuffles, not one by one. part(k,
+// parts) writes the HEADS products of key k, so heads that share a key read it once
+template <int HEADS, typename Part>
+inline void dots(int64_t count, Part part, float* const* out) {
 #if defined(__AVX512F__)
-  __m512 acc[LANES];
-  for (int64_t k = 0; k < LANES; ++k) acc[k] = k < count ? part(k).v : _mm512_setzero_ps();
-  __m512 halves[8], quarters[4], eighths[2];
-  for (int j = 0; j < 8; ++j)  // keys 2j, 2j + 1: lane i + lane i + 8, i < 8
-    halves[j] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * j], acc[2 * j + 1], 0x44),
-                              _mm512_shuffle_f32x4(acc[2 * j], acc[2 * j + 1], 0xEE));
-  for (int j = 0; j < 4; ++j)  // keys 4j .. 4j + 3, one a 128-bit lane: + 4
-    quarters[j] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * j], halves[2 * j + 1], 0x88),
-                                _mm512_shuffle_f32x4(halves[2 * j], halves[2 * j + 1], 0xDD));
-  for (int j = 0; j < 2; ++j)  // lane l of 128 bits: keys l + 8j, l + 4 + 8j: + 2
-    eighths[j] = _mm512_add_ps(_mm512_shuffle_ps(quarters[2 * j], quarters[2 * j + 1], 0x44),
-                               _mm512_shuffle_ps(quarters[2 * j], quarters[2 * j + 1], 0xEE));
-  // + 1: element 4l + m holds key 4m + l
-  const __m512 mixed = _mm512_add_ps(_mm512_shuffle_ps(eighths[0], eighths[1], 0x88),
-                                     _mm512_shuffle_ps(eighths[0], eighths[1], 0xDD));
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  _mm512_mask_storeu_ps(out, first(count), _mm512_permutexvar_ps(order, mixed));
+  __m512 acc[HEADS][LANES];
+  for (int64_t k = 0; k < LANES; ++k) {
+    V16 parts[HEADS];
+    if (k < count) part(k, parts);
+    for (int j = 0; j < HEADS; ++j) acc[j][k] = k < count ? parts[j].v : _mm512_setzero_ps();
+  }
+  for (int h = 0; h < HEADS; ++h) {
+    __m512 halves[8], quarters[4], eighths[2];
+    for (int j = 0; j < 8; ++j)  // keys 2j, 2j + 1: lane i + lane i + 8, i < 8
+      halves[j] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[h][2 * j], acc[h][2 * j + 1], 0x44),
+                                _mm512_shuffle_f32x4(acc[h][2 * j], acc[h][2 * j + 1], 0xEE));
+    for (int j = 0; j < 4; ++j)  // keys 4j .. 4j + 3, one a 128-bit lane: + 4
+      quarters[j] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * j], halves[2 * j + 1], 0x88),
+                                  _mm512_shuffle_f32x4(halves[2 * j], halves[2 * j + 1], 0xDD));
+    for (int j = 0; j < 2; ++j)  // lane l of 128 bits: keys l + 8j, l + 4 + 8j: + 2
+      eighths[j] = _mm512_add_ps(_mm512_shuffle_ps(quarters[2 * j], quarters[2 * j + 1], 0x44),
+                                 _mm512_shuffle_ps(quarters[2 * j], quarters[2 * j + 1], 0xEE));
+    // + 1: element 4l + m holds key 4m + l
+    const __m512 mixed = _mm512_add_ps(_mm512_shuffle_ps(eighths[0], eighths[1], 0x88),
+                                       _mm512_shuffle_ps(eighths[0], eighths[1], 0xDD));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_mask_storeu_ps(out[h], first(count), _mm512_permutexvar_ps(order, mixed));
+  }
 #elif defined(__AVX2__) && defined(__FMA__)
   for (int64_t k0 = 0; k0 < count; k0 += 8) {  // eight keys at a time, each reduced by sum()'s tree
-    __m256 eight[8];  // key k0 + k: lane i + lane i + 8
+    __m256 eight[HEADS][8];  // head h, key k0 + k: lane i + lane i + 8
     for (int64_t k = 0; k < 8; ++k) {
       if (k0 + k >= count) {
-        eight[k] = _mm256_setzero_ps();
+        for (int h = 0; h < HEADS; ++h) eight[h][k] = _mm256_setzero_ps();
         continue;
       }
-      const V16 lanes = part(k0 + k);
-      eight[k] = _mm256_add_ps(lanes.lo, lanes.hi);
+      V16 parts[HEADS];
+      part(k0 + k, parts);
+      for (int h = 0; h < HEADS; ++h) eight[h][k] = _mm256_add_ps(parts[h].lo, parts[h].hi);
     }
-    __m256 fours[4], twos[2];
-    for (int j = 0; j < 4; ++j)  // keys 2j, 2j + 1 in the low and high 128 bits: + 4
-      fours[j] = _mm256_add_ps(_mm256_permute2f128_ps(eight[2 * j], eight[2 * j + 1], 0x20),
-                               _mm256_permute2f128_ps(eight[2 * j], eight[2 * j + 1], 0x31));
-    for (int j = 0; j < 2; ++j)  // + 2: low 128 bits keys 4j, 4j + 2; high keys 4j + 1, 4j + 3
-      twos[j] = _mm256_add_ps(_mm256_shuffle_ps(fours[2 * j], fours[2 * j + 1], 0x44),
-                              _mm256_shuffle_ps(fours[2 * j], fours[2 * j + 1], 0xEE));
-    // + 1: keys 0, 2, 4, 6 in the low 128 bits, 1, 3, 5, 7 in the high
-    const __m256 mixed = _mm256_add_ps(_mm256_shuffle_ps(twos[0], twos[1], 0x88), _mm256_shuffle_ps(twos[0], twos[1], 0xDD));
-    const __m256 ordered = _mm256_permutevar8x32_ps(mixed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_maskstore_ps(out + k0, half_mask(count - k0), ordered);
+    for (int h = 0; h < HEADS; ++h) {
+      __m256 fours[4], twos[2];
+      for (int j = 0; j < 4; ++j)  // keys 2j, 2j + 1 in the low and high 128 bits: + 4
+        fours[j] = _mm256_add_ps(_mm256_permute2f128_ps(eight[h][2 * j], eight[h][2 * j + 1], 0x20),
+                                 _mm256_permute2f128_ps(eight[h][2 * j], eight[h][2 * j + 1], 0x31));
+      for (int j = 0; j < 2; ++j)  // + 2: low 128 bits keys 4j, 4j + 2; high keys 4j + 1, 4j + 3
+        twos[j] = _mm256_add_ps(_mm256_shuffle_ps(fours[2 * j], fours[2 * j + 1], 0x44),
+                                _mm256_shuffle_ps(fours[2 * j], fours[2 * j + 1], 0xEE));
+      // + 1: keys 0, 2, 4, 6 in the low 128 bits, 1, 3, 5, 7 in the high
+      const __m256 mixed = _mm256_add_ps(_mm256_shuffle_ps(twos[0], twos[1], 0x88),
+                                         _mm256_shuffle_ps(twos[0], twos[1], 0xDD));
+      const __m256 ordered = _mm256_permutevar8x32_ps(mixed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_maskstore_ps(out[h] + k0, half_mask(count - k0), ordered);
+    }
   }
 #else
-  for (int64_t k = 0; k < count; ++k) out[k] = sum(part(k));
+  for (int64_t k = 0; k < count; ++k) {
+    V16 parts[HEADS];
+    part(k, parts);
+    for (int h = 0; h < HEADS; ++h) out[h][k] = sum(parts[h]);
+  }
 #endif
 }
 
@@ -423,15 +438,17 @@ void rotate(const bf16* src, const at::Tensor& norm, double eps, const float* co
   for (int64_t d = 0; d < dim; ++d) out[d] = fma_(x[(d + half) % dim], sin[d], x[d] * cos[d]) * scale;
 }
 
-// attention of fed row t's query head h over its visible keys (key/value head h / R): the P cached ones, then the fed
-// ones it sees (visible (T, T)) by increasing index, that is in the order of their compact index c, which is the
-// position each would hold in a chain; writes out (T, H * D) bf16 at row t, head h. CHUNKS = D / 16 rounded up: the
-// query and the weighted sum of values sit in registers, and every cached key and value is read once, 16 dimensions at
-// a time in the mixed lane order (simd::load_mixed; a head dim that is no multiple of 16 reads its last chunk short)
-template <int CHUNKS>
-void attend_head(int64_t h, int64_t t, const Shape& s, const std::vector<float>& queries /* (T, H, D) */,
-                 const at::Tensor& keys, const at::Tensor& values, const bool* visible, bf16* out) {
-  const int64_t dim = s.dim, g = h / s.rep, kstride = keys.stride(1), vstride = values.stride(1);
+// attention of fed row t's query heads h0 .. h0 + HEADS - 1 (all of one key/value head, g = h0 / R) over its visible
+// keys: the P cached ones, then the fed ones it sees (visible (T, T)) by increasing index, that is in the order of
+// their compact index c, which is the position each would hold in a chain; writes out (T, H * D) bf16 at row t, those
+// heads. CHUNKS = D / 16 rounded up. Every cached key and value is read and widened once for the HEADS heads (grouped
+// query attention shares them), 16 dimensions at a time in the mixed lane order (simd::load_mixed; a head dim that is
+// no multiple of 16 reads its last chunk short); each head's queries and weighted sums are the same operations in the
+// same order as with one head a call, so a row's values do not depend on how heads are grouped
+template <int CHUNKS, int HEADS>
+void attend_heads(int64_t h0, int64_t t, const Shape& s, const std::vector<float>& queries /* (T, H, D) */,
+                  const at::Tensor& keys, const at::Tensor& values, const bool* visible, bf16* out) {
+  const int64_t dim = s.dim, g = h0 / s.rep, kstride = keys.stride(1), vstride = values.stride(1);
   const bf16* kbase = keys.data_ptr<bf16>() + g * keys.stride(0);
   const bf16* vbase = values.data_ptr<bf16>() + g * values.stride(0);
   std::vector<int64_t> fed_rows;  // the cache rows of the row's visible fed keys
@@ -443,42 +460,69 @@ void attend_head(int64_t h, int64_t t, const Shape& s, const std::vector<float>&
   auto chunk = [&](const bf16* row, int i) {  // dimensions 16i .. 16i + 15 of a cached row, in the mixed order
     return i + 1 < CHUNKS || last == LANES ? load_mixed(row + i * LANES) : load_mixed(row + i * LANES, last);
   };
-  const float* q = queries.data() + (t * s.heads + h) * dim;
-  V16 query[CHUNKS];  // (D,) in the mixed order
-  for (int i = 0; i < CHUNKS; ++i) query[i] = mix(load(q + i * LANES, dim - i * LANES));
-  std::vector<float> w(length);  // scores, then unnormalised softmax weights, by compact index
-  auto scored = [&](int64_t c) {  // key c's lane-wise products with the query
+  V16 query[HEADS][CHUNKS];  // (D,) each, in the mixed order
+  for (int h = 0; h < HEADS; ++h) {
+    const float* q = queries.data() + (t * s.heads + h0 + h) * dim;
+    for (int i = 0; i < CHUNKS; ++i) query[h][i] = mix(load(q + i * LANES, dim - i * LANES));
+  }
+  std::vector<float> scores(HEADS * length);  // (HEADS, C) scores, then unnormalised softmax weights
+  float* w[HEADS];
+  for (int h = 0; h < HEADS; ++h) w[h] = scores.data() + h * length;
+  auto scored = [&](int64_t c, V16* parts) {  // key c's lane-wise products with each head's query
     const bf16* key = kbase + cache_row(c) * kstride;
-    V16 part = query[0] * chunk(key, 0);
-    for (int i = 1; i < CHUNKS; ++i) part = fma(query[i], chunk(key, i), part);
-    return part;
+    const V16 first_chunk = chunk(key, 0);
+    for (int h = 0; h < HEADS; ++h) parts[h] = query[h][0] * first_chunk;
+    for (int i = 1; i < CHUNKS; ++i) {
+      const V16 dims = chunk(key, i);
+      for (int h = 0; h < HEADS; ++h) parts[h] = fma(query[h][i], dims, parts[h]);
+    }
   };
-  for (int64_t c = 0; c < length; c += LANES)
-    dots(std::min<int64_t>(LANES, length - c), [&](int64_t k) { return scored(c + k); }, w.data() + c);
-  V16 peak = splat(-3.0e38f);  // the maximum is exact in any order
-  for (int64_t c = 0; c < length; c += LANES) peak = max(peak, load_or(w.data() + c, length - c, -3.0e38f));
-  const V16 shift = splat(top(peak));
-  for (int64_t c = 0; c < length; c += LANES) store(w.data() + c, exp(load(w.data() + c, length - c) - shift), length - c);
-  const V16 total = splat(lane_sum(w.data(), length, false));
-  // the weighted sum of values, key by key in compact order, up to 64 dimensions at a time held in registers
-  constexpr int SPAN = CHUNKS < 4 ? CHUNKS : 4;
-  bf16* dst = out + (t * s.heads + h) * dim;
+  for (int64_t c = 0; c < length; c += LANES) {
+    float* at[HEADS];
+    for (int h = 0; h < HEADS; ++h) at[h] = w[h] + c;
+    dots<HEADS>(std::min<int64_t>(LANES, length - c), [&](int64_t k, V16* parts) { scored(c + k, parts); }, at);
+  }
+  V16 total[HEADS];
+  for (int h = 0; h < HEADS; ++h) {
+    V16 peak = splat(-3.0e38f);  // the maximum is exact in any order
+    for (int64_t c = 0; c < length; c += LANES) peak = max(peak, load_or(w[h] + c, length - c, -3.0e38f));
+    const V16 shift = splat(top(peak));
+    for (int64_t c = 0; c < length; c += LANES) store(w[h] + c, exp(load(w[h] + c, length - c) - shift), length - c);
+    total[h] = splat(lane_sum(w[h], length, false));
+  }
+  // the weighted sums of values, key by key in compact order, SPAN chunks of every head at a time held in registers
+  constexpr int SPAN = std::min(CHUNKS, std::min(4, std::max(1, (REGISTERS - 2) / HEADS)));
   for (int i0 = 0; i0 < CHUNKS; i0 += SPAN) {
-    V16 mixed[SPAN];
-    for (int i = 0; i < SPAN; ++i) mixed[i] = zeros();
+    V16 mixed[HEADS][SPAN];
+    for (int h = 0; h < HEADS; ++h)
+      for (int i = 0; i < SPAN; ++i) mixed[h][i] = zeros();
     for (int64_t c = 0; c < length; ++c) {
       const bf16* row = vbase + cache_row(c) * vstride;
-      const V16 weight = splat(w[c]);
-      for (int i = 0; i < SPAN; ++i)
-        if (i0 + i < CHUNKS) mixed[i] = fma(weight, chunk(row, i0 + i), mixed[i]);
+      for (int i = 0; i < SPAN; ++i) {
+        if (i0 + i >= CHUNKS) break;
+        const V16 dims = chunk(row, i0 + i);
+        for (int h = 0; h < HEADS; ++h) mixed[h][i] = fma(splat(w[h][c]), dims, mixed[h][i]);
+      }
     }
-    for (int i = 0; i < SPAN && i0 + i < CHUNKS; ++i) {
-      float lanes[LANES];
-      store(lanes, mix(mixed[i] / total));
-      const int64_t d0 = (i0 + i) * LANES;
-      for (int64_t l = 0; l < std::min<int64_t>(LANES, dim - d0); ++l) dst[d0 + l] = bf16(lanes[l]);
+    for (int h = 0; h < HEADS; ++h) {
+      bf16* dst = out + (t * s.heads + h0 + h) * dim;
+      for (int i = 0; i < SPAN && i0 + i < CHUNKS; ++i) {
+        float lanes[LANES];
+        store(lanes, mix(mixed[h][i] / total[h]));
+        const int64_t d0 = (i0 + i) * LANES;
+        for (int64_t l = 0; l < std::min<int64_t>(LANES, dim - d0); ++l) dst[d0 + l] = bf16(lanes[l]);
+      }
     }
   }
+}
+
+// the query heads one attention call takes together: the largest divisor of R (query heads a key/value head) up to
+// MAX_HEADS, so a call never spans two key/value heads
+constexpr int64_t MAX_HEADS = 4;
+inline int64_t heads_a_call(int64_t rep) {
+  for (int64_t n = std::min(rep, MAX_HEADS); n > 1; --n)
+    if (rep % n == 0) return n;
+  return 1;
 }
 
 // qkv (T, (H + 2G) D) bf16 -> attention output (T, H D) bf16; the fed keys and values written to the cache at P..
@@ -506,13 +550,16 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   }
   auto out = at::empty({s.fed, s.heads * dim}, qkv.options());
   const bool* seen = visible.data_ptr<bool>();
-  // one unit of work per (query head, fed row): every value is the same operations whichever unit or thread computes
-  // it, and the work spreads evenly over the threads (SmolLM2's three key/value heads, one a thread, did not)
+  // one unit of work per (group of query heads, fed row): every value is the same operations whichever unit or
+  // thread computes it, and the work spreads over the threads (SmolLM2's three key/value heads, one a thread, did not)
+  const int64_t group = heads_a_call(s.rep), per_row = s.heads / group;
   with_count<MAX_CHUNKS>((dim + LANES - 1) / LANES, [&](auto chunks) {
-    at::parallel_for(0, s.heads * s.fed, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t unit = begin; unit < end; ++unit)
-        attend_head<decltype(chunks)::value>(unit % s.heads, unit / s.heads, s, queries, keys, values, seen,
-                                             out.data_ptr<bf16>());
+    with_count<MAX_HEADS>(group, [&](auto heads) {
+      at::parallel_for(0, per_row * s.fed, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t unit = begin; unit < end; ++unit)
+          attend_heads<decltype(chunks)::value, decltype(heads)::value>(
+              unit % per_row * group, unit / per_row, s, queries, keys, values, seen, out.data_ptr<bf16>());
+      });
     });
   });
   return out;
