@@ -67,6 +67,15 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int
                probs.shape[-1] - 1)
 
 
+def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token id from each row of probs (K, V) (unnormalised rows are fine) -> (K,) long: `sample` for K rows at
+    once, one uniform draw a row. torch.multinomial took 1.6 ms for 16 rows of a 4,096-token draft vocabulary on a
+    CPU (AVX2 EPYC, 2026-12-03), a third of a decode step; this takes a few hundredths of one."""
+    cdf = probs.double().cumsum(-1)  # (K, V)
+    u = torch.rand(probs.shape[0], generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1]  # (K,)
+    return torch.searchsorted(cdf, u[:, None], right=True)[:, 0].clamp_max(probs.shape[-1] - 1)  # (K,)
+
+
 def residual(p_target: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
     """Normalised max(0, p - q) over (V,). Falls back to p when p == q exactly (rejection impossible)."""
     diff = (p_target - q_draft).clamp_min(0.0)  # (V,)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from core.sampling import sample_rows
 from drafter.flow import flow_map_step, time_grid
 from drafter.network import FlowNet
 
@@ -292,5 +293,5 @@ def choose_tokens(probs: torch.Tensor, temperature: float, generator) -> tuple[t
     mass = q_draft.sum(-1, keepdim=True)  # (K, 1)
     usable = (mass[:, 0] > 1e-12).long().cumprod(0).bool()  # (K,) stop where only "other" is left
     q_draft = q_draft[usable] / mass[usable]
-    tokens = torch.multinomial(q_draft.cpu(), 1, generator=generator)[:, 0].to(probs.device)  # (K,)
+    tokens = sample_rows(q_draft.cpu(), generator).to(probs.device)  # (K,)
     return tokens, q_draft

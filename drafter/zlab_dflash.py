@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from core.drafting import Draft
-from core.sampling import SamplingConfig
+from core.sampling import SamplingConfig, sample_rows
 from drafter.checkpoint import CheckpointError
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -275,4 +275,4 @@ class ZLabDFlashDrafter:
         if sampling.greedy:
             return Draft(greedy, None, confidence)
         q_draft = torch.softmax(logits / sampling.temperature, dim=-1)  # (k, V)
-        return Draft(torch.multinomial(q_draft, 1, generator=generator)[:, 0], q_draft, confidence)
+        return Draft(sample_rows(q_draft, generator), q_draft, confidence)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from core.sampling import SamplingConfig, residual, target_probs, verify_greedy, verify_sampled
+from core.sampling import SamplingConfig, residual, sample_rows, target_probs, verify_greedy, verify_sampled
 
 INF = float("inf")
 
@@ -83,3 +83,17 @@ def test_first_token_distribution_equals_target(q_row):
         first = int(draft[0]) if verdict.n_accepted else verdict.next_token
         counts[first] += 1
     assert torch.allclose(counts / n, p_target[0], atol=0.015)
+
+
+def test_sample_rows_draws_each_row_from_its_own_distribution_and_never_a_zero():
+    """Rows sampled together each follow their own (unnormalised) distribution; a probability of 0 is never drawn,
+    even at the ends of the vocabulary or beside a token that takes almost all the mass."""
+    gen = torch.Generator().manual_seed(3)
+    probs = torch.tensor([[0.0, 2.0, 6.0, 0.0],  # unnormalised: 1/4, 3/4
+                          [1e-30, 0.0, 0.0, 1.0],
+                          [0.0, 0.0, 0.0, 5.0]])  # (3, 4)
+    draws = torch.stack([sample_rows(probs, gen) for _ in range(20000)])  # (n, 3)
+    assert draws.shape == (20000, 3) and draws.dtype == torch.long
+    assert abs(float((draws[:, 0] == 2).float().mean()) - 0.75) < 0.015
+    assert set(draws[:, 0].tolist()) == {1, 2}
+    assert set(draws[:, 1].tolist()) <= {0, 3} and set(draws[:, 2].tolist()) == {3}
