@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from core.detokenize import IncrementalText
 from core.drafting import MAX_BLOCK_SIZE, Draft, Drafter
 from core.forward import keep_positions, target_forward
 from core.policy import DraftPolicy, PolicyState, round_source
@@ -114,6 +115,7 @@ class _State:
     """Bookkeeping of one generation, kept apart from the algorithm."""
 
     prompt_len: int
+    detokenizer: IncrementalText  # the reply's text as its tokens arrive
     output: list[int] = field(default_factory=list)
     text: str = ""
 
@@ -181,7 +183,7 @@ def _commit(state: _State, target: Target, tokens: list[int], gen: GenerationCon
     if len(tokens) >= room:
         tokens, reason = tokens[:room], reason or "length"
     state.output.extend(tokens)
-    state.text = target.decode(state.output)
+    state.text = state.detokenizer.extend(tokens)
     for stop in gen.stop_strings:
         cut = state.text.find(stop)
         if stop and cut >= 0:
@@ -257,7 +259,8 @@ def _generate(target: Target, prompt_ids: list[int], reused: int, gen: Generatio
               cancel, clock, run: _Run, cached: Cached) -> Iterator[RoundEvent]:
     """generate's loop, after `reused` prompt positions came from the previous generation's cache (their features
     already in `cached`)."""
-    state, policy, cache, layers = _State(len(prompt_ids)), run.policy, run.cache, run.layers
+    state = _State(len(prompt_ids), IncrementalText(target.decode))
+    policy, cache, layers = run.policy, run.cache, run.layers
     with torch.inference_mode():
         t0 = clock()
         logits, features = target_forward(target, prompt_ids[reused:], cache, layers, keep=1)
