@@ -133,31 +133,50 @@ def smoothed_rate(accepted, reached, prior_rate: float, prior_weight: float):
 
 @dataclass
 class LookupRates:
-    """How often a copied token was accepted once verified, per source and length of the matched suffix (prompt
-    lookup's 1..3 tokens, the phrasebook's n-grams; longer matches copy more reliably): a Beta-smoothed rate,
-    accepted / reached slots, that serves as every slot's confidence for the adaptive cut. Measured on this
-    conversation's own rounds, so it is a policy input like the timings: exact at every temperature (at T > 0 it
-    measures the acceptance p(token) of the copied tokens)."""
+    """How often a copied token was accepted once verified, per source, length of the matched suffix (prompt lookup's
+    1..3 tokens, the phrasebook's n-grams; longer matches copy more reliably) and depth in the copy: slot k's tokens
+    accepted over those verified with every earlier slot accepted, Beta-smoothed towards slot k - 1's rate (slot 1's
+    towards prior_rate), so a depth not measured yet reads as the one before it. These serve as the slots' confidence
+    for the adaptive cut. Deeper copied tokens are kept more often than the first: once a copy is on its track it
+    tends to stay there (the phrasebook's 4-token matches on held-out replies kept 0.58 of first tokens, 0.78 of
+    fourth and 0.89 of eighth, given the earlier ones: `python -m drafter.phrasebook_check`), which one rate for all
+    slots missed. Measured on this conversation's own rounds, so it is a policy input like the
+    timings: exact at every temperature (at T > 0 it measures the acceptance p(token) of the copied tokens)."""
 
     prior_rate: float = 0.7
     prior_weight: float = 2.0
-    reached: dict[tuple, float] = field(default_factory=dict)
-    accepted: dict[tuple, float] = field(default_factory=dict)
+    reached: dict[tuple, list] = field(default_factory=dict)  # per key: per slot, copies verified that far
+    accepted: dict[tuple, list] = field(default_factory=dict)  # per key: per slot, of those, how many kept it
 
     @staticmethod
     def key(matched: int, source: str = "lookup") -> tuple[str, int]:
         return source, min(matched, LOOKUP_STRONG) if source == "lookup" else matched
 
-    def rate(self, matched: int, source: str = "lookup") -> float:
+    def rates(self, matched: int, source: str = "lookup", n: int = 1) -> list[float]:
+        """The first n slots' acceptance, each given the earlier ones accepted."""
         key = self.key(matched, source)
-        return smoothed_rate(self.accepted.get(key, 0.0), self.reached.get(key, 0.0), self.prior_rate,
-                             self.prior_weight)
+        reached, accepted = self.reached.get(key, []), self.accepted.get(key, [])
+        out, prior = [], self.prior_rate
+        for k in range(n):
+            seen = reached[k] if k < len(reached) else 0.0
+            prior = smoothed_rate(accepted[k] if k < len(accepted) else 0.0, seen, prior, self.prior_weight)
+            out.append(prior)
+        return out
+
+    def rate(self, matched: int, source: str = "lookup") -> float:
+        """Slot 1's acceptance."""
+        return self.rates(matched, source, 1)[0]
 
     def record(self, matched: int, n_verified: int, n_accepted: int, source: str = "lookup") -> None:
         """A verified copied draft of n_verified tokens kept n_accepted: slots to the first rejection were reached."""
         key = self.key(matched, source)
-        self.reached[key] = self.reached.get(key, 0.0) + min(n_accepted + 1, n_verified)
-        self.accepted[key] = self.accepted.get(key, 0.0) + n_accepted
+        reached, accepted = self.reached.setdefault(key, []), self.accepted.setdefault(key, [])
+        grow = max(0, n_verified - len(reached))
+        reached += [0.0] * grow
+        accepted += [0.0] * grow
+        for k in range(min(n_accepted + 1, n_verified)):
+            reached[k] += 1
+            accepted[k] += k < n_accepted
 
 
 @dataclass
@@ -307,8 +326,8 @@ class DraftPolicy:
         if not self.verify_cost:
             alone, _ = lookup_plan(lookup.tokens.tolist(), lookup.lookup_match)
             return clip_draft(lookup, k) if alone else EMPTY
-        rate = self.state.rates.rate(lookup.lookup_match, lookup.lookup_source)
-        confidence = torch.full((len(lookup.tokens),), rate)  # (K,)
+        confidence = torch.tensor(self.state.rates.rates(lookup.lookup_match, lookup.lookup_source,
+                                                         len(lookup.tokens)))  # (K,)
         return clip_draft(replace(lookup, confidence=confidence), k, self.verify_cost)
 
     def observe(self, draft: Draft, n_accepted: int, n_committed: int, seconds: float,

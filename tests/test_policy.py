@@ -164,3 +164,26 @@ def test_sampled_drafts_are_cut_on_their_measured_acceptance_per_slot():
     greedy = GenerationConfig(max_new_tokens=8, verify_cost=curve)
     assert len(DraftPolicy.for_run(greedy, PolicyState()).draft(Sure(), 0, 4, greedy.sampling,
                                                                   torch.Generator()).tokens) == 4  # T = 0: its own
+
+
+def test_copied_drafts_are_cut_on_their_acceptance_measured_per_depth():
+    """A copy whose first token is often rejected but whose later tokens are kept once the first is (a phrase the
+    target either starts or not): its deeper slots read their own, higher rates, and the cut verifies more of it than
+    one rate for every slot would."""
+    from core.policy import LookupRates, PolicyState
+
+    rates = LookupRates()
+    assert rates.rates(4, "phrasebook", 3) == pytest.approx([0.7] * 3)  # the prior, before anything was measured
+    for _ in range(10):
+        rates.record(4, n_verified=6, n_accepted=0, source="phrasebook")
+        rates.record(4, n_verified=6, n_accepted=6, source="phrasebook")
+    first, *deeper = rates.rates(4, "phrasebook", 8)
+    assert first == pytest.approx((10 + 0.7 * 2) / (20 + 2)) and deeper[0] == pytest.approx((10 + first * 2) / 12)
+    assert all(rate > 0.9 for rate in deeper[:5])
+    assert deeper[6] == pytest.approx(deeper[5]) == pytest.approx(deeper[4])  # slots 7, 8 never verified: as 6
+    assert rates.rate(4, "phrasebook") == first and rates.rates(3, "phrasebook", 2) == pytest.approx([0.7] * 2)
+    curve = (1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2)
+    policy = DraftPolicy.for_run(GenerationConfig(verify_cost=curve), PolicyState(rates=rates))
+    copy = Draft(torch.arange(6), None, lookup_match=4, lookup_source="phrasebook")
+    assert len(policy.cut_lookup(copy, 6).tokens) == 6
+    assert best_draft_length(torch.full((6,), first), curve) == 2  # one rate for all slots: two of them
