@@ -48,13 +48,40 @@ def target_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]  # (..., 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)  # (..., V)
-    if sampling.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)  # (..., V)
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs  # (..., V) mass strictly above each token
-        sorted_probs = sorted_probs.masked_fill(mass_before >= sampling.top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    return nucleus(probs, sampling.top_p) if sampling.top_p < 1.0 else probs
+
+
+NUCLEUS_FIRST = 64  # most likely tokens looked at first for the top-p set; 4x more each time they hold too little mass
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Top-p: each row's tokens whose mass strictly above them (the sum of the larger probabilities) is below top_p,
+    renormalised; tokens of equal probability are kept or dropped together, so the set does not depend on how a sort
+    orders ties (bf16 logits tie often), nor on the other rows. probs (..., V) -> (..., V).
+    Sorting all 49,152 probabilities took 3.5 ms a row on a CPU (AVX2 EPYC, 2026-12-03), most of a decode step; the
+    set lies among the top few dozen tokens as a rule, so only the top k are sorted (k = 64, then 4x more while some
+    row's k-th probability has less than top_p above it, which is what bounds the set)."""
+    rows = probs.reshape(-1, probs.shape[-1])  # (R, V)
+    k = min(NUCLEUS_FIRST, rows.shape[-1])
+    while True:
+        top, order = torch.topk(rows, k, dim=-1)  # (R, k) each, most likely first
+        above = mass_above(top)  # (R, k)
+        if k == rows.shape[-1] or bool((above[:, -1] >= top_p).all()):
+            break
+        k = min(4 * k, rows.shape[-1])
+    kept = torch.zeros_like(rows).scatter(-1, order, top.masked_fill(above >= top_p, 0.0))  # (R, V)
+    return (kept / kept.sum(-1, keepdim=True)).reshape(probs.shape)
+
+
+def mass_above(top: torch.Tensor) -> torch.Tensor:
+    """For probabilities sorted in descending order (R, k): the sum of those strictly larger than each (R, k), the
+    running sum before its group of equal values, so equal values read the same whatever order they came in."""
+    before = top.cumsum(-1) - top  # (R, k) the sum before each position
+    columns = torch.arange(top.shape[-1], device=top.device).expand_as(top)  # (R, k)
+    starts = torch.ones_like(top, dtype=torch.bool)
+    starts[:, 1:] = top[:, 1:] != top[:, :-1]  # (R, k) where a group of equal values begins
+    first = torch.where(starts, columns, 0).cummax(-1).values  # (R, k) its group's first position
+    return before.gather(-1, first)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:

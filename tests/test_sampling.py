@@ -97,3 +97,20 @@ def test_sample_rows_draws_each_row_from_its_own_distribution_and_never_a_zero()
     assert abs(float((draws[:, 0] == 2).float().mean()) - 0.75) < 0.015
     assert set(draws[:, 0].tolist()) == {1, 2}
     assert set(draws[:, 1].tolist()) <= {0, 3} and set(draws[:, 2].tolist()) == {3}
+
+
+def test_top_p_keeps_equal_probabilities_together_and_a_row_alike_alone_or_in_a_batch():
+    """Ties at the edge of the top-p set are kept or dropped together (no sort order decides), the set is the one a
+    full sort gives, and a row's set does not depend on the rows verified beside it (the top k grows for all rows)."""
+    from core.sampling import nucleus
+
+    probs = torch.tensor([[0.4, 0.2, 0.2, 0.2, 0.0]])
+    assert torch.allclose(nucleus(probs, 0.5), probs)  # 0.4 above each 0.2: all three kept, not one or two
+    assert nucleus(probs, 0.4).tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
+    gen = torch.Generator().manual_seed(0)
+    peaked = torch.softmax(torch.randn(1, 5000, generator=gen) * 8, -1)  # its set within the first top k
+    flat = torch.softmax(torch.randn(1, 5000, generator=gen) * 0.1, -1)  # its set needs thousands of tokens
+    both = nucleus(torch.cat([peaked, flat]), 0.9)
+    assert torch.equal(both[0] > 0, nucleus(peaked, 0.9)[0] > 0) and torch.equal(both[1] > 0, nucleus(flat, 0.9)[0] > 0)
+    order = torch.sort(flat[0], descending=True).values
+    assert int((both[1] > 0).sum()) == int(((order.cumsum(0) - order) < 0.9).sum())
