@@ -8,9 +8,9 @@ How (the offsets vLLM's incremental detokenizer keeps): the text before `read_at
 tokens from `prefix_at` (the start of the previous window) to the end and keeps what follows the same window's text up
 to `read_at`: decoding from a few tokens back lets a tokenizer treat the boundary as it would inside the whole reply
 (a SentencePiece tokenizer drops the leading space of a text's first token; a byte-level one splits a character over
-tokens). Where that window's text is not a prefix of the longer decode, or a character is still incomplete (U+FFFD at
-the end), nothing is settled and the round's text comes from a whole decode, so the text always equals decoding all
-the tokens.
+tokens). Where that window's text is not a prefix of the longer decode, the round's text comes from a whole decode;
+while a character is still incomplete (U+FFFD at the end), nothing is settled. Either way the text equals decoding all
+the tokens (tests/test_detokenize.py).
 """
 from __future__ import annotations
 

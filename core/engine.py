@@ -115,9 +115,12 @@ class _State:
     """Bookkeeping of one generation, kept apart from the algorithm."""
 
     prompt_len: int
-    detokenizer: IncrementalText  # the reply's text as its tokens arrive
-    output: list[int] = field(default_factory=list)
+    detokenizer: IncrementalText  # the reply's tokens and its text as they arrive
     text: str = ""
+
+    @property
+    def output(self) -> list[int]:
+        return self.detokenizer.ids
 
 
 def block_size_for(gen: GenerationConfig, drafter: Drafter | None) -> int:
@@ -182,7 +185,6 @@ def _commit(state: _State, target: Target, tokens: list[int], gen: GenerationCon
     room = gen.max_new_tokens - len(state.output)
     if len(tokens) >= room:
         tokens, reason = tokens[:room], reason or "length"
-    state.output.extend(tokens)
     state.text = state.detokenizer.extend(tokens)
     for stop in gen.stop_strings:
         cut = state.text.find(stop)

@@ -131,6 +131,17 @@ def smoothed_rate(accepted, reached, prior_rate: float, prior_weight: float):
     return (accepted + prior_rate * prior_weight) / (reached + prior_weight)
 
 
+def count_slots(reached: list, accepted: list, n_verified: int, n_accepted: int) -> None:
+    """Per-slot counts (in place) after a verified draft of n_verified tokens kept n_accepted: the slots up to the first
+    rejection were reached, the first n_accepted of them kept."""
+    grow = max(0, n_verified - len(reached))
+    reached += [0.0] * grow
+    accepted += [0.0] * grow
+    for k in range(min(n_accepted + 1, n_verified)):
+        reached[k] += 1
+        accepted[k] += k < n_accepted
+
+
 @dataclass
 class LookupRates:
     """How often a copied token was accepted once verified, per source, length of the matched suffix (prompt lookup's
@@ -140,8 +151,8 @@ class LookupRates:
     for the adaptive cut. Deeper copied tokens are kept more often than the first: once a copy is on its track it
     tends to stay there (the phrasebook's 4-token matches on held-out replies kept 0.58 of first tokens, 0.78 of
     fourth and 0.89 of eighth, given the earlier ones: `python -m drafter.phrasebook_check`), which one rate for all
-    slots missed. Measured on this conversation's own rounds, so it is a policy input like the
-    timings: exact at every temperature (at T > 0 it measures the acceptance p(token) of the copied tokens)."""
+    slots missed. Measured on this conversation's own rounds, so it is a policy input like the timings: exact at
+    every temperature (at T > 0 it measures the acceptance p(token) of the copied tokens)."""
 
     prior_rate: float = 0.7
     prior_weight: float = 2.0
@@ -170,13 +181,7 @@ class LookupRates:
     def record(self, matched: int, n_verified: int, n_accepted: int, source: str = "lookup") -> None:
         """A verified copied draft of n_verified tokens kept n_accepted: slots to the first rejection were reached."""
         key = self.key(matched, source)
-        reached, accepted = self.reached.setdefault(key, []), self.accepted.setdefault(key, [])
-        grow = max(0, n_verified - len(reached))
-        reached += [0.0] * grow
-        accepted += [0.0] * grow
-        for k in range(min(n_accepted + 1, n_verified)):
-            reached[k] += 1
-            accepted[k] += k < n_accepted
+        count_slots(self.reached.setdefault(key, []), self.accepted.setdefault(key, []), n_verified, n_accepted)
 
 
 @dataclass
@@ -199,12 +204,7 @@ class SlotRates:
 
     def record(self, n_verified: int, n_accepted: int) -> None:
         """A verified draft of n_verified tokens kept n_accepted: slots up to the first rejection were reached."""
-        grow = max(0, n_verified - len(self.reached))
-        self.reached += [0.0] * grow
-        self.accepted += [0.0] * grow
-        for k in range(min(n_accepted + 1, n_verified)):
-            self.reached[k] += 1
-            self.accepted[k] += k < n_accepted
+        count_slots(self.reached, self.accepted, n_verified, n_accepted)
 
 
 @dataclass

@@ -97,7 +97,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int
 def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token id from each row of probs (K, V) (unnormalised rows are fine) -> (K,) long: `sample` for K rows at
     once, one uniform draw a row. torch.multinomial took 1.6 ms for 16 rows of a 4,096-token draft vocabulary on a
-    CPU (AVX2 EPYC, 2026-12-03), a third of a decode step; this takes a few hundredths of one."""
+    CPU (AVX2 EPYC, 2026-12-03), a third of a decode step: a FlashMap proposal at T = 1 took 4.8-5.0 ms with it and
+    3.2 ms with this."""
     cdf = probs.double().cumsum(-1)  # (K, V)
     u = torch.rand(probs.shape[0], generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1]  # (K,)
     return torch.searchsorted(cdf, u[:, None], right=True)[:, 0].clamp_max(probs.shape[-1] - 1)  # (K,)
