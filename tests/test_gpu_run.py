@@ -86,3 +86,10 @@ def test_each_command_still_fits_with_its_gguf_half():
 
     half = -(-embedded_gguf_path().stat().st_size // 2)
     assert transfer.transfer_size([])["tracked"] + half + 4 * 2**20 <= transfer.LIMIT
+
+
+def test_the_folders_withheld_from_a_run_are_none_it_trains_on():
+    from scripts.gpu import train
+
+    assert not set(transfer.NOT_TRAINED_THERE) & set(train.CPU_DATA)
+    assert all(transfer.is_withheld(f"{folder}/meta.json") for folder in transfer.NOT_TRAINED_THERE)
