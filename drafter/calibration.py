@@ -17,6 +17,7 @@ is refused with the reason, and the drafter keeps its raw confidence.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -43,12 +44,15 @@ class SlotCalibration:
 
     def __call__(self, confidence: torch.Tensor) -> torch.Tensor:
         """confidence (..., K) in [0, 1] -> calibrated (..., K)."""
-        k = confidence.shape[-1]
-        idx = torch.arange(k).clamp_max(len(self.slope) - 1)  # (K,)
-        slope = torch.tensor(self.slope, dtype=torch.float64)[idx]  # (K,)
-        bias = torch.tensor(self.bias, dtype=torch.float64)[idx]  # (K,)
+        slope, bias = self._maps(confidence.shape[-1])  # (K,) each
         logit = torch.logit(confidence.double().clamp(1e-6, 1 - 1e-6))  # (..., K)
         return torch.sigmoid(slope * logit + bias).to(confidence.dtype)
+
+    @functools.lru_cache(maxsize=None)
+    def _maps(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first k slots' slopes and biases (K,) each, built once per k: a call runs every drafting round."""
+        idx = torch.arange(k).clamp_max(len(self.slope) - 1)  # (K,)
+        return (torch.tensor(self.slope, dtype=torch.float64)[idx], torch.tensor(self.bias, dtype=torch.float64)[idx])
 
 
 def reached_outcomes(n_accepted: torch.Tensor, draft_len: torch.Tensor, block_size: int):

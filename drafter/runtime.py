@@ -88,11 +88,13 @@ class FlowDrafter:
 
     def __init__(self, net: FlowNet, vocab_ids: torch.Tensor, target, mode: str, steps: int = 1,
                  best_of: int = 1, tree: int = 1, shared_noise: bool = True, noise_scale: float = 1.0,
-                 calibration: calib.SlotCalibration | None = None, products: str | None = None):
+                 calibration: calib.SlotCalibration | None = None, products: str | None = None,
+                 watch_weights: bool = True):
         self.net = net
         # the DiT drafts from a frozen view that keeps the time conditioning and the context's key/value maps, its
-        # products native where they build (products: drafter.native_trunk.products_for; None: the fastest here)
-        self.frozen = FrozenDraftNet(net, products) if isinstance(net, DraftNet) else None
+        # products native where they build (products: drafter.native_trunk.products_for; None: the fastest here);
+        # watch_weights=False: the weights never change (a loaded checkpoint), so the view never re-checks them
+        self.frozen = FrozenDraftNet(net, products, watch_weights) if isinstance(net, DraftNet) else None
         self.calibration = calibration  # per-slot confidence map fitted at T = 0 for this way of drafting
         self.sampler = drafting.BlockSampler(self.frozen or net, mode, steps, shared_noise, best_of, noise_scale)
         self.tree = tree  # drafts from independent noise per round, verified as a tree (App. D)
@@ -215,7 +217,7 @@ def load_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False)
     pack_linears(net)
     return FlowDrafter(net, vocab_ids, target, DRAFTER_MODES[name], steps=spec.steps, best_of=spec.best_of,
                        tree=spec.tree, shared_noise=spec.noise == "shared", noise_scale=spec.noise_scale,
-                       calibration=calibration_for(spec, path))
+                       calibration=calibration_for(spec, path), watch_weights=False)
 
 
 def calibration_for(spec: DrafterSpec, folder: Path) -> calib.SlotCalibration | None:

@@ -74,3 +74,26 @@ def test_frozen_view_follows_weight_updates_and_batches_copies(tiny_target):
         assert copies.shape[0] == 3
         batched = drafter.frozen.probs(x.expand(3, -1, -1), s.expand(3), t.expand(3), copies, mask.expand(3, -1))
         assert torch.allclose(batched, net.probs(x, s, t, ctx, eager_mask).expand(3, -1, -1), atol=1e-5)
+
+
+def test_an_unwatched_view_keeps_what_it_built(tiny_target):
+    """watch_weights=False (a loaded checkpoint, whose weights never change) skips the per-call weight check: the
+    view keeps drafting from the weights it was built from, even after they change."""
+    vocab_ids = torch.arange(16)
+    vocab_ids[0] = -1
+    net = random_net("flashmap", tiny_target, vocab_ids)
+    drafter = FlowDrafter(net, vocab_ids, tiny_target, "flowmap", products="fp32", watch_weights=False)
+    feats = torch.randn(6, 2 * tiny_target.model.config.hidden_size)
+    drafter.extend(list(range(6)), feats)
+    before = drafter.propose(3, 4, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0)).q_draft
+    with torch.no_grad():
+        for block in net.blocks:
+            block.cross_attn.v.weight.mul_(0.5)
+    drafter.reset()
+    drafter.extend(list(range(6)), feats)
+    after = drafter.propose(3, 4, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0)).q_draft
+    assert torch.equal(before, after)
+    watched = FlowDrafter(net, vocab_ids, tiny_target, "flowmap", products="fp32")
+    watched.extend(list(range(6)), feats)
+    fresh = watched.propose(3, 4, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0)).q_draft
+    assert not torch.allclose(fresh, before)
