@@ -37,7 +37,7 @@ from core.policy import PolicyState  # noqa: E402
 from core.prefix import PrefixCache  # noqa: E402
 from core.prompts import read_prompt_file, resolve_prompt_file  # noqa: E402
 from core.sampling import SamplingConfig  # noqa: E402
-from core.stats import AcceptanceStats  # noqa: E402
+from core.stats import AcceptanceStats, speedup_se  # noqa: E402
 from core.target import Target, TargetConfig, add_target_args, load_target, target_config_from_args  # noqa: E402
 from core.threads import apply_thread_policy, wait_idle, wait_policy  # noqa: E402
 from core.verify_cost import draft_cost as measure_draft_cost  # noqa: E402
@@ -185,6 +185,7 @@ def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: li
         "baseline_tokens_per_s": base_tps,
         "tokens_per_s": spec_tps,
         "speedup": spec_tps / base_tps,
+        "speedup_se": speedup_se(*([(len(r.tokens), r.seconds) for r in runs] for runs in (base, spec))),
         "acceptance_length": stats.acceptance_length,
         "per_slot_acceptance": stats.per_slot(k) if stats.rounds else None,
         "rounds": stats.rounds,  # with the counts below, runs pool exactly (docs/benchmarks.md)

@@ -1,4 +1,6 @@
-from core.stats import AcceptanceStats
+import pytest
+
+from core.stats import AcceptanceStats, speedup, speedup_se
 from core.testing import event
 
 
@@ -42,3 +44,20 @@ def test_the_ratio_follows_drafting_and_ignores_a_load_change():
         useless = [(1.2 * t, 4, 0) if i % 16 else (t, 0, 0) for i, t in enumerate(load)]
         assert replay(useless).ratio < 1.0
     assert replay([(fast, 4, 0)] * 10).ratio is None  # no plain step: no ratio, rather than a guess
+
+
+def test_speedup_pools_runs_and_its_jackknife_error_tracks_the_spread():
+    base = [(100, 1.0), (100, 1.0), (100, 1.0), (100, 1.0)]
+    assert speedup(base, [(100, 0.5)] * 4) == pytest.approx(2.0)
+    assert speedup_se(base, [(100, 0.5)] * 4) == pytest.approx(0.0)  # every prompt agrees: no spread
+    assert speedup_se(base[:2], [(100, 0.5)] * 2) is None  # too few prompts to say
+    spread = [(100, 0.4), (100, 0.6), (100, 0.45), (100, 0.55)]
+    wider = [(100, 0.3), (100, 0.7), (100, 0.35), (100, 0.65)]
+    assert 0 < speedup_se(base, spread) < speedup_se(base, wider)
+    # the jackknife of a ratio of sums: by hand for three prompts
+    three_base, three_spec = base[:3], [(100, 0.5), (100, 1.0), (100, 0.25)]
+    leave_out = [200 / 1.25, 200 / 0.75, 200 / 1.5]  # spec tokens/s over base's 100 tokens/s, one prompt left out
+    leave_out = [x / 100 for x in leave_out]
+    mean = sum(leave_out) / 3
+    want = (2 / 3 * sum((x - mean) ** 2 for x in leave_out)) ** 0.5
+    assert speedup_se(three_base, three_spec) == pytest.approx(want)
