@@ -166,6 +166,37 @@ def test_sampled_drafts_are_cut_on_their_measured_acceptance_per_slot():
                                                                   torch.Generator()).tokens) == 4  # T = 0: its own
 
 
+def test_at_t_above_0_the_network_is_not_called_where_its_measured_slots_cut_any_draft_to_nothing():
+    """The cut of a sampled draft reads only the measured per-slot acceptance, known before the call: where it keeps
+    nothing, the call is skipped (the skips back off as after an empty draft); before any measurement, and at T = 0,
+    the network is called."""
+    from core.policy import PolicyState
+
+    calls = []
+
+    class Counted:
+        name, feature_layers, max_block_size = "counted", (), 4
+
+        def propose(self, anchor, block_size, sampling, generator):
+            calls.append(anchor)
+            return Draft(torch.tensor([1, 2, 3, 4]), torch.full((4, 8), 1 / 8), torch.ones(4))
+
+    curve = (1.0, 1.15, 1.35, 1.55, 1.8)
+    gen = GenerationConfig(max_new_tokens=8, sampling=SamplingConfig(1.0), verify_cost=curve)
+    state = PolicyState()
+    policy = DraftPolicy.for_run(gen, state)
+    assert len(policy.draft(Counted(), 0, 4, gen.sampling, torch.Generator()).tokens) == 1 and calls == [0]
+    for _ in range(20):
+        state.sampled.record(1, 0)  # slot 1 rejected, round after round
+    assert policy.sampled_cut_is_empty(4)
+    draft = policy.draft(Counted(), 1, 4, gen.sampling, torch.Generator())
+    assert len(draft.tokens) == 0 and calls == [0] and not policy.called  # no call for a draft cut to nothing
+    assert policy.skip.empty == 1  # backed off as after an empty draft
+    greedy = GenerationConfig(max_new_tokens=8, verify_cost=curve)
+    DraftPolicy.for_run(greedy, state).draft(Counted(), 2, 4, greedy.sampling, torch.Generator())
+    assert calls == [0, 2]  # T = 0 reads the draft's own confidence: the network is called
+
+
 def test_copied_drafts_are_cut_on_their_acceptance_measured_per_depth():
     """A copy whose first token is often rejected but whose later tokens are kept once the first is (a phrase the
     target either starts or not): its deeper slots read their own, higher rates, and the cut verifies more of it than
