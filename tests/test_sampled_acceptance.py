@@ -45,3 +45,19 @@ def test_measure_runs_on_the_targets_sampled_replies(tiny_target, drafter):
     out = sampled_acceptance.measure(tiny_target, drafter, ["w10 w11", "w12 w13"], 1.0, 6, (0.0, 1.0))
     assert out["positions"] == 2 * 5  # each reply of 6 tokens: its first 5 are anchors
     assert set(out["mean"]) == {"0.0", "1.0"}
+
+
+def test_argmax_adds_the_acceptance_of_qs_most_likely_token_proposed_deterministically(tiny_target, drafter):
+    ids, sampling = list(range(5, 17)), SamplingConfig(temperature=1.0)
+    rows = sampled_acceptance.slot_one_acceptance(tiny_target, drafter, ids, 6, sampling, (0.0,), argmax=True)
+    drafter.reset()
+    with torch.inference_mode():
+        logits, features = sampled_acceptance.target_forward(tiny_target, ids, tiny_target.new_cache(len(ids)),
+                                                             drafter.feature_layers)
+        drafter.extend(ids[:6], features[:6])
+        drafter.sampler.noise_scale = 0.0
+        q_draft = drafter.propose(ids[6], 1, sampling, torch.Generator().manual_seed(6)).q_draft[0]
+    p_target = target_probs(logits[6], sampling)
+    assert rows[0][1] == pytest.approx(float(p_target[q_draft.argmax()]))  # p of the deterministic token
+    out = sampled_acceptance.paired(rows, (0.0, "argmax"))
+    assert set(out["mean"]) == {"0.0", "argmax"} and "0.0 - argmax" in out
