@@ -24,6 +24,12 @@ def test_each_anchor_pairs_the_scales_on_one_context(tiny_target, drafter):
     assert all(row[1] == row[2] for row in rows)  # one scale twice: the same noise at each anchor, the same q
     assert any(row[0] != row[1] for row in rows)  # x0 = 0 and x0 ~ noise draft differently
     # the first anchor by hand: the drafter fed the positions before it, sum_v min(p, q)
+    p_target, q_draft = first_anchor_by_hand(tiny_target, drafter, ids, sampling)
+    assert rows[0][0] == pytest.approx(float(torch.minimum(p_target, q_draft).sum()))
+
+
+def first_anchor_by_hand(tiny_target, drafter, ids, sampling):
+    """The target's distribution after ids[6] (V,) and the drafter's q there (V,) from x0 = 0, fed ids[:6]."""
     drafter.reset()
     with torch.inference_mode():
         logits, features = sampled_acceptance.target_forward(tiny_target, ids, tiny_target.new_cache(len(ids)),
@@ -31,7 +37,7 @@ def test_each_anchor_pairs_the_scales_on_one_context(tiny_target, drafter):
         drafter.extend(ids[:6], features[:6])
         drafter.sampler.noise_scale = 0.0
         q_draft = drafter.propose(ids[6], 1, sampling, torch.Generator().manual_seed(6)).q_draft[0]
-    assert rows[0][0] == pytest.approx(float(torch.minimum(target_probs(logits[6], sampling), q_draft).sum()))
+    return target_probs(logits[6], sampling), q_draft
 
 
 def test_paired_difference_and_its_standard_error():
@@ -50,14 +56,7 @@ def test_measure_runs_on_the_targets_sampled_replies(tiny_target, drafter):
 def test_argmax_adds_the_acceptance_of_qs_most_likely_token_proposed_deterministically(tiny_target, drafter):
     ids, sampling = list(range(5, 17)), SamplingConfig(temperature=1.0)
     rows = sampled_acceptance.slot_one_acceptance(tiny_target, drafter, ids, 6, sampling, (0.0,), argmax=True)
-    drafter.reset()
-    with torch.inference_mode():
-        logits, features = sampled_acceptance.target_forward(tiny_target, ids, tiny_target.new_cache(len(ids)),
-                                                             drafter.feature_layers)
-        drafter.extend(ids[:6], features[:6])
-        drafter.sampler.noise_scale = 0.0
-        q_draft = drafter.propose(ids[6], 1, sampling, torch.Generator().manual_seed(6)).q_draft[0]
-    p_target = target_probs(logits[6], sampling)
+    p_target, q_draft = first_anchor_by_hand(tiny_target, drafter, ids, sampling)
     assert rows[0][1] == pytest.approx(float(p_target[q_draft.argmax()]))  # p of the deterministic token
     out = sampled_acceptance.paired(rows, (0.0, "argmax"))
     assert set(out["mean"]) == {"0.0", "argmax"} and "0.0 - argmax" in out
