@@ -37,7 +37,7 @@ from core.policy import PolicyState  # noqa: E402
 from core.prefix import PrefixCache  # noqa: E402
 from core.prompts import read_prompt_file, resolve_prompt_file  # noqa: E402
 from core.sampling import SamplingConfig  # noqa: E402
-from core.stats import AcceptanceStats, speedup, speedup_se  # noqa: E402
+from core.stats import AcceptanceStats, pooled_rate, speedup_se  # noqa: E402
 from core.target import Target, TargetConfig, add_target_args, load_target, target_config_from_args  # noqa: E402
 from core.threads import apply_thread_policy, wait_idle, wait_policy  # noqa: E402
 from core.verify_cost import draft_cost as measure_draft_cost  # noqa: E402
@@ -162,9 +162,7 @@ def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: li
     for run in spec:
         stats.add_all(run.events)
     base_runs, spec_runs = ([(len(r.tokens), r.seconds) for r in runs] for runs in (base, spec))  # (tokens, s) each
-    spec_tokens = sum(tokens for tokens, _ in spec_runs)
-    base_tps = sum(tokens for tokens, _ in base_runs) / sum(seconds for _, seconds in base_runs)
-    spec_tps = spec_tokens / sum(seconds for _, seconds in spec_runs)
+    base_tps, spec_tps = pooled_rate(base_runs), pooled_rate(spec_runs)
     k, d = runner.block_size, runner.spec
     return {
         "target": target.name,
@@ -182,10 +180,10 @@ def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: li
         "draft_cost": runner.draft_cost,
         "temperature": sampling.temperature,
         "prompts": len(spec),
-        "new_tokens": spec_tokens,
+        "new_tokens": sum(tokens for tokens, _ in spec_runs),
         "baseline_tokens_per_s": base_tps,
         "tokens_per_s": spec_tps,
-        "speedup": speedup(base_runs, spec_runs),  # spec_tps / base_tps
+        "speedup": spec_tps / base_tps,  # core.stats.speedup
         "speedup_se": speedup_se(base_runs, spec_runs),
         "acceptance_length": stats.acceptance_length,
         "per_slot_acceptance": stats.per_slot(k) if stats.rounds else None,

@@ -112,10 +112,14 @@ class ReplySpeed:
         return spec / ratio if spec and ratio else None
 
 
+def pooled_rate(runs: list[tuple[int, float]]) -> float:
+    """Tokens a second pooled over (tokens, seconds) runs."""
+    return sum(tokens for tokens, _ in runs) / sum(seconds for _, seconds in runs)
+
+
 def speedup(base: list[tuple[int, float]], spec: list[tuple[int, float]]) -> float:
-    """Tokens a second of the drafted runs over the plain runs', each pooled over its (tokens, seconds) runs."""
-    rate = lambda runs: sum(t for t, _ in runs) / sum(s for _, s in runs)  # noqa: E731
-    return rate(spec) / rate(base)
+    """Tokens a second of the drafted runs over the plain runs', each pooled over its runs."""
+    return pooled_rate(spec) / pooled_rate(base)
 
 
 def speedup_se(base: list[tuple[int, float]], spec: list[tuple[int, float]]) -> float | None:

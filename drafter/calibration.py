@@ -17,10 +17,9 @@ is refused with the reason, and the drafter keeps its raw confidence.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,6 +40,8 @@ class SlotCalibration:
 
     slope: tuple[float, ...]
     bias: tuple[float, ...]
+    # k -> the first k slots' slopes and biases (K,) each, built once per k: a call runs every drafting round
+    _maps_by_k: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __call__(self, confidence: torch.Tensor) -> torch.Tensor:
         """confidence (..., K) in [0, 1] -> calibrated (..., K)."""
@@ -48,11 +49,13 @@ class SlotCalibration:
         logit = torch.logit(confidence.double().clamp(1e-6, 1 - 1e-6))  # (..., K)
         return torch.sigmoid(slope * logit + bias).to(confidence.dtype)
 
-    @functools.lru_cache(maxsize=None)
     def _maps(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first k slots' slopes and biases (K,) each, built once per k: a call runs every drafting round."""
-        idx = torch.arange(k).clamp_max(len(self.slope) - 1)  # (K,)
-        return (torch.tensor(self.slope, dtype=torch.float64)[idx], torch.tensor(self.bias, dtype=torch.float64)[idx])
+        """The first k slots' slopes and biases (K,) each."""
+        if k not in self._maps_by_k:
+            idx = torch.arange(k).clamp_max(len(self.slope) - 1)  # (K,)
+            self._maps_by_k[k] = (torch.tensor(self.slope, dtype=torch.float64)[idx],
+                                  torch.tensor(self.bias, dtype=torch.float64)[idx])
+        return self._maps_by_k[k]
 
 
 def reached_outcomes(n_accepted: torch.Tensor, draft_len: torch.Tensor, block_size: int):
