@@ -25,7 +25,7 @@ from core.drafting import MAX_BLOCK_SIZE, Draft, Drafter
 from core.forward import keep_positions, target_forward
 from core.policy import DraftPolicy, PolicyState, round_source
 from core.prefix import PrefixCache, reuses_prefixes
-from core.sampling import SamplingConfig, greedy_tokens, target_probs, verify_greedy, verify_sampled
+from core.sampling import SamplingConfig, greedy_tokens, target_probs, verify_greedy, verify_sampled_rows
 from core.target import Target
 from core.tree import Trie, build_trie, followed_branch, greedy_path
 
@@ -145,9 +145,8 @@ def check_prompt(target: Target, prompt_ids: list[int], gen: GenerationConfig, b
 def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator):
     if sampling.greedy:
         return verify_greedy(draft.tokens.to(logits.device), logits)
-    p_target = target_probs(logits, sampling)  # (K+1, V)
-    q_draft = None if draft.q_draft is None else draft.q_draft.to(p_target)
-    return verify_sampled(draft.tokens.to(logits.device), p_target, q_draft, generator)
+    p_row = lambda slot: target_probs(logits[slot], sampling)  # noqa: E731 - (V,), once the sampling reaches the slot
+    return verify_sampled_rows(draft.tokens, p_row, draft.q_draft, generator)
 
 
 def branches_of(draft: Draft) -> list[list[int]]:

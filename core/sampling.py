@@ -10,8 +10,29 @@ the target's next distribution. At T=0 this reduces to the longest prefix matchi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+from typing import Callable
 
 import torch
+
+from core import native
+
+# argmax, softmax and CDF inversion over a row of CPU logits in one pass or two each (core/csrc/sampling.cpp): torch's
+# ops took ~0.07 ms each for a row of the embedded default's 49,152 logits, ~0.3 ms of a ~6 ms sampled step
+KERNELS = native.Extension("flashmap_sampling", native.CSRC / "sampling.cpp", "the native sampling kernels")
+
+
+@cache
+def kernels():
+    """The compiled sampling kernels, or None where they cannot be built (no compiler, FLASHMAP_NATIVE=0): torch's ops
+    then, drawing the same tokens from the same uniforms but where float rounding differs at a step's edge. Loaded
+    once a process (a failed build is not tried again each round)."""
+    return native.load(KERNELS)[0]
+
+
+def _kernels_for(x: torch.Tensor, dtypes=(torch.bfloat16, torch.float32)):
+    """The kernels where they serve this tensor (a CPU tensor of one of `dtypes`), else None."""
+    return kernels() if x.device.type == "cpu" and x.dtype in dtypes else None
 
 
 @dataclass(frozen=True)
@@ -40,10 +61,14 @@ def target_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor
 
     Greedy decoding returns the one-hot of the argmax, so the same verification code serves T=0.
     """
-    logits = logits.float()
     if sampling.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()  # (..., V)
-    logits = logits / sampling.temperature
+        return torch.nn.functional.one_hot(logits.float().argmax(-1), logits.shape[-1]).float()  # (..., V)
+    module = _kernels_for(logits)
+    if module is not None and not (sampling.top_k and sampling.top_k < logits.shape[-1]):
+        rows = logits.reshape(-1, logits.shape[-1]).contiguous()  # (R, V)
+        probs = module.softmax_rows(rows, 1.0 / sampling.temperature).reshape(logits.shape)  # (..., V)
+        return nucleus(probs, sampling.top_p) if sampling.top_p < 1.0 else probs
+    logits = logits.float() / sampling.temperature
     if sampling.top_k and sampling.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]  # (..., 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -84,21 +109,32 @@ def mass_above(top: torch.Tensor) -> torch.Tensor:
     return before.gather(-1, first)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
-    """Draw one token id from a distribution (V,): sample_rows' one-row case."""
-    return int(sample_rows(probs[None], generator)[0])
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None, excluded: int | None = None) -> int:
+    """Draw one token id from a distribution (V,), the `excluded` token's mass counted as 0: sample_rows' one-row
+    case."""
+    return int(sample_rows(probs[None], generator, None if excluded is None else [excluded])[0])
 
 
-def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None,
+                excluded: list[int] | None = None) -> torch.Tensor:
     """One token id from each row of probs (K, V) (unnormalised rows are fine) -> (K,) long, by inverting each row's
-    CDF with one uniform draw: exact, and a token of probability 0 is never drawn (its CDF step is empty). Sums run in
-    float64, so 49k partial sums keep their small steps. One row of the embedded default's 49,152 tokens took 0.03 ms
-    where torch.multinomial took 0.87 ms, and 16 rows of a 4,096-token draft vocabulary 1.6 ms with multinomial, a
-    third of a decode step (AVX2 EPYC, 2026-12-03): a FlashMap proposal at T = 1 took 4.8-5.0 ms with it and 3.2 ms
-    with this."""
+    CDF with one uniform draw: exact, and a token of probability 0 is never drawn (its CDF step is empty). `excluded`
+    (K ids, or None): a token per row whose mass counts as 0 (the residual max(0, p - q) of a deterministic draft's
+    one-hot q: p without the rejected token). Sums run in float64, so 49k partial sums keep their small steps. One row
+    of the embedded default's 49,152 tokens took 0.03 ms where torch.multinomial took 0.87 ms, and 16 rows of a
+    4,096-token draft vocabulary 1.6 ms with multinomial, a third of a decode step (AVX2 EPYC, 2026-12-03): a FlashMap
+    proposal at T = 1 took 4.8-5.0 ms with it and 3.2 ms with this. The native kernel (core/csrc/sampling.cpp) sums
+    blocks of 64 first, then steps within one."""
+    u = torch.rand(probs.shape[0], generator=generator, device=probs.device, dtype=torch.float64)  # (K,)
+    module = _kernels_for(probs, (torch.float32,))
+    if module is not None:
+        return module.sample_rows(probs.contiguous(), u, excluded or [])
+    if excluded is not None:
+        probs = probs.clone()
+        probs[torch.arange(probs.shape[0]), torch.tensor(excluded)] = 0.0
     cdf = probs.double().cumsum(-1)  # (K, V)
-    u = torch.rand(probs.shape[0], generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1]  # (K,)
-    return torch.searchsorted(cdf, u[:, None], right=True)[:, 0].clamp_max(probs.shape[-1] - 1)  # (K,)
+    goal = u * cdf[:, -1]  # (K,)
+    return torch.searchsorted(cdf, goal[:, None], right=True)[:, 0].clamp_max(probs.shape[-1] - 1)  # (K,)
 
 
 def residual(p_target: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
@@ -119,7 +155,11 @@ class Verdict:
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
     """Each row's argmax, (T, V) -> T ids, found in fp32: bf16 values widen exactly and the first maximum wins
     either way, while torch's bf16 argmax took 0.24 ms a row of the embedded default's 49,152 logits against 0.07
-    (AVX2 EPYC, 2026-12-02), a round's largest cost outside the forward."""
+    (AVX2 EPYC, 2026-12-02), a round's largest cost outside the forward; the native kernel finds the same first
+    maximum in one pass over the bf16 row."""
+    module = _kernels_for(logits)
+    if module is not None:
+        return module.argmax_rows(logits.reshape(-1, logits.shape[-1]).contiguous()).tolist()
     return logits.float().argmax(-1).tolist()
 
 
@@ -144,15 +184,28 @@ def verify_sampled(
     None means a deterministic drafter: q is the one-hot of the drafted token, so acceptance
     probability is p_target(y_k) and the residual is p_target with y_k removed.
     """
-    k = draft_tokens.shape[0]
-    if q_draft is None:
-        q_draft = torch.nn.functional.one_hot(draft_tokens, p_target.shape[-1]).to(p_target)  # (K, V)
-    for slot in range(k):
-        token = int(draft_tokens[slot])
-        p_tok, q_tok = float(p_target[slot, token]), float(q_draft[slot, token])
+    return verify_sampled_rows(draft_tokens, p_target.__getitem__, q_draft, generator)
+
+
+def verify_sampled_rows(
+    draft_tokens: torch.Tensor,
+    p_row: Callable[[int], torch.Tensor],
+    q_draft: torch.Tensor | None,
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """verify_sampled with the target's distribution after slot k given as p_row(k) -> (V,), asked for only up to
+    the first rejection: at T > 0 most drafts are rejected at their first slot, and a row's distribution costs a pass
+    over the vocabulary (the engine computes it from that row's logits on demand)."""
+    drafted = draft_tokens.tolist()  # (K,)
+    for slot, token in enumerate(drafted):
+        p_slot = p_row(slot)  # (V,)
+        p_tok = float(p_slot[token])
+        q_tok = 1.0 if q_draft is None else float(q_draft[slot, token])
         u = float(torch.rand((), generator=generator))
         # accept with probability min(1, p/q); q_tok > 0 because the token was drawn from q
         if q_tok > 0 and u * q_tok < p_tok:
             continue
-        return Verdict(slot, sample(residual(p_target[slot], q_draft[slot]), generator))
-    return Verdict(k, sample(p_target[k], generator))
+        if q_draft is None:  # max(0, p - one-hot(token)): p without the token (rejection implies p_tok < 1)
+            return Verdict(slot, sample(p_slot, generator, excluded=token))
+        return Verdict(slot, sample(residual(p_slot, q_draft[slot].to(p_slot)), generator))
+    return Verdict(len(drafted), sample(p_row(len(drafted)), generator))

@@ -1,9 +1,20 @@
 import pytest
 import torch
 
-from core.sampling import SamplingConfig, residual, sample_rows, target_probs, verify_greedy, verify_sampled
+from core import sampling
+from core.sampling import SamplingConfig, residual, sample, sample_rows, target_probs, verify_greedy, verify_sampled
 
 INF = float("inf")
+
+
+@pytest.fixture(params=["native", "torch"], autouse=True)
+def kernels_or_torch(request, monkeypatch):
+    """Every test here runs through the native kernels (core/csrc/sampling.cpp) and through torch's ops."""
+    if request.param == "torch":
+        monkeypatch.setattr(sampling, "kernels", lambda: None)
+    elif sampling.kernels() is None:
+        pytest.skip("the native sampling kernels cannot be built here")
+    return request.param
 
 
 def test_greedy_probs_are_one_hot_of_argmax():
@@ -114,3 +125,26 @@ def test_top_p_keeps_equal_probabilities_together_and_a_row_alike_alone_or_in_a_
     assert torch.equal(both[0] > 0, nucleus(peaked, 0.9)[0] > 0) and torch.equal(both[1] > 0, nucleus(flat, 0.9)[0] > 0)
     order = torch.sort(flat[0], descending=True).values
     assert int((both[1] > 0).sum()) == int(((order.cumsum(0) - order) < 0.9).sum())
+
+
+def test_sampling_with_a_token_excluded_never_draws_it_and_keeps_the_rest_in_proportion():
+    gen = torch.Generator().manual_seed(6)
+    probs = torch.tensor([0.5, 0.3, 0.0, 0.2])
+    draws = [sample(probs, gen, excluded=0) for _ in range(20000)]
+    assert set(draws) == {1, 3}
+    assert abs(draws.count(1) / len(draws) - 0.6) < 0.015
+
+
+def test_verify_sampled_rows_asks_for_the_rows_up_to_the_first_rejection_only():
+    gen = torch.Generator().manual_seed(7)
+
+    def verify(draft: list[int], p_target: torch.Tensor):
+        asked = []
+        verdict = sampling.verify_sampled_rows(torch.tensor(draft), lambda slot: asked.append(slot) or p_target[slot],
+                                               None, gen)
+        return verdict.__dict__, asked
+
+    unlikely = torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.5, 0.0], [0.2, 0.2, 0.6]])  # token 0 has p = 0: rejected
+    assert verify([0, 1], unlikely) == ({"n_accepted": 0, "next_token": 2}, [0])
+    sure = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    assert verify([1, 0], sure) == ({"n_accepted": 2, "next_token": 2}, [0, 1, 2])
