@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from core.drafting import MAX_BLOCK_SIZE
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+# their final norms: x / sqrt(mean(x^2) + eps) * weight, which the native step computes after the layers
+NATIVE_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
 
 
 def lean_supported(model) -> str | None:
@@ -291,6 +293,7 @@ class LeanForward:
         self.linears = [layer_linears(layer, weights, self.native) for layer in self.base.layers]
         self.lm_head = self._lm_head(model)
         self._native_weights = self._collect_native_weights() if self.native is not None else []
+        self._final_norm = self._native_final_norm()
 
     def _lm_head(self, model):
         """The LM head as the forward calls it: in q4 with the native step, from 8-bit codes per block of 32 (GGUF's
@@ -304,6 +307,19 @@ class LeanForward:
         if isinstance(head, PackedLinear):
             head.drop_packed()  # its weight stays: tied to the embedding
         return Int8Linear(head, self.native)
+
+    def _native_final_norm(self) -> torch.Tensor | None:
+        """The final norm's weight where the native step applies it after the layers (a bf16 RMSNorm with the layers'
+        epsilon, as Llama's and Qwen3's are), so that the rows it returns are normalised; None: the model's module
+        normalises them (the Python layers, any other norm)."""
+        norm = self.base.norm
+        weight = getattr(norm, "weight", None)
+        eps = getattr(norm, "variance_epsilon", None)
+        if self.native is None or type(norm).__name__ not in NATIVE_NORMS or weight is None:
+            return None
+        if weight.dtype != torch.bfloat16 or eps != self.base.layers[0].input_layernorm.variance_epsilon:
+            return None
+        return weight.detach().contiguous()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -427,9 +443,10 @@ class LeanForward:
         dim = cos.shape[-1]
         inner = [i for i in layers if 0 < i < len(self.base.layers)]
         eps = self.base.layers[0].input_layernorm.variance_epsilon
+        final_norm = self._final_norm if self._final_norm is not None else torch.empty(0, dtype=torch.bfloat16)
         out = self.native.layers(x.contiguous(), cos.reshape(-1, dim).contiguous(), sin.reshape(-1, dim).contiguous(),
                                  block_visible.contiguous(), cache.length, self._native_weights, cache.keys,
-                                 cache.values, self.n_heads, self.kv_heads, eps, sorted(inner))
+                                 cache.values, self.n_heads, self.kv_heads, eps, sorted(inner), final_norm)
         return out[0], out[1:]
 
     def _native_chunks(self, x: torch.Tensor, cache: StaticCache, positions: torch.Tensor,
@@ -472,26 +489,30 @@ class LeanForward:
         if block_visible is None:
             block_visible = torch.ones(fed, fed, dtype=torch.bool, device=ids.device).tril()  # (T, T)
         embedded = self.base.embed_tokens(ids)  # (T, E)
-        if self.native is not None and fed <= PREFILL_ROWS:
+        native = self.native is not None and fed <= PREFILL_ROWS
+        chunked = not native and self.native_prefill and torch.equal(block_visible,
+                                                                     torch.ones_like(block_visible).tril())
+        if native:
             x, inner = self._native_layers(embedded, cache, block_visible, positions, layers)
-        elif self.native_prefill and torch.equal(block_visible, torch.ones_like(block_visible).tril()):
+        elif chunked:
             x, inner = self._native_chunks(embedded, cache, positions, layers)
         else:
             x, inner = self._python_layers(embedded, cache, block_visible, positions, layers)
         cache.length = past + fed
-        return self.head(x, embedded, inner, layers, keep)
+        return self.head(x, embedded, inner, layers, keep, normed=(native or chunked) and self._final_norm is not None)
 
     def head(self, x: torch.Tensor, embedded: torch.Tensor, inner: list[torch.Tensor], layers: tuple[int, ...],
-             keep: int):
+             keep: int, normed: bool = False):
         """After the decoder layers: x (T, E) -> logits (T or keep, V) and the features at `layers` (T, F) or None,
-        from the embeddings (T, E), the inner layers' states and the normalised last one."""
+        from the embeddings (T, E), the inner layers' states and the normalised last one (normed: x is already)."""
         states = ([embedded] if 0 in layers else []) + inner
         if len(self.base.layers) in layers:  # transformers' last hidden state is the normalised one
-            x = self.base.norm(x)  # (T, E)
+            x = x if normed else self.base.norm(x)  # (T, E)
             states.append(x)
             x = x if keep == 0 else x[-keep:]
         else:
-            x = self.base.norm(x if keep == 0 else x[-keep:])  # (T or keep, E)
+            x = x if keep == 0 else x[-keep:]  # (T or keep, E)
+            x = x if normed else self.base.norm(x)
         logits = self.lm_head(x)  # (T or keep, V)
         features = torch.cat(states, dim=-1) if layers else None  # (T, F)
         return logits, features
