@@ -39,6 +39,22 @@ class Draft:
     lookup_source: str = "lookup"
 
 
+@dataclass(frozen=True)
+class Copy:
+    """A free source's copied continuation, before the policy decides on it (LookupHybrid.propose_lookups): plain
+    Python, since most are cut to nothing and a Draft's tensors cost more than deciding (~0.1 ms a round in a reply)."""
+
+    tokens: list[int]  # (<=K,) target ids
+    matched: int  # the length of the matched suffix it copies after (Draft.lookup_match)
+    source: str = "lookup"  # "lookup" (the conversation) or "phrasebook" (Draft.lookup_source)
+
+    def draft(self, n: int, confidence: list[float] | None = None) -> Draft:
+        """Its first n tokens as the round's draft, with per-slot confidence where the cut measured one."""
+        return Draft(torch.tensor(self.tokens[:n], dtype=torch.long), None,
+                     None if confidence is None else torch.tensor(confidence[:n]),  # (n,) each
+                     lookup_match=self.matched, lookup_source=self.source)
+
+
 class Drafter(Protocol):
     name: str
     feature_layers: tuple[int, ...]  # indices into the target's hidden_states tuple (0 = embeddings)
@@ -144,11 +160,11 @@ class LookupHybrid:
         self.main.extend(token_ids, features)
         self.ngram.extend(token_ids, None)
 
-    def propose_lookup(self, anchor: int, block_size: int) -> Draft | None:
+    def propose_lookup(self, anchor: int, block_size: int) -> Copy | None:
         """What followed the latest earlier occurrence of the conversation's longest matching suffix (up to
         block_size tokens), with the match's length; None when nothing matches."""
         copied, matched = self.ngram.lookup(anchor, block_size)
-        return Draft(torch.tensor(copied, dtype=torch.long), None, lookup_match=matched) if copied else None
+        return Copy(copied, matched) if copied else None
 
     def phrase(self, anchor: int, block_size: int) -> tuple[list[int], int]:
         """(the phrasebook's continuation of the conversation's longest kept suffix, up to block_size tokens; the
@@ -158,17 +174,15 @@ class LookupHybrid:
         recent = self.ngram.history[-self.phrasebook.config.max_ngram :]  # (<=n,) all a lookup reads
         return self.phrasebook.lookup(recent + [anchor], block_size)
 
-    def propose_phrase(self, anchor: int, block_size: int) -> Draft | None:
-        """The phrasebook's copy (phrase) as a draft; None without one."""
+    def propose_phrase(self, anchor: int, block_size: int) -> Copy | None:
+        """The phrasebook's copy (phrase); None without one."""
         copied, matched = self.phrase(anchor, block_size)
-        if not copied:
-            return None
-        return Draft(torch.tensor(copied, dtype=torch.long), None, lookup_match=matched, lookup_source="phrasebook")
+        return Copy(copied, matched, "phrasebook") if copied else None
 
-    def propose_lookups(self, anchor: int, block_size: int) -> tuple[Draft, ...]:
-        """Every free source's draft for this round (the conversation's first), those that found something."""
-        drafts = (self.propose_lookup(anchor, block_size), self.propose_phrase(anchor, block_size))
-        return tuple(draft for draft in drafts if draft is not None)
+    def propose_lookups(self, anchor: int, block_size: int) -> tuple[Copy, ...]:
+        """Every free source's copy for this round (the conversation's first), those that found something."""
+        copies = (self.propose_lookup(anchor, block_size), self.propose_phrase(anchor, block_size))
+        return tuple(copy for copy in copies if copy is not None)
 
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         draft = self.main.propose(anchor, block_size, sampling, generator)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import json
+from array import array
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -83,6 +84,12 @@ class Phrasebook:
     offsets: torch.Tensor  # (N+1,) int64, into tokens
     tokens: torch.Tensor  # (S,) the continuations, one after another
 
+    def __post_init__(self):
+        # the same offsets and tokens as Python arrays: a lookup slices them without a tensor op (~0.05 ms a round in
+        # a reply with tensors: two scalar reads and a slice)
+        object.__setattr__(self, "_offsets", array("q", self.offsets.tolist()))
+        object.__setattr__(self, "_tokens", array("l", self.tokens.tolist()))
+
     def __len__(self) -> int:
         return len(self.keys)
 
@@ -94,8 +101,8 @@ class Phrasebook:
             key = ngram_key(history[-n:])
             row = bisect.bisect_left(self.keys, key)
             if row < len(self.keys) and self.keys[row] == key:
-                start, end = int(self.offsets[row]), int(self.offsets[row + 1])
-                return self.tokens[start : min(end, start + limit)].tolist(), n
+                start, end = self._offsets[row], self._offsets[row + 1]
+                return self._tokens[start : min(end, start + limit)].tolist(), n
         return [], 0
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from core.drafting import LOOKUP_STRONG, Draft, Drafter, lookup_plan
+from core.drafting import LOOKUP_STRONG, Copy, Draft, Drafter, lookup_plan
 from core.sampling import SamplingConfig
 
 EMPTY = Draft(torch.empty(0, dtype=torch.long), None)
@@ -316,36 +316,37 @@ class DraftPolicy:
             return False
         return best_draft_length(rates.rates(k).tolist(), self.verify_cost) == 0
 
-    def best_lookup(self, lookups: tuple[Draft, ...], k: int) -> Draft:
-        """Of the free sources' drafts, the cut one with the most expected tokens per unit of verify cost (the first
-        that keeps something without a cost curve); an empty draft when none pays."""
-        best, best_value = EMPTY, 1.0  # a plain step: one token for one step's cost
-        for lookup in lookups:
-            cut = self.cut_lookup(lookup, k)
-            if not len(cut.tokens):
+    def best_lookup(self, copies: tuple[Copy, ...], k: int) -> Draft:
+        """Of the free sources' copies, the cut one with the most expected tokens per unit of verify cost (the first
+        that keeps something without a cost curve), as the round's draft; an empty draft when none pays."""
+        best, best_value, best_cut = None, 1.0, (0, None)  # a plain step: one token for one step's cost
+        for copy in copies:
+            n, rates = self.cut_copy(copy, k)
+            if n == 0:
                 continue
             if not self.verify_cost:
-                return cut
-            value = expected_per_cost(cut.confidence, self.verify_cost)
+                return copy.draft(n)
+            value = expected_per_cost(rates[:n], self.verify_cost)
             if value > best_value:
-                best, best_value = cut, value
-        return best
+                best, best_value, best_cut = copy, value, (n, rates)
+        return EMPTY if best is None else best.draft(*best_cut)
 
-    def cut_lookup(self, lookup: Draft | None, k: int) -> Draft:
-        """The part of a copied draft worth verifying: with a cost curve, the prefix that pays at the measured
-        acceptance of its source and match length; without one, a strong match whole (lookup_plan), else nothing."""
-        if lookup is None:
+    def cut_lookup(self, copy: Copy | None, k: int) -> Draft:
+        """The part of a copy worth verifying, as a draft (cut_copy); an empty draft for none."""
+        if copy is None:
             return EMPTY
+        n, rates = self.cut_copy(copy, k)
+        return copy.draft(n, rates) if n else EMPTY
+
+    def cut_copy(self, copy: Copy, k: int) -> tuple[int, list[float] | None]:
+        """(how many of a copy's tokens to verify, its slots' measured acceptance): with a cost curve, the prefix that
+        pays at the measured acceptance of its source and match length; without one, a strong match whole
+        (lookup_plan), else nothing. On Python floats: most copies are cut to nothing."""
         if not self.verify_cost:
-            alone, _ = lookup_plan(lookup.tokens.tolist(), lookup.lookup_match)
-            return clip_draft(lookup, k) if alone else EMPTY
-        # on Python floats until a prefix is kept: most copies are cut to nothing, and building their tensors cost more
-        # than deciding (~25 us a round of a ~5 ms step)
-        rates = self.state.rates.rates(lookup.lookup_match, lookup.lookup_source, min(len(lookup.tokens), k))
-        n = best_draft_length(rates, self.verify_cost)
-        if n == 0:
-            return EMPTY
-        return replace(lookup, tokens=lookup.tokens[:n], confidence=torch.tensor(rates[:n]))  # (n,) each
+            alone, _ = lookup_plan(copy.tokens, copy.matched)
+            return (min(len(copy.tokens), k) if alone else 0), None
+        rates = self.state.rates.rates(copy.matched, copy.source, min(len(copy.tokens), k))
+        return best_draft_length(rates, self.verify_cost), rates
 
     def observe(self, draft: Draft, n_accepted: int, n_committed: int, seconds: float,
                 draft_seconds: float = 0.0) -> None:

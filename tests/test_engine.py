@@ -219,7 +219,7 @@ def test_prompt_lookup_offers_its_copy_alone_and_joins_the_drafter_as_a_branch()
     hybrid.reset()
     hybrid.extend([5, 6, 3, 4, 40, 41, 42, 43, 44, 7, 3], None)
     lookup = hybrid.propose_lookup(4, 6)  # "3 4" matched: what followed it, with the match's length
-    assert lookup.tokens.tolist() == [40, 41, 42, 43, 44, 7] and lookup.lookup_match == 2 and main.calls == 1
+    assert lookup.tokens == [40, 41, 42, 43, 44, 7] and lookup.matched == 2 and main.calls == 1
     draft = hybrid.propose(4, 4, greedy, torch.Generator())  # beside the network: one more branch of the trie
     assert draft.alternatives == ((40, 41, 42, 43),) and main.calls == 2 and draft.lookup_match == 0
     sampled = hybrid.propose(4, 4, SamplingConfig(temperature=1.0), torch.Generator())
@@ -247,7 +247,7 @@ def test_drafting_with_prompt_lookup_equals_plain_decoding(tiny_target):
 
 
 def test_lookup_drafts_are_cut_by_their_measured_acceptance_and_stay_exact_at_t1():
-    from core.drafting import LookupHybrid
+    from core.drafting import Copy, LookupHybrid
     from core.policy import DraftPolicy, LookupRates, PolicyState
 
     rates = LookupRates()
@@ -258,10 +258,10 @@ def test_lookup_drafts_are_cut_by_their_measured_acceptance_and_stay_exact_at_t1
     assert rates.rate(1) < 0.1 and rates.rate(3) > 0.95 and rates.rate(4) == rates.rate(3)
     curve = (1.0, 1.1, 1.2, 1.5, 1.8)
     policy = DraftPolicy.for_run(GenerationConfig(verify_cost=curve), PolicyState(rates=rates))
-    copy = torch.tensor([9, 9, 9, 9])
-    assert len(policy.cut_lookup(Draft(copy, None, lookup_match=1), 4).tokens) == 0  # not worth verifying
-    assert len(policy.cut_lookup(Draft(copy, None, lookup_match=3), 4).tokens) == 4
-    assert policy.cut_lookup(Draft(copy, None, lookup_match=3), 2).lookup_match == 3  # a cut lookup stays one
+    copy = [9, 9, 9, 9]
+    assert len(policy.cut_lookup(Copy(copy, matched=1), 4).tokens) == 0  # not worth verifying
+    assert len(policy.cut_lookup(Copy(copy, matched=3), 4).tokens) == 4
+    assert policy.cut_lookup(Copy(copy, matched=3), 2).lookup_match == 3  # a cut lookup stays one
     target = make_target(tiny_llama(vocab_size=5, layers=1, seed=3, scale=8.0))
     assert_sampled_distribution_exact(target, LookupHybrid(SkewedSampler([0.9, 0.025, 0.025, 0.025, 0.025])),
                                       prompt=(4, 3, 2, 4, 3), verify_cost=curve)
@@ -439,15 +439,16 @@ def test_the_phrasebook_offers_its_copy_beside_prompt_lookup_and_the_policy_take
     hybrid = LookupHybrid(main, branch=4, phrasebook=book)
     hybrid.extend([5, 6, 3, 4, 40, 41, 42, 43, 3], None)
     conversation, phrase = hybrid.propose_lookups(4, 6)
-    assert conversation.tokens.tolist() == [40, 41, 42, 43, 3, 4] and conversation.lookup_source == "lookup"
-    assert phrase.tokens.tolist() == [50, 51, 52] and phrase.lookup_match == 2 and round_source(phrase) == "phrasebook"
+    assert conversation.tokens == [40, 41, 42, 43, 3, 4] and conversation.source == "lookup"
+    assert phrase.tokens == [50, 51, 52] and phrase.matched == 2 and phrase.source == "phrasebook"
     curve = (1.0, 1.1, 1.2, 1.5, 1.8, 2.0, 2.2)
     rates = LookupRates()
     for _ in range(20):  # in this conversation the phrasebook's copies were kept, prompt lookup's two-token ones not
         rates.record(2, 3, 3, "phrasebook")
         rates.record(2, 3, 0)
     policy = DraftPolicy.for_run(GenerationConfig(verify_cost=curve), PolicyState(rates=rates))
-    assert policy.best_lookup((conversation, phrase), 6).tokens.tolist() == [50, 51, 52]
+    chosen = policy.best_lookup((conversation, phrase), 6)
+    assert chosen.tokens.tolist() == [50, 51, 52] and chosen.lookup_match == 2 and round_source(chosen) == "phrasebook"
     rates = LookupRates()
     for _ in range(20):  # the other way round
         rates.record(2, 3, 0, "phrasebook")

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from core.drafting import Draft
+from core.drafting import Copy, Draft
 from core.engine import GenerationConfig
 from core.policy import CallCost, DraftPolicy, MeasuredPays, SkipEmpty, best_draft_length, draft_pays
 from core.sampling import SamplingConfig
@@ -215,6 +215,6 @@ def test_copied_drafts_are_cut_on_their_acceptance_measured_per_depth():
     assert rates.rate(4, "phrasebook") == first and rates.rates(3, "phrasebook", 2) == pytest.approx([0.7] * 2)
     curve = (1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2)
     policy = DraftPolicy.for_run(GenerationConfig(verify_cost=curve), PolicyState(rates=rates))
-    copy = Draft(torch.arange(6), None, lookup_match=4, lookup_source="phrasebook")
+    copy = Copy(list(range(6)), matched=4, source="phrasebook")
     assert len(policy.cut_lookup(copy, 6).tokens) == 6
     assert best_draft_length(torch.full((6,), first), curve) == 2  # one rate for all slots: two of them
