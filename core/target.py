@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from core import sampling
 from core.cpu_linear import int4_available, pack_linears
 from core.graphs import GRAPH_MODES, GraphedSteps, graph_mode
 from core.lean import LeanForward, head_dim, lean_supported
@@ -317,6 +318,8 @@ def load_target(cfg: TargetConfig) -> Target:
             return load_target(replace(cfg, quant="none"))
     dtype = _dtype_for(cfg, device)
     target = _setup_forward(_load(cfg, device, dtype), cfg)
+    if device.type == "cpu":
+        sampling.kernels()  # built (once per machine, ~30 s) or loaded now, not in the middle of the first reply
     return _checked(target, cfg, dtype)
 
 
