@@ -131,7 +131,7 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None,
         return module.sample_rows(probs.contiguous(), u, excluded or [])
     if excluded is not None:
         probs = probs.clone()
-        probs[torch.arange(probs.shape[0]), torch.tensor(excluded)] = 0.0
+        probs[torch.arange(probs.shape[0], device=probs.device), torch.tensor(excluded, device=probs.device)] = 0.0
     cdf = probs.double().cumsum(-1)  # (K, V)
     goal = u * cdf[:, -1]  # (K,)
     return torch.searchsorted(cdf, goal[:, None], right=True)[:, 0].clamp_max(probs.shape[-1] - 1)  # (K,)
