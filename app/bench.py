@@ -37,7 +37,7 @@ from core.policy import PolicyState  # noqa: E402
 from core.prefix import PrefixCache  # noqa: E402
 from core.prompts import read_prompt_file, resolve_prompt_file  # noqa: E402
 from core.sampling import SamplingConfig  # noqa: E402
-from core.stats import AcceptanceStats, pooled_rate, speedup_se  # noqa: E402
+from core.stats import AcceptanceStats, pooled_rate, speedup, speedup_se  # noqa: E402
 from core.target import Target, TargetConfig, add_target_args, load_target, target_config_from_args  # noqa: E402
 from core.threads import apply_thread_policy, wait_idle, wait_policy  # noqa: E402
 from core.verify_cost import draft_cost as measure_draft_cost  # noqa: E402
@@ -183,7 +183,7 @@ def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: li
         "new_tokens": sum(tokens for tokens, _ in spec_runs),
         "baseline_tokens_per_s": base_tps,
         "tokens_per_s": spec_tps,
-        "speedup": spec_tps / base_tps,  # core.stats.speedup
+        "speedup": speedup(base_runs, spec_runs),
         "speedup_se": speedup_se(base_runs, spec_runs),
         "acceptance_length": stats.acceptance_length,
         "per_slot_acceptance": stats.per_slot(k) if stats.rounds else None,

@@ -308,17 +308,18 @@ class LeanForward:
             head.drop_packed()  # its weight stays: tied to the embedding
         return Int8Linear(head, self.native)
 
-    def _native_final_norm(self) -> torch.Tensor | None:
+    def _native_final_norm(self) -> torch.Tensor:
         """The final norm's weight where the native step applies it after the layers (a bf16 RMSNorm with the layers'
-        epsilon, as Llama's and Qwen3's are), so that the rows it returns are normalised; None: the model's module
-        normalises them (the Python layers, any other norm)."""
+        epsilon, as Llama's and Qwen3's are), so that the rows it returns are normalised; an empty tensor: the model's
+        module normalises them (the Python layers, any other norm)."""
         norm = self.base.norm
         weight = getattr(norm, "weight", None)
         eps = getattr(norm, "variance_epsilon", None)
+        none = torch.empty(0, dtype=torch.bfloat16)
         if self.native is None or type(norm).__name__ not in NATIVE_NORMS or weight is None:
-            return None
+            return none
         if weight.dtype != torch.bfloat16 or eps != self.base.layers[0].input_layernorm.variance_epsilon:
-            return None
+            return none
         return weight.detach().contiguous()
 
     @property
@@ -443,10 +444,9 @@ class LeanForward:
         dim = cos.shape[-1]
         inner = [i for i in layers if 0 < i < len(self.base.layers)]
         eps = self.base.layers[0].input_layernorm.variance_epsilon
-        final_norm = self._final_norm if self._final_norm is not None else torch.empty(0, dtype=torch.bfloat16)
         out = self.native.layers(x.contiguous(), cos.reshape(-1, dim).contiguous(), sin.reshape(-1, dim).contiguous(),
                                  block_visible.contiguous(), cache.length, self._native_weights, cache.keys,
-                                 cache.values, self.n_heads, self.kv_heads, eps, sorted(inner), final_norm)
+                                 cache.values, self.n_heads, self.kv_heads, eps, sorted(inner), self._final_norm)
         return out[0], out[1:]
 
     def _native_chunks(self, x: torch.Tensor, cache: StaticCache, positions: torch.Tensor,
@@ -499,7 +499,7 @@ class LeanForward:
         else:
             x, inner = self._python_layers(embedded, cache, block_visible, positions, layers)
         cache.length = past + fed
-        return self.head(x, embedded, inner, layers, keep, normed=(native or chunked) and self._final_norm is not None)
+        return self.head(x, embedded, inner, layers, keep, normed=(native or chunked) and self._final_norm.numel() > 0)
 
     def head(self, x: torch.Tensor, embedded: torch.Tensor, inner: list[torch.Tensor], layers: tuple[int, ...],
              keep: int, normed: bool = False):

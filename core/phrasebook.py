@@ -88,7 +88,7 @@ class Phrasebook:
         # the same offsets and tokens as Python arrays: a lookup slices them without a tensor op (~0.05 ms a round in
         # a reply with tensors: two scalar reads and a slice)
         object.__setattr__(self, "_offsets", array("q", self.offsets.tolist()))
-        object.__setattr__(self, "_tokens", array("l", self.tokens.tolist()))
+        object.__setattr__(self, "_tokens", array("i", self.tokens.tolist()))  # ids fit int32 (save's widest)
 
     def __len__(self) -> int:
         return len(self.keys)
