@@ -40,8 +40,8 @@ from core.sampling import SamplingConfig  # noqa: E402
 from core.stats import AcceptanceStats, pooled_rate, speedup, speedup_se  # noqa: E402
 from core.target import Target, TargetConfig, add_target_args, load_target, target_config_from_args  # noqa: E402
 from core.threads import apply_thread_policy, wait_idle, wait_policy  # noqa: E402
+from core.verify_cost import cost_curves  # noqa: E402
 from core.verify_cost import draft_cost as measure_draft_cost  # noqa: E402
-from core.verify_cost import relative_curve  # noqa: E402
 from drafter.registry import DrafterUnavailable, build_drafter  # noqa: E402
 from drafter.spec import APP_DEFAULT, ENGINE_DRAFTERS, HF_BASELINES, DrafterSpec, SpecError, app_default  # noqa: E402
 
@@ -239,7 +239,7 @@ def bench(cfg: BenchConfig) -> dict:
     prompts = [p for path in cfg.prompts for p in read_prompts(path, cfg.limit)]
     runner = make_runner(cfg.spec, target, cfg.target.allow_download)
     warm_up(target)
-    curve = relative_curve(target) if cfg.spec.adaptive else ()
+    curves = cost_curves(target) if cfg.spec.adaptive else None
     runner = runner.with_draft_cost(target)
     anchor = llama_cpp(cfg, target)
     base, spec, anchored = [], [], []
@@ -250,6 +250,7 @@ def bench(cfg: BenchConfig) -> dict:
     for i, prompt in enumerate(tqdm(prompts, desc=f"bench {cfg.spec.text()}", unit="prompt")):
         messages = (messages if cfg.conversation else []) + [{"role": "user", "content": prompt}]
         ids = target.chat_ids(messages)
+        curve = curves.for_reply(len(ids), cfg.max_new_tokens) if curves else ()  # the cost after this prompt
         gen = runner.generation(GenerationConfig(cfg.max_new_tokens, sampling=cfg.sampling, seed=cfg.seed + i), curve)
         runs = [lambda: base.append(run_engine(target, ids, gen, None, prefix=plain_prefix)),
                 lambda: spec.append(runner.run(ids, gen))]

@@ -24,14 +24,14 @@ from core.sampling import SamplingConfig
 from core.stats import ReplySpeed
 from core.target import Target
 from core.threads import apply_thread_policy
+from core.verify_cost import CostCurves, curve_passes, load_cached, save_cached
 from core.verify_cost import draft_cost as measure_draft_cost
-from core.verify_cost import load_cached, relative_from, save_cached, timed_passes
 from drafter.registry import DrafterUnavailable, build_drafter, with_lookup
 from drafter.spec import DrafterSpec, app_default
 
 APP_DRAFTERS = ("flashmap", "dflash", "ngram", "none")  # what the UI offers (the teacher is for analysis)
 REMOTE = "vllm"  # the drafter choice that sends replies to the vLLM server (--backend vllm, app/remote.py)
-CURVE_REPEATS = 7  # passes over 1..17 positions; the curve is their per-position median
+CURVE_REPEATS = 7  # passes over 1..17 positions after each context; the curves are their per-position medians
 log = logging.getLogger("flashmap")
 
 
@@ -110,14 +110,14 @@ class ChatService:
         self._measured: dict[int, PolicyState] = {}
         self.prefix = PrefixCache()  # what the last reply left in its cache: the next prompt's prefill starts after it
         self.unavailable: dict[str, str] = {}
-        self.verify_cost: tuple[float, ...] = ()  # relative cost of 1..17 positions; () until measured
+        self.cost_curves: CostCurves | None = None  # what 1..17 positions cost after short and long contexts
         self.curve_status = "not measured yet: adaptive K is off until it is"
         self.cancel_event = threading.Event()
         self.last_events: list[RoundEvent] = []
         self.last_speed = ReplySpeed()
         cached = load_cached(self.data_dir / "cache", target) if self.data_dir else None
         if cached:
-            self.verify_cost = cached[0]
+            self.cost_curves = cached[0]
             self.curve_status = f"cached from {time.strftime('%Y-%m-%d %H:%M', time.localtime(cached[1]))}"
         for name in ("flashmap", "dflash"):  # probe checkpoints once so the UI lists only what works
             try:
@@ -181,7 +181,8 @@ class ChatService:
             if drafter is not None and drafter is self.remote:  # the server drafts: no cost curve, no probes here
                 yield from self._remote_stream(prompt_ids, settings.generation(), cancel, speed)
                 return
-            gen = settings.generation(self.verify_cost, drafting=drafter is not None)
+            gen = settings.generation(self.verify_cost(len(prompt_ids), settings.max_new_tokens),
+                                      drafting=drafter is not None)
             if gen.charges_draft_cost() and drafter is not None:  # measured only where the engine charges it
                 gen = replace(gen, draft_cost=self.draft_cost(drafter))
             measured = None if drafter is None else self._measured.setdefault(id(drafter), PolicyState())
@@ -228,21 +229,30 @@ class ChatService:
             text, tokens = ev.text, tokens + list(ev.committed)
         return text, tokens, speed
 
-    def measure_verify_cost(self, repeats: int = CURVE_REPEATS) -> tuple[float, ...]:
-        """Measure what a target forward over 1..17 positions costs here, one pass at a time so that replies
-        are served in between; keep the curve (median per position, made sane) and cache it on disk."""
-        passes = timed_passes(self.target, 256, repeats, range(1, MAX_BLOCK_SIZE + 2))
+    def verify_cost(self, prompt_tokens: int, max_new_tokens: int) -> tuple[float, ...]:
+        """The relative cost of 1..17 positions a reply after this prompt meets (CostCurves.for_reply); () until
+        measured."""
+        curves = self.cost_curves
+        return curves.for_reply(prompt_tokens, max_new_tokens) if curves is not None else ()
+
+    def measure_verify_cost(self, repeats: int = CURVE_REPEATS) -> CostCurves:
+        """Measure what a target forward over 1..17 positions costs here after a short and a long context, one pass
+        at a time so that replies are served in between; keep the curves (medians per position) and cache them on
+        disk."""
+        passes = curve_passes(self.target, repeats)
         for done in range(1, repeats + 1):
             self.curve_status = f"measuring the verify cost ({done}/{repeats})…"
             with self.lock:
-                times = next(passes)
-        self.verify_cost = relative_from(times)
+                curves = next(passes)
+        self.cost_curves = curves
         if self.data_dir:
-            save_cached(self.data_dir / "cache", self.target, self.verify_cost)
+            save_cached(self.data_dir / "cache", self.target, curves)
         self.curve_status = f"measured {time.strftime('%H:%M')}"
-        log.info("verify cost of 2 / 9 / 17 positions: %.2f / %.2f / %.2f x one", self.verify_cost[1],
-                 self.verify_cost[8], self.verify_cost[16])
-        return self.verify_cost
+        for context in curves.contexts:
+            curve = curves.at(context)
+            log.info("verify cost of 2 / 9 / 17 positions after %d: %.2f / %.2f / %.2f x one", context, curve[1],
+                     curve[8], curve[16])
+        return curves
 
     def measure_in_background(self) -> threading.Thread:
         thread = threading.Thread(target=self._measure_logged, name="verify-cost", daemon=True)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from app import bench
 from core.engine import GenerationConfig
 from core.target import load_target
-from core.verify_cost import relative_curve
+from core.verify_cost import cost_curves
 from drafter.spec import DrafterSpec, SpecError
 
 
@@ -58,7 +58,7 @@ def suite(cfg: SuiteConfig) -> dict:
 def run_suite(cfg: SuiteConfig, target, runners: list[bench.Runner]) -> dict:
     """Every runner (one per cfg.variants label) and the plain baseline on each prompt, their order rotated."""
     bench.warm_up(target)
-    curve = relative_curve(target) if any(spec.adaptive for spec in cfg.specs) else ()
+    curves = cost_curves(target) if any(spec.adaptive for spec in cfg.specs) else None
     runners = [r.with_draft_cost(target) for r in runners]
     prompts = [p for path in cfg.prompts for p in bench.read_prompts(path, cfg.limit)]
     base, spec = [], [[] for _ in runners]
@@ -66,6 +66,7 @@ def run_suite(cfg: SuiteConfig, target, runners: list[bench.Runner]) -> dict:
     for i, prompt in enumerate(tqdm(prompts, desc=f"suite x{len(runners)}", unit="prompt")):
         ids = target.chat_ids([{"role": "user", "content": prompt}])
         gen = GenerationConfig(cfg.max_new_tokens, sampling=cfg.sampling, seed=cfg.seed + i)
+        curve = curves.for_reply(len(ids), cfg.max_new_tokens) if curves else ()  # the cost after this prompt
         jobs = [(None, lambda g: bench.run_engine(target, ids, g, None, prefix=plain_prefix), gen)] + [
             (j, lambda g, run=r.run: run(ids, g), r.generation(gen, curve)) for j, r in enumerate(runners)]
         shift = i % len(jobs)
@@ -74,7 +75,7 @@ def run_suite(cfg: SuiteConfig, target, runners: list[bench.Runner]) -> dict:
     results = [dict(bench.summarize(r, cfg.sampling, target, base, runs), variant=label)
                for label, r, runs in zip(cfg.variants, runners, spec)]
     return {"prompts_files": list(cfg.prompts), "limit": cfg.limit, "max_new_tokens": cfg.max_new_tokens,
-            "temperature": cfg.sampling.temperature, "verify_cost": curve, "results": results}
+            "temperature": cfg.sampling.temperature, "verify_cost": curves and curves.as_dict(), "results": results}
 
 
 def parse_args(argv=None) -> tuple[SuiteConfig, str]:

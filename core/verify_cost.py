@@ -15,7 +15,7 @@ import json
 import platform
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -107,19 +107,76 @@ def _seconds(device: torch.device, work) -> float:
     return time.perf_counter() - start
 
 
-def relative_from(times: dict[int, list[float]]) -> tuple[float, ...]:
-    """The relative curve from per-T timings (medians), made sane."""
-    median = {t: statistics.median(v) for t, v in times.items()}
-    return sane_curve(tuple(median[t] / median[1] for t in sorted(median)))
+# the cached positions the curves are measured after: a short chat's and a long one's. Each new position attends to
+# every cached one, so a verify's extra rows cost more in a longer conversation: 4 positions cost 1.58x one after 256
+# cached and 1.79-1.89x after 512-1,800, 9 positions 3.0x and 3.5-3.9x (AVX2 EPYC, 2026-12-03,
+# `python -m core.verify_cost --cached N`); one curve measured after 256 made long chats' cuts too long
+CONTEXTS = (256, 1024)
 
 
-def relative_curve(target, max_positions: int = MAX_BLOCK_SIZE + 1, context: int = 256,
-                   repeats: int = 5) -> tuple[float, ...]:
-    """Cost of 1..max_positions new positions relative to one, measured now on this machine (a few seconds), made
-    sane (sane_curve); what the adaptive draft length (core.policy.best_draft_length) reads."""
-    for times in timed_passes(target, context, repeats, range(1, max_positions + 1)):
+@dataclass(frozen=True)
+class CostCurves:
+    """The verify cost after several context lengths: seconds of one forward over 1..N new positions after each of
+    `contexts` cached ones (medians). `at` gives the relative curve the adaptive cut reads for a reply."""
+
+    contexts: tuple[int, ...]  # increasing
+    seconds: tuple[tuple[float, ...], ...]  # per context: seconds of 1..N positions
+
+    def __post_init__(self):
+        if not self.contexts or len(self.contexts) != len(self.seconds) or list(self.contexts) != sorted(
+                set(self.contexts)):
+            raise ValueError("cost curves need increasing contexts, one row of seconds each")
+        if len({len(row) for row in self.seconds}) != 1 or not all(s > 0 for row in self.seconds for s in row):
+            raise ValueError("every context needs positive seconds for the same positions")
+
+    def at(self, context: int) -> tuple[float, ...]:
+        """The relative curve after `context` cached positions, made sane: each position count's seconds linear in
+        the context between the two measured ones around it (a new row's attention is linear in the cached
+        positions), extrapolated along the last two beyond the last, the first context's below it."""
+        if len(self.contexts) == 1 or context <= self.contexts[0]:
+            seconds = self.seconds[0]
+        else:
+            upper = next((i for i, c in enumerate(self.contexts) if c >= context), len(self.contexts) - 1)
+            (c0, c1), (s0, s1) = self.contexts[upper - 1 : upper + 1], self.seconds[upper - 1 : upper + 1]
+            share = (context - c0) / (c1 - c0)
+            seconds = tuple(a + share * (b - a) for a, b in zip(s0, s1))
+        return sane_curve(tuple(s / seconds[0] for s in seconds))
+
+    def as_dict(self) -> dict:
+        return {"contexts": list(self.contexts), "seconds": [list(row) for row in self.seconds]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostCurves":
+        return cls(tuple(data["contexts"]), tuple(tuple(row) for row in data["seconds"]))
+
+    def for_reply(self, prompt_tokens: int, max_new_tokens: int) -> tuple[float, ...]:
+        """The curve a reply's rounds meet on average: after its prompt and half its budget of new tokens."""
+        return self.at(prompt_tokens + max_new_tokens // 2)
+
+
+def fitting_contexts(target, contexts=CONTEXTS, max_positions: int = MAX_BLOCK_SIZE + 1) -> tuple[int, ...]:
+    """The contexts a target's context window leaves room to measure after (a small test model's may hold none but
+    the first, cut down to fit)."""
+    room = target.max_positions - max_positions - 1
+    return tuple(sorted({c for c in contexts if c <= room} or {max(1, min(contexts[0], room))}))
+
+
+def curve_passes(target, repeats: int, contexts=CONTEXTS, max_positions: int = MAX_BLOCK_SIZE + 1):
+    """timed_passes after each context, one pass of each in turn: yields the CostCurves so far after every round of
+    passes (repeats of them), so a caller can hand the model to others in between."""
+    contexts = fitting_contexts(target, contexts, max_positions)
+    passes = [timed_passes(target, c, repeats, range(1, max_positions + 1)) for c in contexts]
+    for _ in range(repeats):
+        times = [next(timed) for timed in passes]
+        yield CostCurves(contexts, tuple(tuple(statistics.median(per_t[t]) for t in sorted(per_t))
+                                         for per_t in times))
+
+
+def cost_curves(target, repeats: int = 5, contexts=CONTEXTS) -> CostCurves:
+    """CostCurves measured now on this machine (a few seconds a context)."""
+    for curves in curve_passes(target, repeats, contexts):
         pass
-    return relative_from(times)
+    return curves
 
 
 def sane_curve(curve) -> tuple[float, ...]:
@@ -143,23 +200,24 @@ def cache_file(root: Path, target) -> Path:
     return Path(root) / f"verify-cost-{hashlib.sha1(machine_key(target).encode()).hexdigest()[:12]}.json"
 
 
-def load_cached(root: Path, target) -> tuple[tuple[float, ...], float] | None:
-    """(curve, measured at: time.time()) from an earlier run on this machine with this target, or None."""
+def load_cached(root: Path, target) -> tuple[CostCurves, float] | None:
+    """(curves, measured at: time.time()) from an earlier run on this machine with this target, or None (also for a
+    file from before the curves were measured per context: measured again)."""
     path = cache_file(root, target)
     try:
         data = json.loads(path.read_text())
         if data["key"] != machine_key(target):
             return None
-        return sane_curve(data["curve"]), float(data["measured_at"])
+        return CostCurves.from_dict(data), float(data["measured_at"])
     except (OSError, ValueError, KeyError, TypeError):
-        return None  # absent or unreadable: measure again
+        return None  # absent, unreadable or of the older format: measure again
 
 
-def save_cached(root: Path, target, curve: tuple[float, ...]) -> None:
+def save_cached(root: Path, target, curves: CostCurves) -> None:
     path = cache_file(root, target)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": machine_key(target), "curve": list(curve), "measured_at": time.time()}))
+    tmp.write_text(json.dumps({"key": machine_key(target), **curves.as_dict(), "measured_at": time.time()}))
     tmp.replace(path)
 
 

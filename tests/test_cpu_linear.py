@@ -105,11 +105,12 @@ def test_load_target_packs_on_the_cpu_unless_asked_not_to_or_short_of_memory(tmp
 def test_a_cached_verify_cost_curve_is_kept_apart_per_kernel(tmp_path):
     from dataclasses import replace
 
-    from core.verify_cost import cache_file, load_cached, save_cached
+    from core.verify_cost import CostCurves, cache_file, load_cached, save_cached
 
     plain = make_target(tiny_llama(vocab_size=64))
     packed = replace(plain, extra={"packed_linears": 14})
-    save_cached(tmp_path, plain, (1.0, 1.9, 1.9))  # torch's steep curve must not steer a packed target's cut
+    steep = CostCurves((256,), ((1.0, 1.9, 1.9),))  # torch's steep curve must not steer a packed target's cut
+    save_cached(tmp_path, plain, steep)
     assert cache_file(tmp_path, plain) != cache_file(tmp_path, packed) and load_cached(tmp_path, packed) is None
 
 

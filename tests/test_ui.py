@@ -9,6 +9,7 @@ from app import render, ui
 from app.service import ChatService, ChatSettings
 from core.stats import AcceptanceStats
 from core.testing import event, make_target, tiny_llama
+from core.verify_cost import CostCurves
 
 SETTINGS = dict(drafter="ngram", block_size=4, steps=1, temperature=0.0, top_p=1.0, max_new_tokens=24)
 
@@ -160,11 +161,13 @@ def test_drafter_change_sets_k_range_and_disables_what_does_not_apply(service):
 
 
 def test_verify_cost_curve_is_measured_cached_and_reused(service):
-    curve = service.measure_verify_cost(repeats=2)
+    curves = service.measure_verify_cost(repeats=2)
+    curve = curves.at(curves.contexts[0])
     assert len(curve) == 17 and curve[0] == 1.0 and all(1.0 <= c <= n for n, c in enumerate(curve, start=1))
     assert "measured" in service.curve_status
     again = ChatService(service.target, data_dir=service.data_dir)  # a second start: no measurement needed
-    assert again.verify_cost == curve and "cached" in again.curve_status
+    assert again.cost_curves == curves and "cached" in again.curve_status
+    assert again.verify_cost(40, 24) == curves.for_reply(40, 24)  # a reply's curve: after its prompt and budget
     assert ChatSettings().generation(curve).verify_cost == curve
     assert ChatSettings(adaptive=False).generation(curve).verify_cost == ()
 
@@ -256,7 +259,7 @@ def test_an_adaptive_reply_charges_drafts_for_the_drafter_measured_once(service,
     monkeypatch.setattr(service_module, "generate",
                         lambda target, ids, gen, *a, **k: seen.append(gen.draft_cost) or real_generate(target, ids, gen,
                                                                                                       *a, **k))
-    monkeypatch.setattr(service, "verify_cost", (1.0,) * 17)
+    monkeypatch.setattr(service, "cost_curves", CostCurves((256,), ((1.0,) * 17,)))
     settings = ChatSettings(**SETTINGS)
     drafter = service.drafter(settings.spec())
     for _ in range(2):
