@@ -92,6 +92,12 @@ class ChatSettings:
                                 max_measured_wait=GenerationConfig.max_measured_wait if self.adaptive else 0)
 
 
+def describe(curves: CostCurves) -> str:
+    """What the curves say in a few words: 4 positions against one after each measured context."""
+    costs = [f"{curves.at(c)[min(3, len(curves.seconds[0]) - 1)]:.2f}× after {c:,} cached" for c in curves.contexts]
+    return ": 4 positions cost " + ", ".join(costs)
+
+
 class ChatService:
     def __init__(self, target: Target, weights: dict[str, str] | None = None, allow_download: bool = False,
                  data_dir: Path | None = None, thread_policy=None, remote=None):
@@ -118,7 +124,8 @@ class ChatService:
         cached = load_cached(self.data_dir / "cache", target) if self.data_dir else None
         if cached:
             self.cost_curves = cached[0]
-            self.curve_status = f"cached from {time.strftime('%Y-%m-%d %H:%M', time.localtime(cached[1]))}"
+            when = time.strftime('%Y-%m-%d %H:%M', time.localtime(cached[1]))
+            self.curve_status = f"cached from {when}{describe(self.cost_curves)}"
         for name in ("flashmap", "dflash"):  # probe checkpoints once so the UI lists only what works
             try:
                 self.drafter(DrafterSpec(name))
@@ -247,11 +254,8 @@ class ChatService:
         self.cost_curves = curves
         if self.data_dir:
             save_cached(self.data_dir / "cache", self.target, curves)
-        self.curve_status = f"measured {time.strftime('%H:%M')}"
-        for context in curves.contexts:
-            curve = curves.at(context)
-            log.info("verify cost of 2 / 9 / 17 positions after %d: %.2f / %.2f / %.2f x one", context, curve[1],
-                     curve[8], curve[16])
+        self.curve_status = f"measured {time.strftime('%H:%M')}{describe(curves)}"
+        log.info("verify cost curves: %s", self.curve_status)
         return curves
 
     def measure_in_background(self) -> threading.Thread:
