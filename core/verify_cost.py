@@ -110,7 +110,7 @@ def _seconds(device: torch.device, work) -> float:
 # the cached positions the curves are measured after: a short chat's and a long one's. Each new position attends to
 # every cached one, so a verify's extra rows cost more in a longer conversation: 4 positions cost 1.58x one after 256
 # cached and 1.79-1.89x after 512-1,800, 9 positions 3.0x and 3.5-3.9x (AVX2 EPYC, 2026-12-03,
-# `python -m core.verify_cost --cached N`); one curve measured after 256 made long chats' cuts too long
+# `python -m core.verify_cost --cached N`); one curve measured after 256 under-priced a long chat's verified rows
 CONTEXTS = (256, 1024)
 
 

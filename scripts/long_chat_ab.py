@@ -30,13 +30,15 @@ SIDES = ("plain", "one curve", "per context")
 def turn(target, runners: dict, curves, ids: list[int], gen: GenerationConfig, plain_prefix: PrefixCache,
          shift: int) -> dict[str, bench.Run]:
     """One user turn written by every side, the order rotated by `shift`."""
-    jobs = {"plain": lambda: bench.run_engine(target, ids, gen, None, prefix=plain_prefix),
-            "one curve": lambda: runners["one curve"].run(ids, runners["one curve"].generation(gen, curves.at(
-                CONTEXTS[0]))),
-            "per context": lambda: runners["per context"].run(
-                ids, runners["per context"].generation(gen, curves.for_reply(len(ids), gen.max_new_tokens)))}
+    curve = {"one curve": curves.at(CONTEXTS[0]), "per context": curves.for_reply(len(ids), gen.max_new_tokens)}
+
+    def write(side: str) -> bench.Run:
+        if side == "plain":
+            return bench.run_engine(target, ids, gen, None, prefix=plain_prefix)
+        return runners[side].run(ids, runners[side].generation(gen, curve[side]))
+
     order = SIDES[shift % 3:] + SIDES[: shift % 3]
-    return {side: jobs[side]() for side in order}
+    return {side: write(side) for side in order}
 
 
 def speed(run: bench.Run) -> float:
