@@ -65,14 +65,20 @@ def verify_cost(target, context: int, repeats: int, positions=POSITIONS) -> dict
     return interleaved_costs({"target": target}, context, repeats, positions)["target"]
 
 
+def interleaved(passes: dict, repeats: int) -> Iterator[dict]:
+    """One pass of each timed_passes generator in turn, `repeats` rounds: yields {key: {T: median seconds so far}}
+    after every round, so a caller can hand the model to others in between."""
+    for _ in range(repeats):
+        times = {key: next(timed) for key, timed in passes.items()}
+        yield {key: {t: statistics.median(v) for t, v in per_t.items()} for key, per_t in times.items()}
+
+
 def interleaved_costs(targets: dict, context: int, repeats: int, positions=POSITIONS) -> dict[str, dict[int, float]]:
     """verify_cost for several loaded targets, one pass of each in turn: {name: {T: median seconds}}."""
     passes = {name: timed_passes(target, context, repeats, positions) for name, target in targets.items()}
-    times = {}
-    for _ in range(repeats):
-        for name, timed in passes.items():
-            times[name] = next(timed)
-    return {name: {t: statistics.median(v) for t, v in per_t.items()} for name, per_t in times.items()}
+    for costs in interleaved(passes, repeats):
+        pass
+    return costs
 
 
 def draft_cost(target, drafter, context: int = 256, repeats: int = 10) -> float:
@@ -165,11 +171,9 @@ def curve_passes(target, repeats: int, contexts=CONTEXTS, max_positions: int = M
     """timed_passes after each context, one pass of each in turn: yields the CostCurves so far after every round of
     passes (repeats of them), so a caller can hand the model to others in between."""
     contexts = fitting_contexts(target, contexts, max_positions)
-    passes = [timed_passes(target, c, repeats, range(1, max_positions + 1)) for c in contexts]
-    for _ in range(repeats):
-        times = [next(timed) for timed in passes]
-        yield CostCurves(contexts, tuple(tuple(statistics.median(per_t[t]) for t in sorted(per_t))
-                                         for per_t in times))
+    passes = {c: timed_passes(target, c, repeats, range(1, max_positions + 1)) for c in contexts}
+    for costs in interleaved(passes, repeats):
+        yield CostCurves(contexts, tuple(tuple(costs[c][t] for t in sorted(costs[c])) for c in contexts))
 
 
 def cost_curves(target, repeats: int = 5, contexts=CONTEXTS) -> CostCurves:

@@ -45,14 +45,14 @@ def speed(run: bench.Run) -> float:
     return len(run.tokens) / run.seconds
 
 
+def mean_se(values: list[float]) -> dict:
+    return {"mean": statistics.mean(values), "se": statistics.stdev(values) / len(values) ** 0.5}
+
+
 def summary(rows: list[dict]) -> dict:
     """Mean speed over plain decoding per side (± standard error) and the paired difference per context − one."""
-    out = {}
-    for side in SIDES[1:]:
-        ratios = [row[side] for row in rows]
-        out[side] = {"mean": statistics.mean(ratios), "se": statistics.stdev(ratios) / len(ratios) ** 0.5}
-    diff = [row["per context"] - row["one curve"] for row in rows]
-    out["per context - one curve"] = {"mean": statistics.mean(diff), "se": statistics.stdev(diff) / len(diff) ** 0.5}
+    out = {side: mean_se([row[side] for row in rows]) for side in SIDES[1:]}
+    out["per context - one curve"] = mean_se([row["per context"] - row["one curve"] for row in rows])
     return out
 
 
