@@ -11,6 +11,7 @@ anchor, and the anchor token itself (paper §3.1).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 import torch
@@ -38,6 +39,12 @@ class Draft:
     # replies to other prompts, core.phrasebook); the round's source in its event
     lookup_source: str = "lookup"
 
+    @cached_property
+    def ids(self) -> list[int]:
+        """`tokens` as Python ints (K,), made once: the engine reads them several times a round, and after a forward
+        each tensor's tolist() costs ~50 us (its code and data come back from memory)."""
+        return self.tokens.tolist()
+
 
 @dataclass(frozen=True)
 class Copy:
@@ -48,11 +55,12 @@ class Copy:
     matched: int  # the length of the matched suffix it copies after (Draft.lookup_match)
     source: str = "lookup"  # "lookup" (the conversation) or "phrasebook" (Draft.lookup_source)
 
-    def draft(self, n: int, confidence: list[float] | None = None) -> Draft:
-        """Its first n tokens as the round's draft, with per-slot confidence where the cut measured one."""
-        return Draft(torch.tensor(self.tokens[:n], dtype=torch.long), None,
-                     None if confidence is None else torch.tensor(confidence[:n]),  # (n,) each
-                     lookup_match=self.matched, lookup_source=self.source)
+    def draft(self, n: int) -> Draft:
+        """Its first n tokens as the round's draft (no confidence: the policy keeps its measured rates itself)."""
+        draft = Draft(torch.tensor(self.tokens[:n], dtype=torch.long), None, lookup_match=self.matched,
+                      lookup_source=self.source)  # (n,)
+        draft.__dict__["ids"] = self.tokens[:n]  # Draft.ids known already: no tolist() after the forward
+        return draft
 
 
 class Drafter(Protocol):

@@ -25,7 +25,15 @@ from core.drafting import MAX_BLOCK_SIZE, Draft, Drafter
 from core.forward import keep_positions, target_forward
 from core.policy import DraftPolicy, PolicyState, round_source
 from core.prefix import PrefixCache, reuses_prefixes
-from core.sampling import SamplingConfig, greedy_tokens, target_probs, verify_greedy, verify_sampled_rows
+from core.sampling import (
+    SamplingConfig,
+    Verdict,
+    greedy_tokens,
+    sample_logits,
+    target_probs,
+    verify_greedy,
+    verify_sampled_rows,
+)
 from core.target import Target
 from core.tree import Trie, build_trie, followed_branch, greedy_path
 
@@ -142,15 +150,18 @@ def check_prompt(target: Target, prompt_ids: list[int], gen: GenerationConfig, b
         )
 
 
-def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator):
+def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> Verdict:
+    """The round's verdict from the target's logits (K+1, V); a plain step (no draft) samples its one row directly."""
     if sampling.greedy:
-        return verify_greedy(draft.tokens.to(logits.device), logits)
+        return verify_greedy(draft.ids, logits)
+    if not draft.ids:
+        return Verdict(0, sample_logits(logits, sampling, generator))
     p_row = lambda slot: target_probs(logits[slot], sampling)  # noqa: E731 - (V,), once the sampling reaches the slot
-    return verify_sampled_rows(draft.tokens, p_row, draft.q_draft, generator)
+    return verify_sampled_rows(draft.ids, p_row, draft.q_draft, generator)
 
 
 def branches_of(draft: Draft) -> list[list[int]]:
-    return [draft.tokens.tolist(), *(list(alt) for alt in draft.alternatives)]
+    return [list(draft.ids), *(list(alt) for alt in draft.alternatives)]
 
 
 def round_trie(draft: Draft, k: int) -> Trie:
@@ -174,6 +185,8 @@ def kept_rows(features: torch.Tensor, kept_at: list[int]) -> torch.Tensor:
     """The kept positions' features (N, F) of a round's (T, F): a view where they are its first N rows (a chain's
     accepted prefix, every plain step), so most rounds copy nothing."""
     n = len(kept_at)
+    if n == features.shape[0]:  # every position fed was kept (every plain step): the tensor itself, no op
+        return features
     return features[:n] if kept_at[-1] == n - 1 else features[kept_at]
 
 

@@ -40,10 +40,10 @@ def target_forward(target, ids: list[int], cache: DynamicCache | StaticCache, la
 def _lean_forward(target, ids: list[int], cache: StaticCache, layers: tuple[int, ...], keep: int,
                   trie: Trie | None):
     """target_forward through the lean forward (core.lean) on its static cache."""
-    input_ids = torch.tensor(ids, device=target.device)  # (T,)
+    ids = list(ids)  # (T,) as ints: the lean forward makes its tensors natively where it can (LeanForward.native_step)
     if trie is None or is_chain(trie):
-        return target.lean(input_ids, cache, layers, keep)
-    return target.lean(input_ids, cache, layers, keep, block_visible=ancestor_mask(trie).to(target.device),
+        return target.lean(ids, cache, layers, keep)
+    return target.lean(ids, cache, layers, keep, block_visible=ancestor_mask(trie).to(target.device),
                        positions=tree_positions(trie, cache.length, target.device))
 
 

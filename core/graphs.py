@@ -100,8 +100,9 @@ class GraphedSteps:
         self.cache.length = 0
         return self.cache
 
-    def __call__(self, ids: torch.Tensor, cache: StaticCache, layers: tuple[int, ...] = (), keep: int = 0,
+    def __call__(self, ids: torch.Tensor | list[int], cache: StaticCache, layers: tuple[int, ...] = (), keep: int = 0,
                  block_visible: torch.Tensor | None = None, positions: torch.Tensor | None = None):
+        ids = torch.as_tensor(ids, dtype=torch.long)  # (T,) from a list too
         fed, past = ids.shape[0], cache.length
         if cache is not self.cache or fed > PREFILL_ROWS:  # a prefill, or a cache of someone else's
             return self.lean(ids, cache, layers, keep, block_visible, positions)

@@ -319,7 +319,7 @@ class DraftPolicy:
     def best_lookup(self, copies: tuple[Copy, ...], k: int) -> Draft:
         """Of the free sources' copies, the cut one with the most expected tokens per unit of verify cost (the first
         that keeps something without a cost curve), as the round's draft; an empty draft when none pays."""
-        best, best_value, best_cut = None, 1.0, (0, None)  # a plain step: one token for one step's cost
+        best, best_value, best_n = None, 1.0, 0  # a plain step: one token for one step's cost
         for copy in copies:
             n, rates = self.cut_copy(copy, k)
             if n == 0:
@@ -328,15 +328,15 @@ class DraftPolicy:
                 return copy.draft(n)
             value = expected_per_cost(rates[:n], self.verify_cost)
             if value > best_value:
-                best, best_value, best_cut = copy, value, (n, rates)
-        return EMPTY if best is None else best.draft(*best_cut)
+                best, best_value, best_n = copy, value, n
+        return EMPTY if best is None else best.draft(best_n)
 
     def cut_lookup(self, copy: Copy | None, k: int) -> Draft:
         """The part of a copy worth verifying, as a draft (cut_copy); an empty draft for none."""
         if copy is None:
             return EMPTY
-        n, rates = self.cut_copy(copy, k)
-        return copy.draft(n, rates) if n else EMPTY
+        n, _ = self.cut_copy(copy, k)
+        return copy.draft(n) if n else EMPTY
 
     def cut_copy(self, copy: Copy, k: int) -> tuple[int, list[float] | None]:
         """(how many of a copy's tokens to verify, its slots' measured acceptance): with a cost curve, the prefix that

@@ -137,6 +137,17 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None,
     return torch.searchsorted(cdf, goal[:, None], right=True)[:, 0].clamp_max(probs.shape[-1] - 1)  # (K,)
 
 
+def sample_logits(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None) -> int:
+    """One token from a row of logits (1, V) at T > 0: sample(target_probs(...)), the same uniform drawn the same way,
+    in one native call where only the temperature shapes the distribution (a plain step's whole sampling: after a
+    forward each torch op costs ~50 us, and the two functions made six)."""
+    module = _kernels_for(logits)
+    if module is None or sampling.top_p < 1.0 or (sampling.top_k and sampling.top_k < logits.shape[-1]):
+        return sample(target_probs(logits[0], sampling), generator)
+    u = torch.rand(1, generator=generator, device=logits.device, dtype=torch.float64)  # (1,) as sample_rows draws it
+    return module.sample_logits(logits, 1.0 / sampling.temperature, u)
+
+
 def residual(p_target: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
     """Normalised max(0, p - q) over (V,). Falls back to p when p == q exactly (rejection impossible)."""
     diff = (p_target - q_draft).clamp_min(0.0)  # (V,)
@@ -159,14 +170,19 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
     maximum in one pass over the bf16 row."""
     module = _kernels_for(logits)
     if module is not None:
-        return module.argmax_rows(logits.reshape(-1, logits.shape[-1]).contiguous()).tolist()
+        return module.argmax_rows(logits if logits.dim() == 2 else logits.reshape(-1, logits.shape[-1]))
     return logits.float().argmax(-1).tolist()
 
 
-def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
+def as_ids(tokens: torch.Tensor | list[int]) -> list[int]:
+    """Token ids (K,) as Python ints, from a tensor or a list."""
+    return tokens if isinstance(tokens, list) else tokens.tolist()
+
+
+def verify_greedy(draft_tokens: torch.Tensor | list[int], target_logits: torch.Tensor) -> Verdict:
     """T=0: keep the longest prefix equal to the target's argmax. draft (K,), logits (K+1, V)."""
     best = greedy_tokens(target_logits)  # (K+1,)
-    drafted = draft_tokens.tolist()  # (K,)
+    drafted = as_ids(draft_tokens)  # (K,)
     n_accepted = 0
     while n_accepted < len(drafted) and drafted[n_accepted] == best[n_accepted]:
         n_accepted += 1
@@ -188,7 +204,7 @@ def verify_sampled(
 
 
 def verify_sampled_rows(
-    draft_tokens: torch.Tensor,
+    draft_tokens: torch.Tensor | list[int],
     p_row: Callable[[int], torch.Tensor],
     q_draft: torch.Tensor | None,
     generator: torch.Generator | None = None,
@@ -196,7 +212,7 @@ def verify_sampled_rows(
     """verify_sampled with the target's distribution after slot k given as p_row(k) -> (V,), asked for only up to
     the first rejection: at T > 0 most drafts are rejected at their first slot, and a row's distribution costs a pass
     over the vocabulary (the engine computes it from that row's logits on demand)."""
-    drafted = draft_tokens.tolist()  # (K,)
+    drafted = as_ids(draft_tokens)  # (K,)
     for slot, token in enumerate(drafted):
         p_slot = p_row(slot)  # (V,)
         p_tok = float(p_slot[token])

@@ -222,6 +222,32 @@ def test_the_native_step_computes_the_q4_forward(name, model):
 
 
 @pytest.mark.parametrize("name,model", models())
+def test_the_one_call_step_computes_what_the_step_with_its_tensors_made_in_python_does(name, model):
+    """ids as a list take LeanForward.native_step (embedding, rotary rows, causal mask, layers, LM head and features
+    in one native call): bit for bit the logits, features and cache of the same forward fed a tensor of ids, for a
+    step, a chain, a tree, every `keep` and feature layers from the embeddings (0) to the normalised last (2)."""
+    target = lean_target(model, "q4-native", torch.bfloat16)
+    assert target.lean._steps
+    caches = [target.lean.new_cache(128) for _ in range(2)]
+    trie = build_trie([[7, 8, 9], [7, 10], [11]], budget=8)
+    feeds = [([5], None), ([6, 7, 8, 9, 10], None), ([12, *trie.tokens], ancestor_mask(trie))]
+    with torch.no_grad():
+        for cache in caches:
+            target.lean(torch.tensor(probe_prompt(64, 30)), cache)
+        for layers, keep in (((), 0), ((0, 1, 2), 0), ((2,), 1), ((1,), 0)):
+            for ids, block in feeds:
+                positions = None if block is None else tree_positions(trie, caches[0].length, "cpu")
+                as_tensor = target.lean(torch.tensor(ids), caches[0], layers, keep, block, positions)
+                as_list = target.lean(ids, caches[1], layers, keep, block, positions)
+                assert caches[0].length == caches[1].length
+                assert torch.equal(as_list[0], as_tensor[0]), (name, layers, keep, ids)
+                assert (as_list[1] is None) == (as_tensor[1] is None) == (not layers)
+                assert not layers or torch.equal(as_list[1], as_tensor[1])
+    for by_tensor, by_list in zip(caches[0].keys + caches[0].values, caches[1].keys + caches[1].values):
+        assert torch.equal(by_tensor, by_list)
+
+
+@pytest.mark.parametrize("name,model", models())
 def test_a_native_prefill_in_chunks_computes_the_op_by_op_prefill(name, model):
     """native_prefill: a prompt longer than a verify round runs through the native step a round's worth of positions
     at a time, each chunk attending to those cached before it: the logits and states of the op-by-op q4 forward fed

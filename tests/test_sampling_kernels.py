@@ -27,7 +27,7 @@ def test_native_argmax_and_softmax_agree_with_torch(module, dtype):
         logits = (torch.randn(3, width, generator=gen) * 4).to(dtype)  # (3, width)
         logits[1, width // 2] = logits[1, -1] = 50.0  # a tie: the first wins
         logits[2, : width // 2] = -INF
-        assert module.argmax_rows(logits).tolist() == logits.float().argmax(-1).tolist() == greedy_tokens(logits)
+        assert module.argmax_rows(logits) == logits.float().argmax(-1).tolist() == greedy_tokens(logits)
         for temperature in (0.05, 0.7, 1.0):
             ours = module.softmax_rows(logits, 1 / temperature)  # (3, width) fp32
             theirs = torch.softmax(logits.float() / temperature, -1)
@@ -51,3 +51,17 @@ def test_native_sampling_draws_what_the_cumulative_sum_does_from_the_same_unifor
             u = torch.rand(4, generator=gen, dtype=torch.float64)  # (4,)
             expected = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
             assert torch.equal(module.sample_rows(probs, u, excluded), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_sample_logits_draws_what_target_probs_then_sample_draw(module, dtype):
+    """A plain step's one native call (core.sampling.sample_logits) draws the token that the distribution and the draw
+    made apart do, from the same generator state, at every temperature; with top-p or top-k it takes that path."""
+    gen = torch.Generator().manual_seed(6)
+    logits = (torch.randn(1, 49152, generator=gen) * 3).to(dtype)  # (1, V)
+    for config in (sampling.SamplingConfig(0.3), sampling.SamplingConfig(1.0), sampling.SamplingConfig(1.5),
+                   sampling.SamplingConfig(0.7, top_p=0.9), sampling.SamplingConfig(0.7, top_k=5)):
+        fused, apart = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+        draws = [sampling.sample_logits(logits, config, fused) for _ in range(200)]
+        assert draws == [sampling.sample(sampling.target_probs(logits[0], config), apart) for _ in range(200)]
+        assert len(set(draws)) > 1

@@ -130,12 +130,14 @@ void check_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, name, " must be bf16 or fp32");
 }
 
-at::Tensor argmax_rows(const at::Tensor& logits) {
+// a Python list, not a tensor: the engine compares them with drafted ids, and a tensor's tolist() after a forward
+// costs ~50 us (every op's code comes back from memory then)
+std::vector<int64_t> argmax_rows(const at::Tensor& given) {
+  const at::Tensor logits = given.contiguous();  // itself where it is (a forward's logits are)
   check_rows(logits, "logits");
   const int64_t rows = logits.size(0), n = logits.size(1);
-  auto out = at::empty({rows}, logits.options().dtype(at::kLong));
-  auto* o = out.data_ptr<int64_t>();
-  for_each_dtype(logits, [&](auto* x) { for (int64_t r = 0; r < rows; ++r) o[r] = row_argmax(x + r * n, n); });
+  std::vector<int64_t> out(rows);
+  for_each_dtype(logits, [&](auto* x) { for (int64_t r = 0; r < rows; ++r) out[r] = row_argmax(x + r * n, n); });
   return out;
 }
 
@@ -165,10 +167,25 @@ at::Tensor sample_rows(const at::Tensor& probs, const at::Tensor& uniforms, cons
   return out;
 }
 
+// one token of softmax(logits * inv_temperature) for a row (1, V) and a uniform u: softmax_rows, then sample_rows,
+// the same values in the same order, in one call (a plain step at T > 0 asks for nothing more)
+int64_t sample_logits(const at::Tensor& given, double inv_temperature, const at::Tensor& uniform) {
+  const at::Tensor logits = given.contiguous();
+  check_rows(logits, "logits");
+  TORCH_CHECK(logits.size(0) == 1 && inv_temperature > 0, "one row of logits and inv_temperature > 0");
+  TORCH_CHECK(uniform.scalar_type() == at::kDouble && uniform.numel() == 1, "uniform must be (1,) float64");
+  const double u = *uniform.data_ptr<double>();
+  const int64_t n = logits.size(1);
+  std::vector<float> probs(n);
+  for_each_dtype(logits, [&](auto* x) { row_softmax(x, n, static_cast<float>(inv_temperature), probs.data()); });
+  return row_sample(probs.data(), n, u, -1);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("argmax_rows", &argmax_rows, "logits (R, V) bf16/fp32 -> (R,) int64, each row's first largest value");
+  m.def("argmax_rows", &argmax_rows, "logits (R, V) bf16/fp32 -> R ids, each row's first largest value");
+  m.def("sample_logits", &sample_logits, "logits (1, V) bf16/fp32, inv_temperature, uniform (1,) f64 -> one id of the softmax");
   m.def("softmax_rows", &softmax_rows, "softmax(logits * inv_temperature) of each row (R, V) -> (R, V) fp32");
   m.def("sample_rows", &sample_rows, "probs (R, V) fp32, uniforms (R,) f64, excluded: R ids (-1: none) or [] -> (R,) int64");
 }
