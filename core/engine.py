@@ -29,8 +29,8 @@ from core.sampling import (
     SamplingConfig,
     Verdict,
     greedy_tokens,
-    sample_logits,
     target_probs,
+    verify_deterministic,
     verify_greedy,
     verify_sampled_rows,
 )
@@ -151,11 +151,12 @@ def check_prompt(target: Target, prompt_ids: list[int], gen: GenerationConfig, b
 
 
 def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, generator) -> Verdict:
-    """The round's verdict from the target's logits (K+1, V); a plain step (no draft) samples its one row directly."""
+    """The round's verdict from the target's logits (K+1, V): greedy at T = 0; at T > 0 rejection sampling, in one
+    native call for a deterministic draft (copied tokens, or none: a plain step)."""
     if sampling.greedy:
         return verify_greedy(draft.ids, logits)
-    if not draft.ids:
-        return Verdict(0, sample_logits(logits, sampling, generator))
+    if draft.q_draft is None:  # a copied draft, or a plain step
+        return verify_deterministic(draft.ids, logits, sampling, generator)
     p_row = lambda slot: target_probs(logits[slot], sampling)  # noqa: E731 - (V,), once the sampling reaches the slot
     return verify_sampled_rows(draft.ids, p_row, draft.q_draft, generator)
 

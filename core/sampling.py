@@ -137,17 +137,6 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None,
     return torch.searchsorted(cdf, goal[:, None], right=True)[:, 0].clamp_max(probs.shape[-1] - 1)  # (K,)
 
 
-def sample_logits(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None) -> int:
-    """One token from a row of logits (1, V) at T > 0: sample(target_probs(...)), the same uniform drawn the same way,
-    in one native call where only the temperature shapes the distribution (a plain step's whole sampling: after a
-    forward each torch op costs ~50 us, and the two functions made six)."""
-    module = _kernels_for(logits)
-    if module is None or sampling.top_p < 1.0 or (sampling.top_k and sampling.top_k < logits.shape[-1]):
-        return sample(target_probs(logits[0], sampling), generator)
-    u = torch.rand(1, generator=generator, device=logits.device, dtype=torch.float64)  # (1,) as sample_rows draws it
-    return module.sample_logits(logits, 1.0 / sampling.temperature, u)
-
-
 def residual(p_target: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
     """Normalised max(0, p - q) over (V,). Falls back to p when p == q exactly (rejection impossible)."""
     diff = (p_target - q_draft).clamp_min(0.0)  # (V,)
@@ -201,6 +190,21 @@ def verify_sampled(
     probability is p_target(y_k) and the residual is p_target with y_k removed.
     """
     return verify_sampled_rows(draft_tokens, p_target.__getitem__, q_draft, generator)
+
+
+def verify_deterministic(draft_tokens: list[int], logits: torch.Tensor, sampling: SamplingConfig,
+                         generator: torch.Generator | None = None) -> Verdict:
+    """T > 0 rejection sampling of a deterministic draft (q_draft None: a copied draft, or none for a plain step)
+    against the target's logits (K+1, V): verify_sampled_rows with p from target_probs, in one native call where only
+    the temperature shapes p (core/csrc/sampling.cpp's verify_copy). After a forward each torch op costs ~50 us
+    instead of ~5 (its code and data come back from memory), and the op-by-op path makes ~9 a slot. Its 2K + 1
+    uniforms are drawn at once (slot k's test, slot k's redraw, the bonus token's), so a plain step (K = 0) draws
+    the one uniform sample() draws."""
+    module = _kernels_for(logits)
+    if module is None or sampling.top_p < 1.0 or (sampling.top_k and sampling.top_k < logits.shape[-1]):
+        return verify_sampled_rows(draft_tokens, lambda slot: target_probs(logits[slot], sampling), None, generator)
+    u = torch.rand(2 * len(draft_tokens) + 1, generator=generator, device=logits.device, dtype=torch.float64)
+    return Verdict(*module.verify_copy(logits, draft_tokens, 1.0 / sampling.temperature, u))
 
 
 def verify_sampled_rows(

@@ -9,6 +9,7 @@ import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -130,7 +131,17 @@ class Target:
         return next((tokens[:i] for i, tok in enumerate(tokens) if tok in self.eos_token_ids), tokens)
 
     def decode(self, ids) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return self._decoder(list(ids), skip_special_tokens=True)
+
+    @cached_property
+    def _decoder(self):
+        """The tokenizer's decode, or its Rust backend's where the two are one: a fast tokenizer that cleans up no
+        spaces returns the backend's text unchanged (transformers' TokenizersBackend._decode). The engine decodes
+        twice a round, and after a forward the Python layer cost ~80 us of a decode's ~140 (AVX2 EPYC, 2026-12-03)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None or getattr(self.tokenizer, "clean_up_tokenization_spaces", True):
+            return self.tokenizer.decode
+        return backend.decode
 
 
 def embedded_gguf_path() -> Path:

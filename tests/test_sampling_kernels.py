@@ -54,14 +54,48 @@ def test_native_sampling_draws_what_the_cumulative_sum_does_from_the_same_unifor
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_sample_logits_draws_what_target_probs_then_sample_draw(module, dtype):
-    """A plain step's one native call (core.sampling.sample_logits) draws the token that the distribution and the draw
-    made apart do, from the same generator state, at every temperature; with top-p or top-k it takes that path."""
+def test_a_plain_step_at_t_above_0_draws_what_target_probs_then_sample_draw(module, dtype):
+    """verify_deterministic with no draft (a plain step, one native call) draws the token that the distribution and
+    the draw made apart do, from the same generator state, at every temperature; with top-p or top-k too."""
     gen = torch.Generator().manual_seed(6)
     logits = (torch.randn(1, 49152, generator=gen) * 3).to(dtype)  # (1, V)
     for config in (sampling.SamplingConfig(0.3), sampling.SamplingConfig(1.0), sampling.SamplingConfig(1.5),
                    sampling.SamplingConfig(0.7, top_p=0.9), sampling.SamplingConfig(0.7, top_k=5)):
         fused, apart = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
-        draws = [sampling.sample_logits(logits, config, fused) for _ in range(200)]
-        assert draws == [sampling.sample(sampling.target_probs(logits[0], config), apart) for _ in range(200)]
-        assert len(set(draws)) > 1
+        draws = [sampling.verify_deterministic([], logits, config, fused) for _ in range(200)]
+        assert all(verdict.n_accepted == 0 for verdict in draws)
+        expected = [sampling.sample(sampling.target_probs(logits[0], config), apart) for _ in range(200)]
+        assert [verdict.next_token for verdict in draws] == expected and len(set(expected)) > 1
+
+
+def reference_verify_copy(module, logits, drafted, temperature, u):
+    """The rejection sampling verify_copy does, in torch from the kernels' softmax, with the same uniforms (2K + 1,)."""
+    for slot, token in enumerate(drafted):
+        p_slot = module.softmax_rows(logits[slot : slot + 1], 1 / temperature)[0]  # (V,)
+        if u[2 * slot] < p_slot[token]:
+            continue
+        redraw = p_slot.clone()
+        redraw[token] = 0.0
+        cdf = redraw.double().cumsum(-1)  # (V,)
+        return slot, int(torch.searchsorted(cdf, u[2 * slot + 1] * cdf[-1:], right=True)[0])
+    cdf = module.softmax_rows(logits[-1:], 1 / temperature)[0].double().cumsum(-1)  # (V,)
+    return len(drafted), int(torch.searchsorted(cdf, u[-1] * cdf[-1:], right=True)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_verify_copy_keeps_and_redraws_what_rejection_sampling_does_from_the_same_uniforms(module, dtype):
+    """A copied draft's native rejection sampling: slot k kept while u[2k] < p_k(token), the first rejected one
+    redrawn from p_k without it with u[2k + 1], the bonus token from p_K with u[2K]; drafts of likely and unlikely
+    tokens, so every slot and the bonus are reached."""
+    gen = torch.Generator().manual_seed(8)
+    logits = (torch.randn(4, 300, generator=gen) * 2).to(dtype)  # (K + 1, V), K = 3
+    logits[0, 5] = logits[1, 6] = logits[2, 7] = 6.0  # a likely draft 5, 6, 7
+    outcomes = set()
+    for drafted in ([5, 6, 7], [5, 9, 7], [11, 6, 7]):
+        for temperature in (0.5, 1.0):
+            for _ in range(300):
+                u = torch.rand(7, generator=gen, dtype=torch.float64)
+                ours = module.verify_copy(logits, drafted, 1 / temperature, u)
+                assert tuple(ours) == reference_verify_copy(module, logits, drafted, temperature, u)
+                outcomes.add(ours[0])
+    assert outcomes == {0, 1, 2, 3}

@@ -78,3 +78,19 @@ def test_embedded_default_loads_offline_and_chats(embedded_target):
     out, events = generate_all(embedded_target, ids, GenerationConfig(max_new_tokens=24))
     assert embedded_target.identity["vocab_size"] == 49152
     assert "4" in events[-1].text
+
+
+def test_decode_takes_the_rust_backend_only_where_it_returns_the_tokenizers_text(embedded_target):
+    """Target.decode reads the fast tokenizer's backend directly where transformers' decode would return its text
+    unchanged (no space clean-up): every span of a reply with specials, multi-byte characters and blank lines decodes
+    as the tokenizer decodes it. A tokenizer that cleans up spaces keeps its own decode."""
+    tokenizer = embedded_target.tokenizer
+    ids = tokenizer("Héllo there,  a sentence 😀 about\n\n the sea. <|im_end|> Done.")["input_ids"]
+    assert embedded_target._decoder == tokenizer.backend_tokenizer.decode
+    for start in range(len(ids)):
+        for end in range(start, len(ids) + 1):
+            assert embedded_target.decode(ids[start:end]) == tokenizer.decode(ids[start:end], skip_special_tokens=True)
+    cleaning = tiny_tokenizer(64)
+    cleaning.clean_up_tokenization_spaces = True
+    target = target_mod.Target(tiny_qwen3(), cleaning, "tiny", torch.device("cpu"), (1,))
+    assert target._decoder == cleaning.decode

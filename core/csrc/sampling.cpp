@@ -9,6 +9,7 @@
 #include "simd.h"
 
 #include <cmath>
+#include <tuple>
 #include <vector>
 #include <pybind11/stl.h>
 
@@ -167,25 +168,41 @@ at::Tensor sample_rows(const at::Tensor& probs, const at::Tensor& uniforms, cons
   return out;
 }
 
-// one token of softmax(logits * inv_temperature) for a row (1, V) and a uniform u: softmax_rows, then sample_rows,
-// the same values in the same order, in one call (a plain step at T > 0 asks for nothing more)
-int64_t sample_logits(const at::Tensor& given, double inv_temperature, const at::Tensor& uniform) {
+// Rejection sampling of a deterministic draft (q = the one-hot of each drafted token: a copied draft) at a temperature,
+// from its rows of logits (K + 1, V) and 2K + 1 uniforms: slot k's token is kept with probability p_k(token)
+// (u[2k] < p), the first rejected one is replaced by a draw from p_k without it (u[2k + 1]), and when every slot is
+// kept the target's token is drawn from p_K (u[2K]). A row's softmax is computed only once its slot is reached (at
+// T > 0 most drafts end at their first). -> (tokens kept, the target's token)
+std::tuple<int64_t, int64_t> verify_copy(const at::Tensor& given, const std::vector<int64_t>& drafted,
+                                         double inv_temperature, const at::Tensor& uniforms) {
   const at::Tensor logits = given.contiguous();
   check_rows(logits, "logits");
-  TORCH_CHECK(logits.size(0) == 1 && inv_temperature > 0, "one row of logits and inv_temperature > 0");
-  TORCH_CHECK(uniform.scalar_type() == at::kDouble && uniform.numel() == 1, "uniform must be (1,) float64");
-  const double u = *uniform.data_ptr<double>();
-  const int64_t n = logits.size(1);
-  std::vector<float> probs(n);
-  for_each_dtype(logits, [&](auto* x) { row_softmax(x, n, static_cast<float>(inv_temperature), probs.data()); });
-  return row_sample(probs.data(), n, u, -1);
+  const int64_t slots = static_cast<int64_t>(drafted.size()), n = logits.size(1);
+  TORCH_CHECK(logits.size(0) == slots + 1 && inv_temperature > 0, "K + 1 rows of logits and inv_temperature > 0");
+  TORCH_CHECK(uniforms.scalar_type() == at::kDouble && uniforms.numel() == 2 * slots + 1 && uniforms.is_contiguous(),
+              "uniforms must be (2K + 1,) float64");
+  const double* u = uniforms.data_ptr<double>();
+  thread_local std::vector<float> probs;
+  probs.resize(n);
+  auto row = [&](int64_t slot) {
+    for_each_dtype(logits, [&](auto* x) { row_softmax(x + slot * n, n, static_cast<float>(inv_temperature), probs.data()); });
+  };
+  for (int64_t k = 0; k < slots; ++k) {
+    TORCH_CHECK(0 <= drafted[k] && drafted[k] < n, "drafted id ", drafted[k], " is outside the vocabulary");
+    row(k);
+    if (u[2 * k] < probs[drafted[k]]) continue;
+    return {k, row_sample(probs.data(), n, u[2 * k + 1], drafted[k])};
+  }
+  row(slots);
+  return {slots, row_sample(probs.data(), n, u[2 * slots], -1)};
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_rows", &argmax_rows, "logits (R, V) bf16/fp32 -> R ids, each row's first largest value");
-  m.def("sample_logits", &sample_logits, "logits (1, V) bf16/fp32, inv_temperature, uniform (1,) f64 -> one id of the softmax");
+  m.def("verify_copy", &verify_copy, "logits (K + 1, V), K drafted ids, inv_temperature, uniforms (2K + 1,) f64 -> "
+        "(kept, next id): rejection sampling of a deterministic draft");
   m.def("softmax_rows", &softmax_rows, "softmax(logits * inv_temperature) of each row (R, V) -> (R, V) fp32");
   m.def("sample_rows", &sample_rows, "probs (R, V) fp32, uniforms (R,) f64, excluded: R ids (-1: none) or [] -> (R,) int64");
 }
