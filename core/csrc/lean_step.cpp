@@ -608,7 +608,7 @@ std::vector<at::Tensor> layers(const at::Tensor& x, const at::Tensor& cos, const
 }
 
 // A list of tensors handed over once and kept on the C++ side (a model's weights, a cache's keys or values): pybind's
-// conversion of a Python list of a model's 420 tensors at every call cost ~0.19 ms, ~0.35 ms after a forward.
+// conversion of the step's Python lists of 420 tensors at every call cost ~18 us, ~160 us after a forward.
 struct Tensors {
   explicit Tensors(std::vector<at::Tensor> items) : items(std::move(items)) {}
   std::vector<at::Tensor> items;
