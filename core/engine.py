@@ -29,10 +29,8 @@ from core.sampling import (
     SamplingConfig,
     Verdict,
     greedy_tokens,
-    target_probs,
-    verify_deterministic,
     verify_greedy,
-    verify_sampled_rows,
+    verify_logits,
 )
 from core.target import Target
 from core.tree import Trie, build_trie, followed_branch, greedy_path
@@ -155,10 +153,7 @@ def _verify(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, genera
     native call for a deterministic draft (copied tokens, or none: a plain step)."""
     if sampling.greedy:
         return verify_greedy(draft.ids, logits)
-    if draft.q_draft is None:  # a copied draft, or a plain step
-        return verify_deterministic(draft.ids, logits, sampling, generator)
-    p_row = lambda slot: target_probs(logits[slot], sampling)  # noqa: E731 - (V,), once the sampling reaches the slot
-    return verify_sampled_rows(draft.ids, p_row, draft.q_draft, generator)
+    return verify_logits(draft.ids, logits, draft.q_draft, sampling, generator)
 
 
 def branches_of(draft: Draft) -> list[list[int]]:

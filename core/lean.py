@@ -531,7 +531,7 @@ class LeanForward:
             cache.handles = (self.native.Tensors(cache.keys), self.native.Tensors(cache.values))
         logits, features = self.native.step(
             ids, self.base.embed_tokens.weight, cos, sin, at, self._no_mask if block_visible is None else
-            block_visible.contiguous(), past, self._weights_handle, *cache.handles, self.n_heads,
+            block_visible, past, self._weights_handle, *cache.handles, self.n_heads,
             self.kv_heads, self.base.layers[0].input_layernorm.variance_epsilon, list(layers), self._final_norm,
             self.lm_head.blocks, self.lm_head.out_features, self._head_bias, keep)
         cache.length = past + fed

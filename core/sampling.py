@@ -192,17 +192,18 @@ def verify_sampled(
     return verify_sampled_rows(draft_tokens, p_target.__getitem__, q_draft, generator)
 
 
-def verify_deterministic(draft_tokens: list[int], logits: torch.Tensor, sampling: SamplingConfig,
-                         generator: torch.Generator | None = None) -> Verdict:
-    """T > 0 rejection sampling of a deterministic draft (q_draft None: a copied draft, or none for a plain step)
-    against the target's logits (K+1, V): verify_sampled_rows with p from target_probs, in one native call where only
-    the temperature shapes p (core/csrc/sampling.cpp's verify_copy). After a forward each torch op costs ~50 us
-    instead of ~5 (its code and data come back from memory), and the op-by-op path makes ~9 a slot. Its 2K + 1
-    uniforms are drawn at once (slot k's test, slot k's redraw, the bonus token's), so a plain step (K = 0) draws
-    the one uniform sample() draws."""
+def verify_logits(draft_tokens: list[int], logits: torch.Tensor, q_draft: torch.Tensor | None,
+                  sampling: SamplingConfig, generator: torch.Generator | None = None) -> Verdict:
+    """T > 0 rejection sampling against the target's logits (K+1, V): verify_sampled_rows with p from target_probs,
+    each row's only once the sampling reaches its slot. A deterministic draft (q_draft None: a copied draft, or none
+    for a plain step) goes in one native call where only the temperature shapes p (core/csrc/sampling.cpp's
+    verify_copy): after a forward each torch op costs ~50 us instead of ~5 (its code and data come back from memory),
+    and the op-by-op path makes ~9 a slot. Its 2K + 1 uniforms are drawn at once (slot k's test, slot k's redraw, the
+    bonus token's), so a plain step (K = 0) draws the one uniform sample() draws."""
     module = _kernels_for(logits)
-    if module is None or sampling.top_p < 1.0 or (sampling.top_k and sampling.top_k < logits.shape[-1]):
-        return verify_sampled_rows(draft_tokens, lambda slot: target_probs(logits[slot], sampling), None, generator)
+    if (q_draft is not None or module is None or sampling.top_p < 1.0
+            or (sampling.top_k and sampling.top_k < logits.shape[-1])):
+        return verify_sampled_rows(draft_tokens, lambda slot: target_probs(logits[slot], sampling), q_draft, generator)
     u = torch.rand(2 * len(draft_tokens) + 1, generator=generator, device=logits.device, dtype=torch.float64)
     return Verdict(*module.verify_copy(logits, draft_tokens, 1.0 / sampling.temperature, u))
 

@@ -55,14 +55,14 @@ def test_native_sampling_draws_what_the_cumulative_sum_does_from_the_same_unifor
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_a_plain_step_at_t_above_0_draws_what_target_probs_then_sample_draw(module, dtype):
-    """verify_deterministic with no draft (a plain step, one native call) draws the token that the distribution and
+    """verify_logits with no draft (a plain step, one native call) draws the token that the distribution and
     the draw made apart do, from the same generator state, at every temperature; with top-p or top-k too."""
     gen = torch.Generator().manual_seed(6)
     logits = (torch.randn(1, 49152, generator=gen) * 3).to(dtype)  # (1, V)
     for config in (sampling.SamplingConfig(0.3), sampling.SamplingConfig(1.0), sampling.SamplingConfig(1.5),
                    sampling.SamplingConfig(0.7, top_p=0.9), sampling.SamplingConfig(0.7, top_k=5)):
         fused, apart = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
-        draws = [sampling.verify_deterministic([], logits, config, fused) for _ in range(200)]
+        draws = [sampling.verify_logits([], logits, None, config, fused) for _ in range(200)]
         assert all(verdict.n_accepted == 0 for verdict in draws)
         expected = [sampling.sample(sampling.target_probs(logits[0], config), apart) for _ in range(200)]
         assert [verdict.next_token for verdict in draws] == expected and len(set(expected)) > 1
