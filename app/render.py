@@ -67,6 +67,8 @@ COPY_MARKS = {  # round source -> (its mark in the panel, what the mark's title 
     "lookup": ("⧉ copied", "prompt lookup: copied from earlier in the conversation, no drafter call"),
     "phrasebook": ("⧉ phrasebook", "phrasebook: what the target&#39;s own replies most often continue these tokens "
                                    "with, no drafter call"),
+    "tail": ("⧉ block tail", "the rest of the network&#39;s last block, which foresaw the tokens kept since, "
+                             "no drafter call"),
 }
 
 
@@ -159,7 +161,8 @@ def render_stats(stats: AcceptanceStats, speed: ReplySpeed | None, drafter: str,
 
 
 SOURCE_WORDS = {"drafter": "drafted by the network", "lookup": "copied by prompt lookup",
-                "phrasebook": "copied from the phrasebook", "plain": "plain steps"}
+                "phrasebook": "copied from the phrasebook", "tail": "from the network's last block",
+                "plain": "plain steps"}
 
 
 def source_counts(sources: dict[str, int]) -> str:

@@ -10,7 +10,7 @@ anchor, and the anchor token itself (paper §3.1).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol
 
@@ -142,6 +142,38 @@ def lookup_plan(copied: list[int], matched: int, strong: int = LOOKUP_STRONG,
     return False, tuple(copied[:branch])
 
 
+@dataclass
+class BlockTail:
+    """What is left of the network's last block once a round has verified part of it: the network drafts a whole block
+    (16 slots) and the policy verifies the prefix that pays for its rows, so when the target kept that prefix and its
+    own next token is the block's next slot too, the slots after it are still the network's draft for the next
+    round, at no call. Follows the committed tokens only (and the drafter's own noise, which the target's sampling
+    never reads), so offering the tail is a policy choice: verification keeps the output exact at every temperature."""
+
+    ahead: list[int] = field(default_factory=list)  # the block from the anchor it expects next on
+    confidence: list[float] = field(default_factory=list)  # the network's per-slot confidence for ahead[1:]
+
+    def drafted(self, anchor: int, tokens: list[int], confidence: list[float]) -> None:
+        """The network's whole block after `anchor` (before the policy's cut), with its slots' confidence."""
+        self.ahead, self.confidence = [anchor, *tokens], list(confidence)
+
+    def extend(self, kept: list[int]) -> None:
+        """A round kept [anchor, accepted drafts...]: the tail goes on where they are the block's next tokens."""
+        n = len(kept)
+        if self.ahead[:n] == kept:
+            self.ahead, self.confidence = self.ahead[n:], self.confidence[n:]
+        else:
+            self.ahead, self.confidence = [], []
+
+    def copy(self, anchor: int, block_size: int) -> Copy | None:
+        """The tail after `anchor` when the block foresaw it, as a copy keyed by its first slot's confidence in fifths
+        (1..5: the policy measures each bucket's acceptance, core.policy.LookupRates); None otherwise."""
+        if len(self.ahead) < 2 or self.ahead[0] != anchor:
+            return None
+        first = self.confidence[0] if self.confidence else 0.0
+        return Copy(self.ahead[1 : 1 + block_size], 1 + min(4, int(5 * first)), "tail")
+
+
 class LookupHybrid:
     """A drafter with free sources beside its network: prompt lookup (the conversation) and, where the target has
     one, its phrasebook (core.phrasebook: what the target itself wrote after the same tokens in other replies);
@@ -156,6 +188,8 @@ class LookupHybrid:
     def __init__(self, main: Drafter, branch: int = LOOKUP_BRANCH, phrasebook: Phrasebook | None = None):
         self.main, self.branch, self.phrasebook = main, branch, phrasebook
         self.ngram = NgramDrafter()
+        self.tail = BlockTail()
+        self.use_tail = True
         self.name = f"{main.name}+lookup" + ("+phrasebook" if phrasebook is not None else "")
         self.feature_layers = main.feature_layers
         self.max_block_size = main.max_block_size
@@ -163,10 +197,12 @@ class LookupHybrid:
     def reset(self) -> None:
         self.main.reset()
         self.ngram.reset()
+        self.tail = BlockTail()
 
     def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
         self.main.extend(token_ids, features)
         self.ngram.extend(token_ids, None)
+        self.tail.extend(token_ids)
 
     def propose_lookup(self, anchor: int, block_size: int) -> Copy | None:
         """What followed the latest earlier occurrence of the conversation's longest matching suffix (up to
@@ -189,11 +225,14 @@ class LookupHybrid:
 
     def propose_lookups(self, anchor: int, block_size: int) -> tuple[Copy, ...]:
         """Every free source's copy for this round (the conversation's first), those that found something."""
-        copies = (self.propose_lookup(anchor, block_size), self.propose_phrase(anchor, block_size))
+        copies = (self.propose_lookup(anchor, block_size), self.propose_phrase(anchor, block_size),
+                  self.tail.copy(anchor, block_size) if self.use_tail else None)
         return tuple(copy for copy in copies if copy is not None)
 
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         draft = self.main.propose(anchor, block_size, sampling, generator)
+        confidence = [] if draft.confidence is None else draft.confidence.tolist()
+        self.tail.drafted(anchor, draft.ids, confidence)
         copied = self.ngram.lookup(anchor, block_size)[0] or self.phrase(anchor, block_size)[0]
         branch = tuple(copied[: self.branch])
         if not sampling.greedy or not branch or draft.tokens.tolist()[: len(branch)] == list(branch):

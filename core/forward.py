@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from core.lean import StaticCache
-from core.tree import Trie, ancestor_mask, is_chain, tree_inputs, tree_positions
+from core.tree import Trie, ancestor_mask, is_chain, position_list, tree_inputs
 
 
 def target_forward(target, ids: list[int], cache: DynamicCache | StaticCache, layers: tuple[int, ...],
@@ -44,7 +44,7 @@ def _lean_forward(target, ids: list[int], cache: StaticCache, layers: tuple[int,
     if trie is None or is_chain(trie):
         return target.lean(ids, cache, layers, keep)
     return target.lean(ids, cache, layers, keep, block_visible=ancestor_mask(trie).to(target.device),
-                       positions=tree_positions(trie, cache.length, target.device))
+                       positions=position_list(trie, cache.length))
 
 
 def keep_positions(cache: DynamicCache | StaticCache, fed: int, kept: list[int]) -> None:

@@ -141,6 +141,8 @@ class StaticCache:
     length: int = 0
     # the keys' and values' lists as the native step holds them (LeanForward.native_step; made on first use)
     handles: tuple | None = field(default=None, repr=False, compare=False)
+    # the native module's keep_rows, where the native step made the handles (keep gathers a tree path with it)
+    move_rows: object = field(default=None, repr=False, compare=False)
 
     @classmethod
     def empty(cls, n_layers: int, kv_heads: int, capacity: int, head_dim: int, dtype, device,
@@ -177,7 +179,9 @@ class StaticCache:
         fed): a prefix only moves the index back; a tree path is first gathered into place. Positions past the
         new length are overwritten by the next forward and never attended before that."""
         past = self.length - fed
-        if kept != list(range(len(kept))):
+        if kept != list(range(len(kept))) and self.move_rows is not None:
+            self.move_rows(*self.handles, past, kept)
+        elif kept != list(range(len(kept))):
             src = torch.tensor(kept, device=self.keys[0].device) + past  # (N_kept,)
             span = slice(past, past + len(kept))
             for keys, values in zip(self.keys, self.values):  # (G, S, D)
@@ -491,7 +495,7 @@ class LeanForward:
         return x, states
 
     def __call__(self, ids: torch.Tensor | list[int], cache: StaticCache, layers: tuple[int, ...] = (), keep: int = 0,
-                 block_visible: torch.Tensor | None = None, positions: torch.Tensor | None = None):
+                 block_visible: torch.Tensor | None = None, positions: torch.Tensor | list[int] | None = None):
         """Feed ids (T,) after the cache's valid positions and advance it by T; return logits (T or keep, V) and
         the hidden states at `layers` (T, F) or None (index 0 = embeddings, i = after decoder layer i, the last
         one normalised as in transformers). block_visible (T, T) bool (which fed positions each fed row sees:
@@ -503,6 +507,7 @@ class LeanForward:
         fed, past = ids.shape[0], cache.length
         if positions is None:
             positions = torch.arange(past, past + fed, device=ids.device)  # (T,)
+        positions = torch.as_tensor(positions, device=ids.device)  # (T,): a tree's positions may come as ints
         if block_visible is None:
             block_visible = torch.ones(fed, fed, dtype=torch.bool, device=ids.device).tril()  # (T, T)
         embedded = self.base.embed_tokens(ids)  # (T, E)
@@ -519,16 +524,18 @@ class LeanForward:
         return self.head(x, embedded, inner, layers, keep, normed=(native or chunked) and self._final_norm.numel() > 0)
 
     def native_step(self, ids: list[int], cache: StaticCache, layers: tuple[int, ...], keep: int,
-                    block_visible: torch.Tensor | None, positions: torch.Tensor | None):
+                    block_visible: torch.Tensor | None, positions: torch.Tensor | list[int] | None):
         """__call__ for at most PREFILL_ROWS ids in one native call (lean_step.cpp's `step`): embedding, rotary rows,
         causal visibility, the layers, final norm, LM head and features. After a forward has streamed the weights
         through the caches, each small torch op dispatched from Python cost 50-120 us instead of ~5 (AVX2 EPYC,
         2026-12-03), and a plain step made ten of them around its layers; the values are the same either way."""
         past, fed = cache.length, len(ids)
-        at = [] if positions is None else positions.tolist()  # (T,) a tree's positions; [] for past, past + 1, ...
+        at = [] if positions is None else list(positions) if isinstance(positions, list) else positions.tolist()
+        # at (T,): a tree's positions as ints; [] for past, past + 1, ...
         cos, sin = self.rope_rows(max(at, default=past + fed - 1) + 1)  # (S, D) fp32 each
         if cache.handles is None:
             cache.handles = (self.native.Tensors(cache.keys), self.native.Tensors(cache.values))
+            cache.move_rows = self.native.keep_rows
         logits, features = self.native.step(
             ids, self.base.embed_tokens.weight, cos, sin, at, self._no_mask if block_visible is None else
             block_visible, past, self._weights_handle, *cache.handles, self.n_heads,

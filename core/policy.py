@@ -25,7 +25,7 @@ from core.drafting import LOOKUP_STRONG, Copy, Draft, Drafter, lookup_plan
 from core.sampling import SamplingConfig
 
 EMPTY = Draft(torch.empty(0, dtype=torch.long), None)
-COPIED = ("lookup", "phrasebook")  # the free sources' round names (Draft.lookup_source)
+COPIED = ("lookup", "phrasebook", "tail")  # the free sources' round names (Draft.lookup_source)
 
 
 @dataclass

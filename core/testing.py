@@ -67,35 +67,46 @@ def make_target(model, eos: tuple[int, ...] = (), template: str = CHAT_TEMPLATE,
 
 def exact_joint_23(target: Target, prompt: list[int]) -> torch.Tensor:
     """Exact target probability (T=1) of output tokens 2 and 3, marginal over token 1. (V*V,)"""
+    return exact_joint_last_two(target, prompt, 3)
+
+
+def exact_joint_last_two(target: Target, prompt: list[int], tokens: int) -> torch.Tensor:
+    """Exact target probability (T=1) of output tokens `tokens` - 1 and `tokens` (counted from 1), marginal over the
+    ones before them: every prefix of tokens - 2 outputs enumerated (V^(tokens-2) of them). (V*V,)"""
     model, v = target.model, target.vocab_size
 
     def next_probs(ids):
         return torch.softmax(model(torch.tensor([ids])).logits[0, -1].double(), -1)
 
     with torch.no_grad():
-        p1 = next_probs(prompt)
+        prefixes = {(): 1.0}  # output prefix -> its probability
+        for _ in range(tokens - 2):
+            prefixes = {prefix + (y,): weight * float(p) for prefix, weight in prefixes.items()
+                        for y, p in enumerate(next_probs(prompt + list(prefix)))}
         joint = torch.zeros(v, v, dtype=torch.float64)
-        for y1 in range(v):
-            p2 = next_probs(prompt + [y1])
-            for y2 in range(v):
-                joint[y2] += p1[y1] * p2[y2] * next_probs(prompt + [y1, y2])
+        for prefix, weight in prefixes.items():
+            first = next_probs(prompt + list(prefix))
+            for y in range(v):
+                joint[y] += weight * first[y] * next_probs(prompt + [*prefix, y])
     return joint.flatten()
 
 
 def assert_sampled_distribution_exact(target: Target, drafter, prompt=(4, 3), n: int = 1500,
-                                      verify_cost: tuple[float, ...] = ()) -> None:
-    """Chi-square: tokens 2-3 come from a drafted, verified round; they must follow the target."""
+                                      verify_cost: tuple[float, ...] = (), tokens: int = 3,
+                                      block_size: int = 2) -> None:
+    """Chi-square: the last two of `tokens` output tokens (2-3 by default) come from drafted, verified rounds (blocks of
+    up to `block_size`); they must follow the target."""
     from scipy.stats import chisquare
 
     v = target.vocab_size
-    exact = exact_joint_23(target, list(prompt)).numpy()
+    exact = exact_joint_last_two(target, list(prompt), tokens).numpy()
     assert exact.max() < 0.5, "the tiny target must not be near-deterministic"
     counts = np.zeros(v * v)
     for seed in range(n):
-        gen = GenerationConfig(max_new_tokens=3, block_size=2, sampling=SamplingConfig(1.0), seed=seed,
+        gen = GenerationConfig(max_new_tokens=tokens, block_size=block_size, sampling=SamplingConfig(1.0), seed=seed,
                                verify_cost=verify_cost)
         out, _ = generate_all(target, list(prompt), gen, drafter)
-        counts[out[1] * v + out[2]] += 1
+        counts[out[tokens - 2] * v + out[tokens - 1]] += 1
     keep = exact * n >= 5
     expected = exact[keep] * n
     observed = counts[keep]

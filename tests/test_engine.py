@@ -485,3 +485,72 @@ def test_drafting_with_the_phrasebook_equals_plain_decoding_and_keeps_the_t1_dis
     assert_sampled_distribution_exact(target, LookupHybrid(SkewedSampler([0.9, 0.025, 0.025, 0.025, 0.025]),
                                                            phrasebook=book),
                                       prompt=(4, 3, 2, 4, 3), verify_cost=curve)
+
+
+class ConfidentOracle(NoisyOracle):
+    """NoisyOracle whose drafts carry a per-slot confidence, so the policy cuts them short of the block."""
+
+    def propose(self, anchor, block_size, sampling, generator):
+        draft = super().propose(anchor, block_size, sampling, generator)
+        return Draft(draft.tokens, None, torch.full((len(draft.tokens),), 0.6))
+
+
+class ConfidentSampler(SkewedSampler):
+    """SkewedSampler with a per-slot confidence (its q's largest probability), so sampled drafts are cut too."""
+
+    def propose(self, anchor, block_size, sampling, generator):
+        draft = super().propose(anchor, block_size, sampling, generator)
+        return Draft(draft.tokens, draft.q_draft, draft.q_draft.max(-1).values)
+
+
+def test_the_block_tail_follows_the_committed_tokens():
+    from core.drafting import BlockTail, Copy
+
+    tail = BlockTail()
+    assert tail.copy(4, 16) is None  # nothing drafted yet
+    tail.drafted(4, [5, 6, 7, 8], [0.9, 0.8, 0.3, 0.1])
+    tail.extend([4, 5])  # the round kept the block's first slot; the target's own next token is still to come
+    assert tail.copy(9, 16) is None  # the target went elsewhere: the block did not foresee it
+    assert tail.copy(6, 16) == Copy([7, 8], 2, "tail")  # it did: the rest, keyed by slot 3's confidence (0.3 -> 2)
+    assert tail.copy(6, 1) == Copy([7], 2, "tail")
+    tail.extend([6])  # a plain round: the anchor alone was kept
+    assert tail.copy(7, 16) == Copy([8], 1, "tail")
+    tail.extend([7, 8])  # the block is used up
+    assert tail.ahead == [] and tail.copy(8, 16) is None
+    tail.drafted(4, [5, 6], [0.9, 0.9])
+    tail.extend([4, 9])  # the round kept a token the block did not draft (another branch of the trie)
+    assert tail.ahead == [] and tail.copy(5, 16) is None
+
+
+def test_the_tail_of_a_cut_block_is_verified_free_and_the_output_stays_exact(tiny_target, monkeypatch):
+    from core.drafting import Copy, LookupHybrid
+
+    prompt = [5, 6, 7, 8, 9, 10]
+    plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=40))
+    curve = (1.0, 1.1, 1.6, 2.4, 3.0, 3.6, 4.2)  # steep: the 0.6-confident blocks are cut to a slot or two
+    sources = {}
+    for use_tail in (True, False):
+        oracle = ConfidentOracle(plain, corrupt=0.1, vocab=64, seed=1)
+        oracle.prompt_len = len(prompt)
+        hybrid = LookupHybrid(oracle, branch=0)
+        hybrid.use_tail = use_tail
+        gen = GenerationConfig(max_new_tokens=40, block_size=8, verify_cost=curve, max_skip=0)
+        out, events = generate_all(tiny_target, prompt, gen, hybrid)
+        assert out == plain
+        sources[use_tail] = [ev.source for ev in events[1:]]
+    assert "tail" in sources[True] and "tail" not in sources[False]
+    assert sources[True].count("drafter") < sources[False].count("drafter")  # each tail round saved a network call
+    verified = []  # the tail copies the policy took as a round's draft
+    draft = Copy.draft
+
+    def counted(self, n):
+        verified.append(self.source == "tail")
+        return draft(self, n)
+
+    monkeypatch.setattr(Copy, "draft", counted)
+    target = make_target(tiny_llama(vocab_size=5, layers=1, seed=3, scale=8.0))
+    hybrid = LookupHybrid(ConfidentSampler([0.1, 0.15, 0.3, 0.15, 0.3]), branch=0)  # q near the target's p here
+    # a second slot costs more than it brings at the prior's acceptance: blocks are cut to one slot, the rest is tail
+    assert_sampled_distribution_exact(target, hybrid, prompt=(4, 3, 2, 4, 3), verify_cost=(1.0, 1.05, 1.6, 2.4, 3.0),
+                                      tokens=6, block_size=4, n=1200)
+    assert sum(verified) > 20  # tail rounds at T = 1 among the runs the test counted

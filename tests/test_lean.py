@@ -14,7 +14,7 @@ from core.lean import KEY_BLOCK, PREFILL_ROWS, LeanForward, StaticCache, ancesto
 from core.target import NATIVE_BF16_CPU_FLAGS, TargetConfig, cpu_quant, pick_dtype
 from core.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
 from core.threads import cpu_flags
-from core.tree import ancestor_mask, build_trie, tree_positions
+from core.tree import ancestor_mask, build_trie, position_list, tree_positions
 from tests.test_engine import NoisyOracle
 
 NATIVE_BF16 = bool(NATIVE_BF16_CPU_FLAGS & cpu_flags())
@@ -245,6 +245,36 @@ def test_the_one_call_step_computes_what_the_step_with_its_tensors_made_in_pytho
                 assert not layers or torch.equal(as_list[1], as_tensor[1])
     for by_tensor, by_list in zip(caches[0].keys + caches[0].values, caches[1].keys + caches[1].values):
         assert torch.equal(by_tensor, by_list)
+
+
+def test_a_tree_round_s_kept_path_moves_into_place_natively_as_the_python_gather_moves_it():
+    """StaticCache.keep after a tree forward through the one-call step: the native keep_rows leaves every layer's keys
+    and values exactly as the indexed copies in Python leave them, for a path through the second branch (kept
+    [0, 2, 4]), and moves nothing for a prefix; tree positions given as ints feed the same forward as a tensor of
+    them."""
+    target = lean_target(tiny_llama(vocab_size=64, layers=2), "q4-native", torch.bfloat16)
+    trie = build_trie([[7, 8], [9, 10, 11]], budget=8)  # nodes 7, 9, 8, 10, 11: the path 9 -> 10 sits at 2, 4
+    caches = [target.lean.new_cache(128) for _ in range(2)]
+    with torch.no_grad():
+        for cache in caches:
+            target.lean(torch.tensor(probe_prompt(64, 30)), cache)
+            target.lean([5], cache)  # a one-call step: the cache now has its native handles
+        assert caches[0].move_rows is not None
+        caches[1].move_rows = None  # the Python gather
+        past = caches[0].length
+        block = [12, *trie.tokens]
+        as_ints = target.lean(block, caches[0], (), 0, ancestor_mask(trie), position_list(trie, past))
+        as_tensor = target.lean(block, caches[1], (), 0, ancestor_mask(trie), tree_positions(trie, past, "cpu"))
+        assert torch.equal(as_ints[0], as_tensor[0])
+        for cache in caches:
+            cache.keep(len(block), [0, 2, 4])
+    assert caches[0].length == caches[1].length == past + 3
+    for native_kept, python_kept in zip(caches[0].keys + caches[0].values, caches[1].keys + caches[1].values):
+        assert torch.equal(native_kept, python_kept)
+    before = [t.clone() for t in caches[0].keys]
+    caches[0].length += 2
+    caches[0].keep(2, [0])  # a prefix: only the length moves
+    assert caches[0].length == past + 4 and all(torch.equal(a, b) for a, b in zip(before, caches[0].keys))
 
 
 @pytest.mark.parametrize("name,model", models())

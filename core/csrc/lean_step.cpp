@@ -678,6 +678,26 @@ std::vector<at::Tensor> step(const std::vector<int64_t>& ids, const at::Tensor& 
   return {q8_mm(rows, head_blocks, vocab, head_bias), states.empty() ? at::Tensor() : at::cat(states, 1)};
 }
 
+// After a tree round: position past + kept[i] moves to past + i in every layer's keys and values (G, S, D), each
+// row copied as it is. kept is increasing from 0 (the anchor), so kept[i] >= i and no row is overwritten before it
+// moves. In Python this was two indexed copies a layer, ~1.4 ms a tree round after its forward (AVX2 EPYC).
+void keep_rows(const Tensors& keys, const Tensors& values, int64_t past, const std::vector<int64_t>& kept) {
+  for (size_t i = 0; i < kept.size(); ++i)
+    TORCH_CHECK(kept[i] >= static_cast<int64_t>(i) && (i == 0 || kept[i] > kept[i - 1]), "kept must be increasing");
+  for (const Tensors* list : {&keys, &values})
+    for (const at::Tensor& t : list->items) {
+      TORCH_CHECK(t.dim() == 3 && t.is_contiguous(), "cache tensors must be contiguous (G, S, D)");
+      TORCH_CHECK(kept.empty() || past + kept.back() < t.size(1), "kept position beyond the cache");
+      const int64_t groups = t.size(0), capacity = t.size(1), bytes = t.size(2) * t.element_size();
+      char* base = static_cast<char*>(t.data_ptr());
+      for (int64_t g = 0; g < groups; ++g)
+        for (size_t i = 0; i < kept.size(); ++i)
+          if (kept[i] != static_cast<int64_t>(i))
+            std::memcpy(base + (g * capacity + past + static_cast<int64_t>(i)) * bytes,
+                        base + (g * capacity + past + kept[i]) * bytes, bytes);
+    }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -687,6 +707,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "final norm where its weight is given");
   m.def("step", &step, "one forward of at most a verify round's positions from token ids to logits: embedding, "
         "rotary rows, the layers, the final norm and the 8-bit LM head, with the features at the given layers");
+  m.def("keep_rows", &keep_rows, "move a tree round's kept positions into place in every layer's keys and values");
   m.def("q4_mm", &q4_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 4-bit codes -> (N, O) bf16");
   m.def("q8_mm", &q8_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 8-bit codes -> (N, O) bf16");
   m.attr("SLOTS") = SLOTS;
