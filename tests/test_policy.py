@@ -114,6 +114,23 @@ def test_measured_pays_backs_off_while_drafting_rounds_commit_fewer_tokens_a_sec
         never.observe(False, 1, 1.0)
 
 
+def test_the_copied_rounds_verdict_outlasts_a_short_slow_patch_that_the_network_s_backs_off_from():
+    """PolicyState's copied rounds are judged over a longer window than the network's: 48 rounds that paid (2 tokens in
+    1.5 s against plain steps' 1 in 1 s) then 16 that did not (1 token in 1.2 s) still pay over the last 64, where
+    the last 16 alone read slower than plain steps."""
+    from core.policy import PolicyState
+
+    state = PolicyState()
+    for measured in (state.lookup, state.drafter):
+        measured.max_skip = 32  # as DraftPolicy.for_run sets it for the app's replies
+        for tokens, seconds in [(2, 1.5)] * 48 + [(1, 1.2)] * 16:
+            measured.observe(True, tokens, seconds)
+            measured.observe(False, 1, 1.0)
+    assert state.lookup.window > state.drafter.window
+    assert state.lookup.losses == 0 and state.lookup.draft_now()
+    assert state.drafter.losses > 0 and not state.drafter.draft_now()
+
+
 def test_a_drafter_far_slower_than_plain_steps_is_retried_within_the_time_budget():
     def gaps_between_tries(policy, rounds=1500):
         kinds = []
