@@ -176,8 +176,9 @@ class BlockTail:
 
 class LookupHybrid:
     """A drafter with free sources beside its network: prompt lookup (the conversation) and, where the target has
-    one, its phrasebook (core.phrasebook: what the target itself wrote after the same tokens in other replies);
-    neither costs a network call (App. D's trie with more sources). `propose_lookups` offers their copied
+    one, its phrasebook (core.phrasebook: what the target itself wrote after the same tokens in other replies), and
+    the rest of the network's last block where the target kept its prefix (BlockTail); none costs a network call
+    (App. D's trie with more sources). `propose_lookups` offers their copied
     continuations; the engine's policy takes the one that pays most in a round where one pays (core.policy: measured
     acceptance per source and match length, cut under the verify cost, a measured verdict against plain steps). Where
     the policy calls the network instead, at T = 0 the first `branch` copied tokens (the conversation's, else the
@@ -189,7 +190,7 @@ class LookupHybrid:
         self.main, self.branch, self.phrasebook = main, branch, phrasebook
         self.ngram = NgramDrafter()
         self.tail = BlockTail()
-        self.use_tail = True
+        self.use_tail = True  # False: no tail copies (the comparisons that measure what they bring)
         self.name = f"{main.name}+lookup" + ("+phrasebook" if phrasebook is not None else "")
         self.feature_layers = main.feature_layers
         self.max_block_size = main.max_block_size
@@ -224,7 +225,8 @@ class LookupHybrid:
         return Copy(copied, matched, "phrasebook") if copied else None
 
     def propose_lookups(self, anchor: int, block_size: int) -> tuple[Copy, ...]:
-        """Every free source's copy for this round (the conversation's first), those that found something."""
+        """Every free source's copy for this round (the conversation's first, then the phrasebook's and the network's
+        block tail), those that found something."""
         copies = (self.propose_lookup(anchor, block_size), self.propose_phrase(anchor, block_size),
                   self.tail.copy(anchor, block_size) if self.use_tail else None)
         return tuple(copy for copy in copies if copy is not None)
