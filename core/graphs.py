@@ -101,7 +101,7 @@ class GraphedSteps:
         return self.cache
 
     def __call__(self, ids: torch.Tensor | list[int], cache: StaticCache, layers: tuple[int, ...] = (), keep: int = 0,
-                 block_visible: torch.Tensor | None = None, positions: torch.Tensor | None = None):
+                 block_visible: torch.Tensor | None = None, positions: torch.Tensor | list[int] | None = None):
         ids = torch.as_tensor(ids, dtype=torch.long)  # (T,) from a list too
         fed, past = ids.shape[0], cache.length
         if cache is not self.cache or fed > PREFILL_ROWS:  # a prefill, or a cache of someone else's
@@ -111,7 +111,7 @@ class GraphedSteps:
         step = self._step(fed, tuple(layers), keep)
         slots = torch.arange(past, past + fed)  # (T,) the cache rows written, and a chain's rotary positions
         step.ids.copy_(ids)
-        step.positions.copy_(slots if positions is None else positions)
+        step.positions.copy_(slots if positions is None else torch.as_tensor(positions))  # a tree's may come as ints
         step.slots.copy_(slots)
         step.past.fill_(past)
         if block_visible is None:
