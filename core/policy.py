@@ -240,10 +240,10 @@ class PolicyState:
     the network's rounds and the copied rounds (prompt lookup, phrasebook, block tail) each against plain steps, the
     copied drafts' acceptance and, at T > 0, the network's acceptance per slot. The copied rounds' verdict reads the
     last 64 rounds of each kind: a copied round commits ~1.3-2 tokens for 1.1-1.4 plain rounds, a margin that 16
-    rounds' timings on a busy machine often reversed, skipping copies that paid (replies alternated in one process, 24
-    prompts each, AVX2 EPYC, 2026-12-03: 64 rounds against 16, chat +3.3% +- 2.4% at T = 0 and +1.7% +- 1.3% at
-    T = 1, math +3.5% +- 1.4% at T = 0; never skipping them lost on math, -0.8% +- 1.1%). The network's rounds cost
-    2-3 plain rounds and are rare, so its verdict keeps 16."""
+    rounds' timings on a busy machine often reversed, skipping copies that paid (scripts.copies_window_ab, 24 prompts,
+    AVX2 EPYC, 2026-12-03: 64 rounds against 16, chat +1.7% +- 1.6% and math +1.1% +- 1.9% at T = 0, and in earlier
+    runs chat +3.3% / +1.7% at T = 0 / 1, math +3.5%; never skipping copies lost on math, -1.0% +- 2.1%). The
+    network's rounds cost 2-3 plain rounds and are rare, so its verdict keeps 16."""
 
     drafter: MeasuredPays = field(default_factory=MeasuredPays)
     lookup: MeasuredPays = field(default_factory=lambda: MeasuredPays(window=COPIED_WINDOW))

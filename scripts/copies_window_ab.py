@@ -1,0 +1,109 @@
+"""How many rounds the copied rounds' verdict reads (core.policy.PolicyState.lookup), side by side in one process: the
+app's default with the verdict over the last 64 rounds of each kind (the default since 0.34.0), over 16 (before), and
+never skipping copies, each prompt's plain reply and the three drafted ones in rotated order, every arm carrying its
+own PolicyState from prompt to prompt as the app does from reply to reply.
+
+python -m scripts.copies_window_ab --prompts eval_chat --limit 24 [--temperature 1] --quant q4 \
+    --out docs/results/engine/copies-window-ab-chat-t0-DATE.json
+
+Each arm's figure is the mean over prompts of its tokens a second over the plain reply's, with the standard error,
+and each arm against the 16-round verdict, paired by prompt. At T = 0 every reply is checked against plain decoding.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from app import bench
+from core.engine import GenerationConfig, generate
+from core.policy import COPIED_WINDOW, MeasuredPays, PolicyState
+from core.target import load_target
+from core.verify_cost import cost_curves
+from drafter.spec import app_default
+
+
+class NeverSkip(MeasuredPays):
+    """A verdict that never skips: the copies are verified wherever the per-round cut keeps them."""
+
+    def draft_now(self) -> bool:
+        return True
+
+
+ARMS = {  # label -> the copied rounds' verdict
+    f"window {COPIED_WINDOW}": lambda: MeasuredPays(window=COPIED_WINDOW),
+    "window 16": lambda: MeasuredPays(window=16),
+    "never skip": NeverSkip,
+}
+BASE = "window 16"
+
+
+def mean_se(values: list[float]) -> dict:
+    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+    return {"mean": statistics.mean(values), "se": se}
+
+
+def summary(rows: list[dict]) -> dict:
+    """rows: per prompt, tokens a second by arm and "plain" -> each arm over plain, and each arm over BASE, paired."""
+    arms = [arm for arm in rows[0] if arm != "plain"]
+    out = {f"{arm} / plain": mean_se([row[arm] / row["plain"] for row in rows]) for arm in arms}
+    out.update({f"{arm} / {BASE}": mean_se([row[arm] / row[BASE] for row in rows]) for arm in arms if arm != BASE})
+    return out
+
+
+def reply(target, ids: list[int], gen: GenerationConfig, drafter, state: PolicyState | None) -> tuple[list[int], float,
+                                                                                                      dict]:
+    """(tokens, tokens a second, rounds by source) of one reply."""
+    start = time.perf_counter()
+    events = list(generate(target, ids, gen, drafter, measured=state))
+    seconds = time.perf_counter() - start
+    tokens = [token for event in events for token in event.committed]
+    sources: dict[str, int] = {}
+    for event in events[1:]:
+        sources[event.source] = sources.get(event.source, 0) + 1
+    return tokens, len(tokens) / seconds, sources
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_run_args(parser)
+    args = parser.parse_args(argv)
+    fields = bench.run_fields(args)
+    torch.set_num_threads(2)
+    target = load_target(fields["target"])
+    bench.warm_up(target)
+    curves = cost_curves(target)
+    runner = bench.make_runner(app_default(), target).with_draft_cost(target)
+    states = {arm: PolicyState(lookup=make()) for arm, make in ARMS.items()}
+    sampling, budget = fields["sampling"], fields["max_new_tokens"]
+    rows, sources = [], {arm: {} for arm in ARMS}
+    order = ["plain", *ARMS]
+    prompts = [prompt for path in fields["prompts"] for prompt in bench.read_prompts(path, fields["limit"])]
+    for i, prompt in enumerate(prompts):
+        ids = target.chat_ids([{"role": "user", "content": prompt}])
+        gen = runner.generation(GenerationConfig(budget, sampling=sampling, seed=fields["seed"] + i),
+                                curves.for_reply(len(ids), budget))
+        row, outputs = {}, {}
+        for arm in order[i % len(order):] + order[: i % len(order)]:
+            drafter = None if arm == "plain" else runner.drafter
+            outputs[arm], row[arm], counted = reply(target, ids, gen, drafter, states.get(arm))
+            for source, n in counted.items():
+                if arm != "plain":
+                    sources[arm][source] = sources[arm].get(source, 0) + n
+        if sampling.greedy and any(out != outputs["plain"] for out in outputs.values()):
+            raise SystemExit(f"prompt {i}: a drafted reply differs from plain decoding at T = 0")
+        rows.append(row)
+        print(i, {arm: round(row[arm] / row["plain"], 3) for arm in ARMS}, flush=True)
+    result = {"prompts": list(fields["prompts"]), "limit": fields["limit"], "temperature": sampling.temperature,
+              "max_new_tokens": budget, "summary": summary(rows), "rounds_by_source": sources, "per_prompt": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+import pytest
+
+from scripts.copies_window_ab import ARMS, BASE, NeverSkip, summary
+
+
+def test_summary_gives_each_arm_over_plain_and_over_the_16_round_verdict_paired_by_prompt():
+    rows = [{"plain": 100.0, "window 64": 110.0, "window 16": 100.0, "never skip": 120.0},
+            {"plain": 50.0, "window 64": 66.0, "window 16": 60.0, "never skip": 45.0}]
+    out = summary(rows)
+    assert out["window 64 / plain"]["mean"] == pytest.approx((1.1 + 1.32) / 2)
+    assert out["window 64 / window 16"]["mean"] == pytest.approx(1.1) and out["window 64 / window 16"]["se"] < 1e-9
+    assert out["never skip / window 16"]["mean"] == pytest.approx((1.2 + 0.75) / 2)
+    assert f"{BASE} / {BASE}" not in out and set(ARMS) == {"window 64", "window 16", "never skip"}
+
+
+def test_the_never_skip_arm_keeps_drafting_where_the_verdict_would_back_off():
+    never, measured = NeverSkip(max_skip=32, window=4, min_rounds=2), ARMS[BASE]()
+    measured.max_skip = 32
+    for policy in (never, measured):
+        for _ in range(8):  # copied rounds at half the plain rate
+            policy.observe(True, 1, 2.0)
+            policy.observe(False, 1, 1.0)
+    assert never.draft_now() and not measured.draft_now()
