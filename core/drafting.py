@@ -237,6 +237,6 @@ class LookupHybrid:
         self.tail.drafted(anchor, draft.ids, confidence)
         copied = self.ngram.lookup(anchor, block_size)[0] or self.phrase(anchor, block_size)[0]
         branch = tuple(copied[: self.branch])
-        if not sampling.greedy or not branch or draft.tokens.tolist()[: len(branch)] == list(branch):
+        if not sampling.greedy or not branch or draft.ids[: len(branch)] == list(branch):
             return draft
         return Draft(draft.tokens, draft.q_draft, draft.confidence, (*draft.alternatives, branch))

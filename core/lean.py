@@ -179,9 +179,11 @@ class StaticCache:
         fed): a prefix only moves the index back; a tree path is first gathered into place. Positions past the
         new length are overwritten by the next forward and never attended before that."""
         past = self.length - fed
-        if kept != list(range(len(kept))) and self.move_rows is not None:
+        if kept == list(range(len(kept))):  # a prefix: nothing moves
+            pass
+        elif self.move_rows is not None:  # the native step's handles: one native call
             self.move_rows(*self.handles, past, kept)
-        elif kept != list(range(len(kept))):
+        else:
             src = torch.tensor(kept, device=self.keys[0].device) + past  # (N_kept,)
             span = slice(past, past + len(kept))
             for keys, values in zip(self.keys, self.values):  # (G, S, D)
@@ -530,7 +532,7 @@ class LeanForward:
         through the caches, each small torch op dispatched from Python cost 50-120 us instead of ~5 (AVX2 EPYC,
         2026-12-03), and a plain step made ten of them around its layers; the values are the same either way."""
         past, fed = cache.length, len(ids)
-        at = [] if positions is None else list(positions) if isinstance(positions, list) else positions.tolist()
+        at = [] if positions is None else positions if isinstance(positions, list) else positions.tolist()
         # at (T,): a tree's positions as ints; [] for past, past + 1, ...
         cos, sin = self.rope_rows(max(at, default=past + fed - 1) + 1)  # (S, D) fp32 each
         if cache.handles is None:

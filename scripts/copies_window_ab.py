@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from app import bench
-from core.engine import GenerationConfig, generate
+from core.engine import GenerationConfig
 from core.policy import COPIED_WINDOW, MeasuredPays, PolicyState
 from core.target import load_target
 from core.verify_cost import cost_curves
 from drafter.spec import app_default
+from scripts.long_chat_ab import mean_se, speed
 
 
 class NeverSkip(MeasuredPays):
@@ -42,11 +41,6 @@ ARMS = {  # label -> the copied rounds' verdict
 BASE = "window 16"
 
 
-def mean_se(values: list[float]) -> dict:
-    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
-    return {"mean": statistics.mean(values), "se": se}
-
-
 def summary(rows: list[dict]) -> dict:
     """rows: per prompt, tokens a second by arm and "plain" -> each arm over plain, and each arm over BASE, paired."""
     arms = [arm for arm in rows[0] if arm != "plain"]
@@ -58,14 +52,11 @@ def summary(rows: list[dict]) -> dict:
 def reply(target, ids: list[int], gen: GenerationConfig, drafter, state: PolicyState | None) -> tuple[list[int], float,
                                                                                                       dict]:
     """(tokens, tokens a second, rounds by source) of one reply."""
-    start = time.perf_counter()
-    events = list(generate(target, ids, gen, drafter, measured=state))
-    seconds = time.perf_counter() - start
-    tokens = [token for event in events for token in event.committed]
+    run = bench.run_engine(target, ids, gen, drafter, measured=state)
     sources: dict[str, int] = {}
-    for event in events[1:]:
+    for event in run.events[1:]:
         sources[event.source] = sources.get(event.source, 0) + 1
-    return tokens, len(tokens) / seconds, sources
+    return run.tokens, speed(run), sources
 
 
 def main(argv=None) -> None:
