@@ -115,14 +115,18 @@ class NgramDrafter:
     def lookup(self, anchor: int, block_size: int) -> tuple[list[int], int]:
         """(what followed the latest earlier occurrence of the longest matching suffix, at most block_size
         tokens; the length of that suffix), ([], 0) when nothing matches."""
-        seq = self.history + [anchor]  # (L,) the anchor is the suffix's last token
-        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            suffix = tuple(seq[-n:])
-            start = len(seq) - 1 - n  # the occurrence ending at history's last token, followed by the anchor
-            if tuple(seq[start:start + n]) != suffix:
+        history, end = self.history, len(self.history)  # the sequence read is history + [anchor], never copied:
+        # a copy of the whole conversation every round grew with it
+        for n in range(min(self.max_ngram, end), self.min_ngram - 1, -1):
+            suffix = (*history[end - n + 1 :], anchor)  # (n,) the anchor is the suffix's last token
+            start = end - n  # the occurrence ending at history's last token, followed by the anchor
+            if tuple(history[start:end]) != suffix:
                 start = self.latest[n].get(suffix)
             if start is not None:
-                return seq[start + n : start + n + block_size], n  # (<=K,)
+                copied = history[start + n : start + n + block_size]  # (<=K,)
+                if start + n + block_size > end:  # the copy runs up to the anchor itself
+                    copied.append(anchor)
+                return copied, n
         return [], 0
 
 

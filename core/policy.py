@@ -159,6 +159,9 @@ class LookupRates:
     prior_weight: float = 2.0
     reached: dict[tuple, list] = field(default_factory=dict)  # per key: per slot, copies verified that far
     accepted: dict[tuple, list] = field(default_factory=dict)  # per key: per slot, of those, how many kept it
+    # per key: the slots' rates as last computed, until that key records again (most rounds offer copies under keys
+    # that recorded nothing since: their rates were recomputed slot by slot every round)
+    _rates: dict[tuple, list] = field(default_factory=dict, repr=False, compare=False)
 
     @staticmethod
     def key(matched: int, source: str = "lookup") -> tuple[str, int]:
@@ -167,13 +170,17 @@ class LookupRates:
     def rates(self, matched: int, source: str = "lookup", n: int = 1) -> list[float]:
         """The first n slots' acceptance, each given the earlier ones accepted."""
         key = self.key(matched, source)
+        known = self._rates.get(key, [])
+        if len(known) >= n:
+            return known[:n]
         reached, accepted = self.reached.get(key, []), self.accepted.get(key, [])
         out, prior = [], self.prior_rate
         for k in range(n):
             seen = reached[k] if k < len(reached) else 0.0
             prior = smoothed_rate(accepted[k] if k < len(accepted) else 0.0, seen, prior, self.prior_weight)
             out.append(prior)
-        return out
+        self._rates[key] = out
+        return out[:n]
 
     def rate(self, matched: int, source: str = "lookup") -> float:
         """Slot 1's acceptance."""
@@ -183,6 +190,7 @@ class LookupRates:
         """A verified copied draft of n_verified tokens kept n_accepted: slots to the first rejection were reached."""
         key = self.key(matched, source)
         count_slots(self.reached.setdefault(key, []), self.accepted.setdefault(key, []), n_verified, n_accepted)
+        self._rates.pop(key, None)
 
 
 @dataclass
@@ -235,6 +243,61 @@ class CallCost:
 
 
 @dataclass
+class RoundCosts:
+    """What a round that fed n positions costs in this reply and conversation, relative to a plain round: the median
+    over the recent rounds that fed n positions of their seconds (a network call's own aside: CallCost charges those)
+    over the median plain round's at the time, once `min_rounds` of them were measured; the start-up curve
+    (core.verify_cost, timed forwards at load) for the lengths not measured yet. Each round is set against the plain
+    rounds of its own time because this shared machine's speed moves by half within minutes, and a rare length's
+    rounds can be minutes old. Two things make the start-up curve a poor guide on its own: it times bare forwards,
+    where a copied round also pays the Python around them, cold after each forward (a one-token copy cost 1.22-1.28
+    plain rounds in chat replies where the curve read 1.13-1.16; AVX2 EPYC, 2026-12-03), and it is measured once, in
+    a few seconds: two start-ups a minute apart read 1.53 and 1.78 for 4 positions, and a bench run that started on
+    the steeper curve verified no three-token copy in 24 code replies. A length found dear is verified less and so
+    measured less: its window keeps the last rounds that fed it. A policy input only (past rounds' timings): exact at
+    every temperature."""
+
+    window: int = 16
+    min_rounds: int = 4
+    prior_weight: float = 16.0  # the start-up curve counts as this many rounds (curve)
+    plain: list = field(default_factory=list)  # seconds of recent plain rounds
+    step: float = 0.0  # their median, once measured
+    ratios: dict[int, list] = field(default_factory=dict)  # positions fed (> 1) -> recent rounds over the plain median
+    medians: dict[int, float] = field(default_factory=dict)  # positions fed -> the median of those, once measured
+
+    def record(self, fed: int, seconds: float) -> bool:
+        """A round that fed `fed` positions took `seconds`; whether a measured cost changed (the curve to renew)."""
+        if fed == 1:
+            self.plain.append(seconds)
+            del self.plain[: -self.window]
+            if len(self.plain) >= self.min_rounds:
+                self.step = sorted(self.plain)[len(self.plain) // 2]
+            return False
+        if self.step <= 0:
+            return False
+        ratios = self.ratios.setdefault(fed, [])
+        ratios.append(seconds / self.step)
+        del ratios[: -self.window]
+        if len(ratios) < self.min_rounds:
+            return False
+        self.medians[fed] = sorted(ratios)[len(ratios) // 2]
+        return True
+
+    def curve(self, start: tuple[float, ...]) -> tuple[float, ...]:
+        """The cost of 1, 2, ... positions relative to one: where a length was measured, its median within the
+        physical bounds (at least a plain round, at most n of them) weighed against `start`'s by the rounds behind it,
+        m / (m + prior_weight); `start`'s elsewhere; () for no cost curve (no cut). Not the median alone: it is noisy
+        here, the cost of two positions ending four runs of 24 replies at 1.01-1.22 plain rounds."""
+        if not start or not self.medians:
+            return start
+        return tuple(cost if n not in self.medians else self._weighed(n, cost) for n, cost in enumerate(start, start=1))
+
+    def _weighed(self, n: int, start: float) -> float:
+        measured, rounds = min(max(self.medians[n], 1.0), float(n)), len(self.ratios[n])
+        return (rounds * measured + self.prior_weight * start) / (rounds + self.prior_weight)
+
+
+@dataclass
 class PolicyState:
     """What drafting measured in this reply, carried to the conversation's next reply (the app keeps one per drafter):
     the network's rounds and the copied rounds (prompt lookup, phrasebook, block tail) each against plain steps, the
@@ -250,6 +313,7 @@ class PolicyState:
     rates: LookupRates = field(default_factory=LookupRates)
     sampled: SlotRates = field(default_factory=SlotRates)
     call_cost: CallCost = field(default_factory=CallCost)
+    costs: RoundCosts = field(default_factory=RoundCosts)
 
 
 def round_source(draft: Draft) -> str:
@@ -268,7 +332,9 @@ class DraftPolicy:
     measured acceptance (LookupRates) and the plain probes (PlainProbe). A policy only: whatever it decides,
     verification keeps the output exact."""
 
-    verify_cost: tuple[float, ...]  # relative cost of 1, 2, ... positions; () for no cut (core.verify_cost)
+    # relative cost of 1, 2, ... positions the cut weighs: the start-up curve (core.verify_cost; () for no cut) with the
+    # lengths this reply and conversation measured (RoundCosts), renewed as rounds are measured
+    verify_cost: tuple[float, ...]
     # what a network draft is charged for the drafter's call in the skips (draft_pays) until this reply has measured it
     # (CallCost); 0: nothing charged (T > 0, or no cost curve)
     charged_cost: float
@@ -276,6 +342,7 @@ class DraftPolicy:
     probe: PlainProbe
     state: PolicyState
     called: bool = False  # whether this round called the network (its draft may still have been cut to nothing)
+    start_cost: tuple[float, ...] = ()  # the start-up curve the measured lengths replace (RoundCosts.curve)
 
     @classmethod
     def for_run(cls, gen, state: PolicyState | None = None) -> "DraftPolicy":
@@ -284,8 +351,8 @@ class DraftPolicy:
         for measured in (state.drafter, state.lookup):
             measured.max_skip = gen.max_measured_wait if gen.plain_probe_every else 0
         charged = gen.draft_cost if gen.charges_draft_cost() else 0.0
-        return cls(gen.verify_cost, charged, SkipEmpty(gen.max_skip if gen.verify_cost else 0),
-                   PlainProbe(gen.plain_probe_every), state)
+        return cls(state.costs.curve(gen.verify_cost), charged, SkipEmpty(gen.max_skip if gen.verify_cost else 0),
+                   PlainProbe(gen.plain_probe_every), state, start_cost=gen.verify_cost)
 
     def draft(self, drafter: Drafter, anchor: int, k: int, sampling: SamplingConfig,
               generator: torch.Generator) -> Draft:
@@ -372,6 +439,10 @@ class DraftPolicy:
             self.state.rates.record(draft.lookup_match, len(draft.tokens), n_accepted, source)
         if source == "drafter" and draft.q_draft is not None:  # a sampled draft (T > 0): its acceptance per slot
             self.state.sampled.record(len(draft.tokens), n_accepted)
+        if not draft.alternatives:  # a chain (or nothing) fed 1 + its tokens; a tree's cost is not a chain's
+            verified = seconds - (draft_seconds if self.called else 0.0)
+            if self.state.costs.record(1 + len(draft.tokens), verified):
+                self.verify_cost = self.state.costs.curve(self.start_cost)
 
     def call_cost(self) -> float:
         """What the skips charge a network draft for its call: measured in this reply (CallCost) where it is charged."""

@@ -146,6 +146,33 @@ def test_the_native_q4_product_is_the_codes_weight_for_any_rows_and_each_row_alo
         assert all(torch.equal(q4(x[t : t + 1]), full[t : t + 1]) for t in range(17))
 
 
+def test_the_products_prefetch_distance_changes_no_value_and_is_checked():
+    """lean_step.cpp's products ask for the weight's cache lines some blocks ahead (2 by default): a hint only, so the
+    q4 and q8 products are bit for bit the same at every distance, 0 (none) and past the last block included."""
+    from core import native
+    from core.cpu_linear import Int4Linear, Int8Linear
+
+    module, why = native.load()
+    if module is None:
+        pytest.skip(why)
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 48)
+    products = (Int4Linear(linear, native=module), Int8Linear(torch.nn.Linear(96, 48, bias=False), module))
+    x = torch.randn(5, 96).bfloat16()
+    try:
+        with torch.no_grad():
+            module.set_prefetch_blocks(0)
+            want = [product(x) for product in products]
+            for blocks in (1, 3, 64):
+                module.set_prefetch_blocks(blocks)
+                assert all(torch.equal(product(x), out) for product, out in zip(products, want))
+        for wrong in (-1, 65):
+            with pytest.raises(RuntimeError, match="prefetch distance"):
+                module.set_prefetch_blocks(wrong)
+    finally:
+        module.set_prefetch_blocks(2)
+
+
 @pytest.mark.parametrize("out_features, in_features", [(16, 32), (48, 96), (4096, 576)])
 def test_the_native_q8_product_is_the_codes_weight_for_any_rows_and_each_row_alone(out_features, in_features):
     """core.cpu_linear.Int8Linear (GGUF's Q8_0 scheme, the LM head in q4): its blocks stand for quantize_q8's weight

@@ -235,3 +235,59 @@ def test_copied_drafts_are_cut_on_their_acceptance_measured_per_depth():
     copy = Copy(list(range(6)), matched=4, source="phrasebook")
     assert len(policy.cut_lookup(copy, 6).tokens) == 6
     assert best_draft_length(torch.full((6,), first), curve) == 2  # one rate for all slots: two of them
+    rates.record(4, n_verified=1, n_accepted=0, source="phrasebook")  # a read kept from before a record is dropped
+    assert rates.rate(4, "phrasebook") == pytest.approx((10 + 0.7 * 2) / (21 + 2))
+    assert rates.rates(4, "phrasebook", 8)[1:] != deeper
+    assert rates.rates(3, "phrasebook", 9) == pytest.approx([0.7] * 9)  # a longer read than the kept one: computed
+
+
+def test_round_costs_replace_the_lengths_they_measured_within_physical_bounds():
+    from core.policy import RoundCosts
+
+    costs, start = RoundCosts(window=4, min_rounds=2, prior_weight=0.0), (1.0, 1.1, 1.3, 1.5)
+    assert costs.curve(start) == start and costs.curve(()) == ()  # nothing measured; no curve, no cut
+    assert costs.record(2, 0.02) is False and not costs.ratios  # no plain round measured yet to relate it to
+    for _ in range(2):
+        costs.record(1, 0.01)
+    assert costs.record(2, 0.02) is False and costs.record(2, 0.02) is True
+    assert costs.curve(start) == pytest.approx((1.0, 2.0, 1.3, 1.5))
+    for fed, seconds in ((3, 0.001), (3, 0.001), (4, 1.0), (4, 1.0)):  # under a plain round, then over n of them
+        costs.record(fed, seconds)
+    assert costs.curve(start) == pytest.approx((1.0, 2.0, 1.0, 4.0))
+    for _ in range(4):  # the machine runs at half speed: each round is set against the plain rounds of its time
+        costs.record(1, 0.02)
+    for _ in range(4):
+        costs.record(2, 0.024)
+    assert costs.curve(start)[1] == pytest.approx(1.2)
+    costs.prior_weight = 4.0  # the start-up curve weighs as 4 rounds against the window's 4
+    assert costs.curve(start)[1] == pytest.approx((1.2 + 1.1) / 2)
+    assert costs.curve(start)[3] == pytest.approx((2 * 4.0 + 4 * 1.5) / 6)  # two rounds of 4 positions, four of start
+
+
+def test_a_copy_the_start_up_curve_verifies_is_cut_once_rounds_of_its_length_measure_dear():
+    """The cut weighs the lengths this reply measured: a one-token copy kept a quarter of the time pays where the
+    start-up curve prices two positions at 1.05 plain rounds, not where its rounds measured 3 (the curve weighing as one
+    round of them). A network round counts without its call's own seconds, a tree not at all, and what was measured
+    carries to the conversation's next reply."""
+    from core.policy import PolicyState, RoundCosts
+
+    state = PolicyState(costs=RoundCosts(prior_weight=1.0))
+    gen = GenerationConfig(verify_cost=(1.0, 1.05, 1.1, 1.15, 1.2))
+    policy = DraftPolicy.for_run(gen, state)
+    copy = Copy([5, 6, 7], matched=3)
+    assert policy.cut_copy(copy, 1)[0] == 1
+    for _ in range(4):
+        policy.observe(Draft(torch.empty(0, dtype=torch.long), None), 0, 1, 0.010)
+    for _ in range(4):
+        policy.observe(copy.draft(1), 0, 1, 0.030)  # rejected: its rate falls to (0 + 0.7 * 2) / (4 + 2)
+    assert policy.state.rates.rate(3) == pytest.approx(1.4 / 6) and policy.verify_cost[1] == pytest.approx(1.81)
+    assert policy.cut_copy(copy, 1)[0] == 0 and best_draft_length([1.4 / 6], gen.verify_cost) == 1
+    policy.called = True  # network rounds of two slots: 0.012 s verified after a 0.040 s call
+    for _ in range(4):
+        policy.observe(Draft(torch.tensor([5, 6]), None, torch.tensor([0.9, 0.9])), 2, 3, 0.052, 0.040)
+    policy.called = False
+    tree = Draft(torch.tensor([5]), None, alternatives=((6, 7, 8),))
+    for _ in range(4):
+        policy.observe(tree, 0, 1, 1.0)
+    assert policy.verify_cost[2] == pytest.approx((4 * 1.2 + 1.1) / 5) and len(state.costs.ratios[2]) == 4  # copies'
+    assert DraftPolicy.for_run(gen, state).verify_cost == policy.verify_cost

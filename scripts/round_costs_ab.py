@@ -1,0 +1,107 @@
+"""Whether the adaptive cut should weigh the verify cost it measures in replies (core.policy.RoundCosts, the default
+since 0.35.0) or the start-up curve alone, side by side in one process: each prompt's plain reply and the drafted ones
+in rotated order, every arm carrying its own PolicyState from prompt to prompt as the app does from reply to reply. The
+start-up curve is measured once at the start, as the bench and the app measure it; the arms also run on a curve whose
+every step past one position is half again as steep, as a start-up on a busy machine can read it.
+
+python -m scripts.round_costs_ab --prompts eval_code --limit 24 --quant q4 \
+    --out docs/results/engine/round-costs-ab-code-t0-DATE.json
+
+Each arm's figure is the mean over prompts of its tokens a second over the plain reply's, with the standard error, and
+each measured arm over its start-up-only twin, paired by prompt. At T = 0 every reply is checked against plain decoding.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from app import bench
+from core.engine import GenerationConfig
+from core.policy import PolicyState, RoundCosts
+from core.target import load_target
+from core.verify_cost import cost_curves
+from drafter.spec import app_default
+from scripts.copies_window_ab import reply
+from scripts.long_chat_ab import mean_se
+
+STEEPER = 1.5  # the steep start-up: 1 + 1.5 (c_n - 1)
+
+
+class StartUpOnly(RoundCosts):
+    """The cut weighs the start-up curve alone (before 0.35.0)."""
+
+    def record(self, fed: int, seconds: float) -> bool:
+        return False
+
+
+ARMS = {  # label -> (the round costs it keeps, whether its start-up curve is the steep one)
+    "measured": (RoundCosts, False),
+    "start-up only": (StartUpOnly, False),
+    "measured, steep start": (RoundCosts, True),
+    "start-up only, steep start": (StartUpOnly, True),
+}
+
+
+def steeper(curve: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(1.0 + STEEPER * (cost - 1.0) for cost in curve)
+
+
+def summary(rows: list[dict]) -> dict:
+    """rows: per prompt, tokens a second by arm and "plain" -> each arm over plain, each measured arm over its twin."""
+    out = {f"{arm} / plain": mean_se([row[arm] / row["plain"] for row in rows]) for arm in ARMS}
+    for arm in ARMS:
+        if arm.startswith("measured"):
+            twin = arm.replace("measured", "start-up only")
+            out[f"{arm} / {twin}"] = mean_se([row[arm] / row[twin] for row in rows])
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_run_args(parser)
+    args = parser.parse_args(argv)
+    fields = bench.run_fields(args)
+    torch.set_num_threads(2)
+    target = load_target(fields["target"])
+    bench.warm_up(target)
+    curves = cost_curves(target)
+    runner = bench.make_runner(app_default(), target).with_draft_cost(target)
+    states = {arm: PolicyState(costs=make()) for arm, (make, _) in ARMS.items()}
+    sampling, budget = fields["sampling"], fields["max_new_tokens"]
+    rows, sources, start_curves = [], {arm: {} for arm in ARMS}, []
+    order = ["plain", *ARMS]
+    prompts = [prompt for path in fields["prompts"] for prompt in bench.read_prompts(path, fields["limit"])]
+    for i, prompt in enumerate(prompts):
+        ids = target.chat_ids([{"role": "user", "content": prompt}])
+        curve = curves.for_reply(len(ids), budget)
+        start_curves.append(curve[:6])
+        row, outputs = {}, {}
+        for arm in order[i % len(order):] + order[: i % len(order)]:
+            steep = arm != "plain" and ARMS[arm][1]
+            gen = runner.generation(GenerationConfig(budget, sampling=sampling, seed=fields["seed"] + i),
+                                    steeper(curve) if steep else curve)
+            drafter = None if arm == "plain" else runner.drafter
+            outputs[arm], row[arm], counted = reply(target, ids, gen, drafter, states.get(arm))
+            for source, n in counted.items():
+                if arm != "plain":
+                    sources[arm][source] = sources[arm].get(source, 0) + n
+        if sampling.greedy and any(out != outputs["plain"] for out in outputs.values()):
+            raise SystemExit(f"prompt {i}: a drafted reply differs from plain decoding at T = 0")
+        rows.append(row)
+        print(i, {arm: round(row[arm] / row["plain"], 3) for arm in ARMS}, flush=True)
+    measured_curves = {arm: states[arm].costs.curve(steeper(start_curves[-1]) if ARMS[arm][1] else start_curves[-1])[:6]
+                       for arm in ARMS}
+    result = {"prompts": list(fields["prompts"]), "limit": fields["limit"], "temperature": sampling.temperature,
+              "max_new_tokens": budget, "summary": summary(rows), "rounds_by_source": sources,
+              "start_up_curve_last_prompt": start_curves[-1], "curve_after_last_prompt": measured_curves,
+              "per_prompt": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: result[k] for k in ("summary", "rounds_by_source", "curve_after_last_prompt")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
