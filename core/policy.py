@@ -12,7 +12,9 @@ parts:
 - MeasuredPays: while a source's rounds commit fewer tokens a second than plain steps in this reply, skip it;
 - LookupRates: how often a copied token was accepted, per source and length of the matched suffix, as its confidence;
 - PlainProbe: a plain step at least every N rounds, so there always are plain timings to compare with;
-- CallCost: what a call of the network costs in this reply, measured against plain steps, which the skips charge.
+- CallCost: what a call of the network costs in this reply, measured against plain steps, which the skips charge;
+- RoundCosts: what a round over n positions costs in this reply against plain rounds, which the cut weighs beside the
+  start-up curve.
 """
 from __future__ import annotations
 
@@ -250,12 +252,12 @@ class RoundCosts:
     (core.verify_cost, timed forwards at load) for the lengths not measured yet. Each round is set against the plain
     rounds of its own time because this shared machine's speed moves by half within minutes, and a rare length's
     rounds can be minutes old. Two things make the start-up curve a poor guide on its own: it times bare forwards,
-    where a copied round also pays the Python around them, cold after each forward (a one-token copy cost 1.22-1.28
-    plain rounds in chat replies where the curve read 1.13-1.16; AVX2 EPYC, 2026-12-03), and it is measured once, in
-    a few seconds: two start-ups a minute apart read 1.53 and 1.78 for 4 positions, and a bench run that started on
-    the steeper curve verified no three-token copy in 24 code replies. A length found dear is verified less and so
-    measured less: its window keeps the last rounds that fed it. A policy input only (past rounds' timings): exact at
-    every temperature."""
+    where a copied round also pays the Python around them, cold after each forward (a one-token copy cost 1.28-1.32
+    plain rounds in 0.34.0's chat bench where start-up curves read 1.12-1.20; AVX2 EPYC, 2026-12-03), and it is
+    measured once, in a few seconds (start-ups minutes apart read 1.53-1.82 for four positions). Against the start-up
+    curve alone: chat 1.05x, code 1.01x, math 1.02x, and 1.03-1.05x on a curve half again as steep
+    (scripts.round_costs_ab, docs/engine.md). A length found dear is verified less and so measured less: its window
+    keeps the last rounds that fed it. A policy input only (past rounds' timings): exact at every temperature."""
 
     window: int = 16
     min_rounds: int = 4

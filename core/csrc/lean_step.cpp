@@ -299,8 +299,8 @@ constexpr int64_t OPERANDS = INTEGER ? 1 : GROUP;  // Operands a block of inputs
 
 // How many blocks ahead of the one being multiplied block_tile asks for the weight's cache lines. The hardware
 // prefetcher alone left the forward waiting on memory: 2 blocks (~0.6-1 KB) ahead made forwards over 1, 2 and 5
-// positions 2-4% faster and plain-decoding replies 2.2% +- 1.0% faster on the AVX2 EPYC (Zen 3); 3 blocks did as well
-// on the forwards, 8 made them slower (scripts.prefetch_ab, docs/results/engine/prefetch-ab-2026-12-03.json).
+// positions 2-4% faster and plain-decoding replies 0-2% faster on the AVX2 EPYC (Zen 3); 3 blocks did as well on the
+// forwards, 8 made them 2-7% slower (scripts.prefetch_ab, docs/results/engine/prefetch-ab*-2026-12-03.json).
 // Non-temporal: the weights are read once a forward and should not push the attention's keys and the Python between
 // forwards out of the cache. A product's arithmetic is the same at any distance (0: none).
 int64_t prefetch_blocks = 2;
