@@ -59,36 +59,49 @@ def reply(target, ids: list[int], gen: GenerationConfig, drafter, state: PolicyS
     return run.tokens, speed(run), sources
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run_arms(target, runner, ids: list[int], i: int, arms: list[str], gen_for, states: dict, sources: dict,
+             greedy: bool) -> dict:
+    """Prompt i's plain reply and each arm's drafted one (gen_for(arm) its GenerationConfig, states[arm] its
+    PolicyState), in an order rotated by i -> tokens a second by arm and "plain"; each arm's rounds by source are added
+    to sources[arm], and at T = 0 every reply is checked against plain decoding."""
+    order = ["plain", *arms]
+    row, outputs = {}, {}
+    for arm in order[i % len(order):] + order[: i % len(order)]:
+        drafter = None if arm == "plain" else runner.drafter
+        outputs[arm], row[arm], counted = reply(target, ids, gen_for(arm), drafter, states.get(arm))
+        for source, n in counted.items():
+            if arm != "plain":
+                sources[arm][source] = sources[arm].get(source, 0) + n
+    if greedy and any(out != outputs["plain"] for out in outputs.values()):
+        raise SystemExit(f"prompt {i}: a drafted reply differs from plain decoding at T = 0")
+    print(i, {arm: round(row[arm] / row["plain"], 3) for arm in arms}, flush=True)
+    return row
+
+
+def prepare(doc: str, argv=None):
+    """What a comparison of the default's arms starts from: (its arguments, their run fields, the target warmed up, its
+    start-up cost curves, the app's default drafter as a runner with its call cost measured)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_run_args(parser)
     args = parser.parse_args(argv)
     fields = bench.run_fields(args)
     torch.set_num_threads(2)
     target = load_target(fields["target"])
     bench.warm_up(target)
-    curves = cost_curves(target)
-    runner = bench.make_runner(app_default(), target).with_draft_cost(target)
+    return args, fields, target, cost_curves(target), bench.make_runner(app_default(), target).with_draft_cost(target)
+
+
+def main(argv=None) -> None:
+    args, fields, target, curves, runner = prepare(__doc__, argv)
     states = {arm: PolicyState(lookup=make()) for arm, make in ARMS.items()}
     sampling, budget = fields["sampling"], fields["max_new_tokens"]
     rows, sources = [], {arm: {} for arm in ARMS}
-    order = ["plain", *ARMS]
     prompts = [prompt for path in fields["prompts"] for prompt in bench.read_prompts(path, fields["limit"])]
     for i, prompt in enumerate(prompts):
         ids = target.chat_ids([{"role": "user", "content": prompt}])
         gen = runner.generation(GenerationConfig(budget, sampling=sampling, seed=fields["seed"] + i),
                                 curves.for_reply(len(ids), budget))
-        row, outputs = {}, {}
-        for arm in order[i % len(order):] + order[: i % len(order)]:
-            drafter = None if arm == "plain" else runner.drafter
-            outputs[arm], row[arm], counted = reply(target, ids, gen, drafter, states.get(arm))
-            for source, n in counted.items():
-                if arm != "plain":
-                    sources[arm][source] = sources[arm].get(source, 0) + n
-        if sampling.greedy and any(out != outputs["plain"] for out in outputs.values()):
-            raise SystemExit(f"prompt {i}: a drafted reply differs from plain decoding at T = 0")
-        rows.append(row)
-        print(i, {arm: round(row[arm] / row["plain"], 3) for arm in ARMS}, flush=True)
+        rows.append(run_arms(target, runner, ids, i, list(ARMS), lambda arm: gen, states, sources, sampling.greedy))
     result = {"prompts": list(fields["prompts"]), "limit": fields["limit"], "temperature": sampling.temperature,
               "max_new_tokens": budget, "summary": summary(rows), "rounds_by_source": sources, "per_prompt": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -12,19 +12,13 @@ each measured arm over its start-up-only twin, paired by prompt. At T = 0 every 
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
-
-import torch
 
 from app import bench
 from core.engine import GenerationConfig
 from core.policy import PolicyState, RoundCosts
-from core.target import load_target
-from core.verify_cost import cost_curves
-from drafter.spec import app_default
-from scripts.copies_window_ab import reply
+from scripts.copies_window_ab import prepare, run_arms
 from scripts.long_chat_ab import mean_se
 
 STEEPER = 1.5  # the steep start-up: 1 + 1.5 (c_n - 1)
@@ -60,38 +54,21 @@ def summary(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_run_args(parser)
-    args = parser.parse_args(argv)
-    fields = bench.run_fields(args)
-    torch.set_num_threads(2)
-    target = load_target(fields["target"])
-    bench.warm_up(target)
-    curves = cost_curves(target)
-    runner = bench.make_runner(app_default(), target).with_draft_cost(target)
+    args, fields, target, curves, runner = prepare(__doc__, argv)
     states = {arm: PolicyState(costs=make()) for arm, (make, _) in ARMS.items()}
     sampling, budget = fields["sampling"], fields["max_new_tokens"]
     rows, sources, start_curves = [], {arm: {} for arm in ARMS}, []
-    order = ["plain", *ARMS]
     prompts = [prompt for path in fields["prompts"] for prompt in bench.read_prompts(path, fields["limit"])]
     for i, prompt in enumerate(prompts):
         ids = target.chat_ids([{"role": "user", "content": prompt}])
         curve = curves.for_reply(len(ids), budget)
         start_curves.append(curve[:6])
-        row, outputs = {}, {}
-        for arm in order[i % len(order):] + order[: i % len(order)]:
-            steep = arm != "plain" and ARMS[arm][1]
-            gen = runner.generation(GenerationConfig(budget, sampling=sampling, seed=fields["seed"] + i),
-                                    steeper(curve) if steep else curve)
-            drafter = None if arm == "plain" else runner.drafter
-            outputs[arm], row[arm], counted = reply(target, ids, gen, drafter, states.get(arm))
-            for source, n in counted.items():
-                if arm != "plain":
-                    sources[arm][source] = sources[arm].get(source, 0) + n
-        if sampling.greedy and any(out != outputs["plain"] for out in outputs.values()):
-            raise SystemExit(f"prompt {i}: a drafted reply differs from plain decoding at T = 0")
-        rows.append(row)
-        print(i, {arm: round(row[arm] / row["plain"], 3) for arm in ARMS}, flush=True)
+        gen = GenerationConfig(budget, sampling=sampling, seed=fields["seed"] + i)
+
+        def gen_for(arm: str, curve=curve, gen=gen) -> GenerationConfig:
+            return runner.generation(gen, steeper(curve) if arm != "plain" and ARMS[arm][1] else curve)
+
+        rows.append(run_arms(target, runner, ids, i, list(ARMS), gen_for, states, sources, sampling.greedy))
     measured_curves = {arm: states[arm].costs.curve(steeper(start_curves[-1]) if ARMS[arm][1] else start_curves[-1])[:6]
                        for arm in ARMS}
     result = {"prompts": list(fields["prompts"]), "limit": fields["limit"], "temperature": sampling.temperature,
