@@ -23,7 +23,7 @@ from core.policy import COPIED_WINDOW, MeasuredPays, PolicyState
 from core.target import load_target
 from core.verify_cost import cost_curves
 from drafter.spec import app_default
-from scripts.long_chat_ab import mean_se, speed
+from scripts.long_chat_ab import mean_se, rotated, speed
 
 
 class NeverSkip(MeasuredPays):
@@ -64,9 +64,8 @@ def run_arms(target, runner, ids: list[int], i: int, arms: list[str], gen_for, s
     """Prompt i's plain reply and each arm's drafted one (gen_for(arm) its GenerationConfig, states[arm] its
     PolicyState), in an order rotated by i -> tokens a second by arm and "plain"; each arm's rounds by source are added
     to sources[arm], and at T = 0 every reply is checked against plain decoding."""
-    order = ["plain", *arms]
     row, outputs = {}, {}
-    for arm in order[i % len(order):] + order[: i % len(order)]:
+    for arm in rotated(["plain", *arms], i):
         drafter = None if arm == "plain" else runner.drafter
         outputs[arm], row[arm], counted = reply(target, ids, gen_for(arm), drafter, states.get(arm))
         for source, n in counted.items():

@@ -45,6 +45,11 @@ def speed(run: bench.Run) -> float:
     return len(run.tokens) / run.seconds
 
 
+def rotated(items: list, i: int) -> list:
+    """items from the (i mod n)-th on: a comparison's arms in their order for prompt i, so each goes first in turn."""
+    return items[i % len(items):] + items[: i % len(items)]
+
+
 def mean_se(values: list[float]) -> dict:
     return {"mean": statistics.mean(values), "se": statistics.stdev(values) / len(values) ** 0.5}
 

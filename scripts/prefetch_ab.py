@@ -24,13 +24,9 @@ from core.engine import GenerationConfig
 from core.forward import target_forward
 from core.prefix import PrefixCache
 from core.target import load_target
-from scripts.long_chat_ab import mean_se, speed
+from scripts.long_chat_ab import mean_se, rotated, speed
 
 POSITIONS = (1, 2, 5)  # a plain step, a one-token copy, a four-token draft
-
-
-def rotated(items: list, i: int) -> list:
-    return items[i % len(items):] + items[: i % len(items)]
 
 
 def forward_ms(target, module, context: list[int], distances: list[int], reps: int) -> dict:

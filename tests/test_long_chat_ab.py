@@ -1,6 +1,6 @@
 import pytest
 
-from scripts.long_chat_ab import summary
+from scripts.long_chat_ab import rotated, summary
 
 
 def test_summary_pairs_the_two_curves_turn_by_turn():
@@ -11,3 +11,8 @@ def test_summary_pairs_the_two_curves_turn_by_turn():
     # each turn's sides differ by exactly 0.1: the paired difference has no spread where the sides' means do
     assert out["per context - one curve"]["mean"] == pytest.approx(0.1)
     assert out["per context - one curve"]["se"] < 1e-9 < out["one curve"]["se"]
+
+
+def test_the_arms_take_turns_going_first():
+    assert [rotated([0, 2, 3], i)[0] for i in range(4)] == [0, 2, 3, 0]
+    assert sorted(rotated([0, 2, 3], 2)) == [0, 2, 3]

@@ -1,6 +1,6 @@
 import pytest
 
-from scripts.prefetch_ab import forward_summary, rotated
+from scripts.prefetch_ab import forward_summary
 
 
 def test_each_distance_s_forwards_are_read_against_no_prefetch_paired_by_iteration():
@@ -10,8 +10,3 @@ def test_each_distance_s_forwards_are_read_against_no_prefetch_paired_by_iterati
     assert out["2 blocks, 1 positions"]["over none"]["mean"] == pytest.approx((0.9 + 0.8) / 2)
     assert out["2 blocks, 2 positions"]["median_ms"] == pytest.approx(9.0)
     assert out["0 blocks, 5 positions"]["over none"] == {"mean": 1.0, "se": 0.0}
-
-
-def test_the_arms_take_turns_going_first():
-    assert [rotated([0, 2, 3], i)[0] for i in range(4)] == [0, 2, 3, 0]
-    assert sorted(rotated([0, 2, 3], 2)) == [0, 2, 3]
