@@ -42,7 +42,7 @@ class TargetLoadError(RuntimeError):
 class TargetConfig:
     target: str = EMBEDDED_ID  # embedded id, HF hub id (from the local cache) or local folder
     dtype: str = "auto"  # auto | bf16 | fp16 | fp32
-    quant: str = "auto"  # auto | none | 8bit | fp8
+    quant: str = "auto"  # auto | none | 8bit | fp8 (core.fp8: e4m3 weights, torch alone) | q4
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     allow_download: bool = False  # hub downloads are off by default: this app runs offline
     context: int = 8192  # tokens of KV cache the memory plan reserves
@@ -197,12 +197,11 @@ def check_quant_supported(quant: str, device: torch.device) -> None:
     if device.type != "cuda":
         raise TargetLoadError(f"--quant {quant} needs a CUDA GPU; this run is on {device}. Use --quant none.")
     if quant == "fp8":
-        major, minor = torch.cuda.get_device_capability(device)
-        if (major, minor) < (8, 9):
-            raise TargetLoadError(
-                f"--quant fp8 needs compute capability >= 8.9 (Ada/Hopper/Blackwell); this GPU is {major}.{minor}. "
-                "Use --quant 8bit or --quant none."
-            )
+        from core.fp8 import why_not_fp8
+
+        why = why_not_fp8(device)
+        if why is not None:
+            raise TargetLoadError(f"--quant fp8: {why}. Use --quant 8bit or --quant none.")
 
 
 def check_fits(config, dtype: torch.dtype, quant: str, device: torch.device, headroom: float = 1.15) -> None:
@@ -264,13 +263,20 @@ def _quantization_config(quant: str, hf_config):
 
     if quant == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
-    if quant == "fp8":
-        if getattr(hf_config, "quantization_config", None):
-            return None  # a pre-quantised FP8 checkpoint (e.g. Qwen/Qwen3-8B-FP8) carries its own config
-        from transformers import FineGrainedFP8Config
+    return None  # fp8: a bf16 checkpoint is quantised by core.fp8; a pre-quantised one carries its own config
 
-        return FineGrainedFP8Config()
-    return None
+
+def check_prequantised_fp8(hf_config) -> None:
+    """A pre-quantised FP8 checkpoint (e.g. Qwen/Qwen3-8B-FP8) runs through transformers' FP8 modules, whose kernel
+    the `kernels` package fetches from the Hugging Face hub at first use: say so before the weights are read."""
+    from transformers.utils import is_kernels_available
+
+    if getattr(hf_config, "quantization_config", None) and not is_kernels_available():
+        raise TargetLoadError(
+            "this checkpoint is pre-quantised to FP8: transformers runs it with a kernel that the `kernels` package "
+            "downloads from the Hugging Face hub at first use (pip install 'kernels>=0.16,<0.17', network once). "
+            "Without it, load the bf16 checkpoint (e.g. Qwen/Qwen3-8B) with --quant fp8, which quantises it "
+            "with torch alone.")
 
 
 def _load_hf(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Target:
@@ -282,14 +288,21 @@ def _load_hf(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Tar
     check_quant_supported(cfg.quant, device)
     check_fits(hf_config, dtype, cfg.quant, device)
     quant_config = _quantization_config(cfg.quant, hf_config)
+    native_fp8 = cfg.quant == "fp8" and not getattr(hf_config, "quantization_config", None)
+    if cfg.quant == "fp8":
+        check_prequantised_fp8(hf_config)
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
     kwargs = {"dtype": dtype, "local_files_only": local_only, "use_safetensors": True}
-    if cfg.quant != "none":  # quantised weights are placed by accelerate directly on the device
+    if cfg.quant != "none" and not native_fp8:  # accelerate places quantised weights directly on the device
         kwargs["device_map"] = {"": device}
         if quant_config is not None:
             kwargs["quantization_config"] = quant_config
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    if cfg.quant == "none":
+    if native_fp8:  # read on the host, each decoder linear quantised onto the device as it goes (core.fp8)
+        from core.fp8 import quantize_decoder
+
+        quantize_decoder(model, device)
+    elif cfg.quant == "none":
         model = model.to(device)
     return _finish(model, tokenizer, cfg.target, device)
 
@@ -378,6 +391,8 @@ def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype) -> Target:
 
 
 def _weights(cfg: TargetConfig, dtype: torch.dtype, target: Target) -> str:
+    if cfg.quant == "fp8":
+        return f"FP8 e4m3 weights and activations (row-scaled), {_name(dtype)} elsewhere"
     if cfg.quant != "q4":
         return _name(dtype)
     from core.cpu_linear import Int8Linear

@@ -1,11 +1,15 @@
 """Figures for docs/gpu.md from the GPU run's results (docs/results/gpu/arch-*.json).
 
 python -m scripts.gpu_report docs/results/gpu/arch-2026-11-30.json --plot docs/gpu-speedup.png
+python -m scripts.gpu_report docs/results/gpu/arch-2026-12-04.json
 
 Prints the verify cost table and the speedup a drafter of per-slot acceptance rate a would get at block
 size K, derived from the measured costs: E[tokens per round] / (cost(K+1) + drafter cost), with
 E = (1 - a^(K+1)) / (1 - a) and costs relative to a one-position forward. The engine's own per-round
 overhead is counted as zero, which understates the speedup (it is paid once per round on both sides).
+Where the run measured them, it also prints the oracle curve measured end to end through the engine beside
+that derivation, and the compiled step's forwards (transformers eager, lean, CUDA graphs) against the
+bandwidth floor with their verify costs.
 """
 from __future__ import annotations
 
@@ -40,8 +44,40 @@ def main(argv=None) -> None:
     for k in (8, 16):
         row = [derived_speedup(a, k, curves[256]["relative_to_one"], drafter) for a in (0.6, 0.8, 0.9, 1.0)]
         print(f"K={k}: " + ", ".join(f"a={a}: {s:.2f}x" for a, s in zip((0.6, 0.8, 0.9, 1.0), row)))
+    if "oracle" in bf16:
+        print(oracle_table(bf16["oracle"], curves[256]["relative_to_one"], drafter))
+    results = json.loads(Path(args.results).read_text())
+    if "compiled_step" in results:
+        print(compiled_table(results["compiled_step"]))
     if args.plot:
         plot(curves, drafter, Path(args.plot))
+
+
+def oracle_table(rows: list[dict], relative_cost: dict, drafter_cost: float) -> str:
+    """The oracle drafter's speedup measured end to end beside the one derived from the verify costs."""
+    lines = ["| K | a | tokens per round | measured speedup | derived (drafter free of cost / z-lab cost) |",
+             "| --- | --- | --- | --- | --- |"]
+    for row in rows:
+        k, a = row["block_size"], row["rate"]
+        free, zlab = derived_speedup(a, k, relative_cost, 0.0), derived_speedup(a, k, relative_cost, drafter_cost)
+        lines.append(f"| {k} | {a} | {row['acceptance_length']:.2f} | {row['speedup']:.2f}x | "
+                     f"{free:.2f}x / {zlab:.2f}x |")
+    return "\n".join(lines)
+
+
+def compiled_table(step: dict, positions=(1, 2, 4, 8, 9, 16, 17)) -> str:
+    """Tokens/s of each forward, its share of the bandwidth floor, and its verify cost at both contexts."""
+    lines = ["| forward | tokens/s | of the floor | cached | " + " | ".join(map(str, positions)) + " | one position |",
+             "| --- | --- | --- | --- | " + " | ".join("---" for _ in positions) + " | --- |"]
+    for name, forward in step["forwards"].items():
+        for context, cost in forward["verify_cost"].items():
+            cells = " | ".join(f"{cost['relative_to_one'][str(t)]:.2f}" for t in positions)
+            lines.append(f"| {name} | {forward['tokens_per_s']:.1f} | {step['of_floor'][name]:.0%} | {context} | "
+                         f"{cells} | {cost['seconds']['1'] * 1000:.1f} ms |")
+    floor = step["bandwidth_floor_tokens_per_s"]
+    lines.append(f"bandwidth floor: {floor:.0f} tokens/s; identical tokens: {step['identical_to_transformers']}; "
+                 f"oracle through the graphs: {step['oracle_through_graphs']}")
+    return "\n".join(lines)
 
 
 def plot(curves: dict, drafter: float, path: Path) -> None:

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from core import fp8
 from core import target as target_mod
 from core.engine import GenerationConfig, generate_all
 from core.target import TargetConfig, TargetLoadError, load_target
@@ -44,7 +45,24 @@ def test_quantisation_needs_cuda_and_fp8_needs_ada(tiny_folder, monkeypatch):
     with pytest.raises(TargetLoadError, match="compute capability >= 8.9"):
         target_mod.check_quant_supported("fp8", torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+    monkeypatch.setattr(fp8, "probe_product", lambda device: None)
     target_mod.check_quant_supported("fp8", torch.device("cuda"))
+    monkeypatch.setattr(fp8, "probe_product", lambda device: "no row-wise FP8 product here")
+    with pytest.raises(TargetLoadError, match="no row-wise FP8 product here. Use --quant 8bit"):
+        target_mod.check_quant_supported("fp8", torch.device("cuda"))
+
+
+def test_a_prequantised_fp8_checkpoint_without_the_kernels_package_is_refused_before_loading(monkeypatch):
+    import transformers.utils
+
+    config = tiny_qwen3().config
+    target_mod.check_prequantised_fp8(config)  # a bf16 checkpoint: quantised by core.fp8, nothing to fetch
+    config.quantization_config = {"quant_method": "fp8"}
+    monkeypatch.setattr(transformers.utils, "is_kernels_available", lambda: False)
+    with pytest.raises(TargetLoadError, match="kernels.*--quant fp8"):
+        target_mod.check_prequantised_fp8(config)
+    monkeypatch.setattr(transformers.utils, "is_kernels_available", lambda: True)
+    target_mod.check_prequantised_fp8(config)
 
 
 def test_weights_that_do_not_fit_are_refused_before_loading(tiny_folder, monkeypatch):

@@ -148,10 +148,15 @@ def qwen3_bf16(cmd: Command) -> dict:
     """Peak memory against the plan; plain decoding vs transformers' generate; the verify cost curve at two
     contexts; the engine's own overhead per round; the oracle speedup curve; the z-lab drafter's cost."""
     sz = sizes(cmd)
+    from scripts.gpu.stages import release_memory
+
+    release_memory()
     torch.cuda.reset_peak_memory_stats() if sz["device"] == "cuda" else None
+    before = memory_gib(sz["device"])  # what earlier stages left allocated (1.0 GiB on 2026-12-04), not the model's
     target = random_qwen3(sz["facts"], sz["device"], sz["dtype"])
     stabilise(target.model)
-    result = {"weights_gib_measured": memory_gib(sz["device"]),
+    result = {"allocated_before_gib": before,
+              "weights_gib_measured": None if before is None else memory_gib(sz["device"]) - before,
               "weights_gib_planned": estimate_weight_bytes(facts_config(QWEN3_8B) if not cmd.cpu_sim else
                                                            _ns(sz["facts"]), sz["dtype"], "none") / GIB}
     result["plain"] = plain_vs_generate(target, sz)
@@ -319,8 +324,9 @@ def compiled_step(cmd: Command) -> dict:
 # ---- FP8 through the app's real loading path -------------------------------------------------------------
 
 def qwen3_fp8(cmd: Command) -> dict:
-    """Save the random model, load it back with load_target(--quant fp8) (FineGrainedFP8Config), and measure
-    memory and speed as for bf16. In --cpu-sim the same save/load path runs with --quant none."""
+    """Save the random model, load it back with load_target(--quant fp8) (core.fp8: e4m3 codes made on the GPU from
+    the bf16 checkpoint, torch alone), and measure memory and speed as for bf16. In --cpu-sim the same save/load path
+    runs with --quant none (tests/test_fp8.py covers the FP8 modules on the CPU)."""
     sz = sizes(cmd)
     target = cmd.state.pop("random_target", None)
     if target is None:
@@ -338,13 +344,16 @@ def qwen3_fp8(cmd: Command) -> dict:
         release_memory()
         if sz["device"] == "cuda":
             torch.cuda.reset_peak_memory_stats()
+        before = memory_gib(sz["device"])
         quant = "fp8" if sz["device"] == "cuda" else "none"
         start = time.time()
         loaded = load_target(TargetConfig(target=str(folder), dtype="bf16" if quant == "fp8" else "fp32",
                                           quant=quant, device=sz["device"]))
         load_s = time.time() - start
         loaded.eos_token_ids = ()
-        result = {"quant": quant, "save_s": saved_s, "load_s": load_s, "weights_gib_measured": memory_gib(sz["device"]),
+        result = {"quant": quant, "forward": loaded.extra.get("precision"), "save_s": saved_s, "load_s": load_s,
+                  "weights_gib_measured": None if before is None else memory_gib(sz["device"]) - before,
+                  "allocated_before_gib": before,
                   "weights_gib_planned": estimate_weight_bytes(loaded.model.config, torch.bfloat16, quant) / GIB}
         prompt = random_prompt(loaded, sz["prompt"])
         gen = GenerationConfig(max_new_tokens=sz["new_tokens"], block_size=1)

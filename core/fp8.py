@@ -1,0 +1,105 @@
+"""FP8 weights served by torch alone (--quant fp8 on a bf16 checkpoint).
+
+Each decoder linear keeps its weight as float8 e4m3 codes with one fp32 scale per output row; at run time every
+input row is quantised the same way (its own amax) and the product is torch._scaled_mm with row-wise scales. One
+byte a weight (the memory plan's FP8 row, core.plan) and no package beyond torch: transformers' own FP8 modules
+(FineGrainedFP8Config) fetch a Triton kernel from the Hugging Face hub through the `kernels` package at first use,
+which a machine without that package or without network cannot do (the H200 run of 2026-12-04 failed there).
+
+Exactness: a row's scale is its own amax, so each output row depends on its own input row only, as in bf16; the
+verify forward over K + 1 positions and the one-position step then differ only by the product kernel's order of
+summation, the same caveat bf16 carries (README). The embeddings, norms and LM head stay in the model's dtype.
+
+Shape letters: N = rows (batch x positions), I = in features, O = out features.
+"""
+from __future__ import annotations
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+ROW_MULTIPLE = 16  # CUDA's scaled products want every dimension a multiple of 16: fed rows are padded up to it
+TINY = 1e-12  # the scale of an all-zero row (its codes are zeros whatever the scale)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (R, C) -> codes (R, C) in e4m3 and scale (R, 1) fp32, x ≈ codes * scale, each row scaled by its amax."""
+    x32 = x.float()
+    scale = x32.abs().amax(dim=-1, keepdim=True).clamp(min=TINY) / FP8_MAX  # (R, 1)
+    codes = (x32 / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)  # (R, C)
+    return codes, scale
+
+
+class Fp8Linear(torch.nn.Module):
+    """A linear layer from e4m3 weight codes (one scale per output row) and per-row e4m3 activations."""
+
+    def __init__(self, linear: torch.nn.Linear, device: torch.device | str | None = None):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().to(device or linear.weight.device)
+        codes, scale = quantize_rows(weight)  # (O, I), (O, 1)
+        self.register_buffer("weight_codes", codes)
+        self.register_buffer("weight_scale", scale.reshape(1, -1).contiguous())  # (1, O)
+        bias = linear.bias
+        self.register_buffer("bias", None if bias is None else bias.detach().to(weight.device))
+        self.out_dtype = weight.dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)  # (N, I)
+        n_rows = rows.shape[0]
+        pad = -n_rows % ROW_MULTIPLE if rows.is_cuda else 0
+        if pad:
+            rows = torch.nn.functional.pad(rows, (0, 0, 0, pad))  # zero rows: their own scale, no effect on others
+        codes, scale = quantize_rows(rows)  # (N, I), (N, 1)
+        out = torch._scaled_mm(codes, self.weight_codes.t(), scale_a=scale, scale_b=self.weight_scale,
+                               out_dtype=self.out_dtype)  # (N, O)
+        out = out[:n_rows]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)  # (..., O)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, e4m3 row-scaled"
+
+
+def decoder_linears(model) -> list[tuple[torch.nn.Module, str, torch.nn.Linear]]:
+    """(parent, attribute, linear) for every nn.Linear inside the decoder layers; the LM head is not among them."""
+    found = []
+    for layer in model.model.layers:
+        for parent in layer.modules():
+            for name, child in parent.named_children():
+                if type(child) is torch.nn.Linear:
+                    found.append((parent, name, child))
+    return found
+
+
+def quantize_decoder(model, device: torch.device) -> int:
+    """Replace the decoder layers' linears by Fp8Linear on `device`, one at a time (each bf16 weight is freed as
+    its codes are made, so a model loaded on the host never needs its bf16 copy on the GPU), then move the rest of
+    the model there. Returns the number of linears replaced."""
+    linears = decoder_linears(model)
+    for parent, name, linear in linears:
+        setattr(parent, name, Fp8Linear(linear, device))
+        linear.weight = None  # the bf16 weight goes now, not when the loop ends
+    model.to(device)
+    return len(linears)
+
+
+def why_not_fp8(device: torch.device) -> str | None:
+    """None where row-scaled e4m3 products run on `device`, else one line saying why not (checked by a real product:
+    some GPUs' libraries lack the row-wise variant, e.g. torch's cuBLAS path on sm_120 in 2026)."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 9):
+            return f"FP8 products need compute capability >= 8.9 (Ada/Hopper/Blackwell); this GPU is {major}.{minor}"
+    return probe_product(device)
+
+
+def probe_product(device: torch.device) -> str | None:
+    """One small row-scaled product on `device`: None if it runs, else the first line of why not."""
+    try:
+        probe = Fp8Linear(torch.nn.Linear(32, 32, bias=False, dtype=torch.bfloat16), device)
+        probe(torch.ones(1, 32, dtype=torch.bfloat16, device=device))
+    except (RuntimeError, NotImplementedError, AssertionError) as err:  # AssertionError: torch built without CUDA
+        return f"torch {torch.__version__} cannot run row-scaled FP8 products on {device}: {str(err).splitlines()[0]}"
+    return None
