@@ -6,15 +6,17 @@ Why: on the H200 an eager Qwen3-8B-architecture step took 32 ms where reading it
 once and replays them with one launch, but only for fixed shapes and fixed memory. So every step of T <= 17 fed
 positions (a plain step, a verify chain, a tree) is written with nothing that changes between calls but the
 contents of a few input tensors: the tokens, their rotary positions, the cache slots they are written to (index_copy
-at tensor indices, not a Python slice) and the number of cached positions; attention runs over the cache's whole
-capacity with a mask built from those tensors (gpt-fast's design). Rolling back stays what it is: moving the
+at tensor indices, not a Python slice) and the number of cached positions; attention runs over a fixed span of the
+cache's rows with a mask built from those tensors (gpt-fast's design, which attends over the whole capacity; here the
+span is the smallest of 1,024, 2,048, … rows that covers the positions, one step per span: attention over a 4k-row
+cache had cost a 17-position step on the H200 1.46x one position where a small cache cost 1.17x, docs/gpu.md). Rolling back stays what it is: moving the
 cache's index (a tree path gathered into place first, outside the graph). A prompt's prefill (> 17 positions) runs
 the lean forward as before, into the same cache.
 
 On a CPU the same fixed-shape step runs without capture (mode "sim"): what the test suite and the GPU run's
 `--cpu-sim` exercise — shapes, masks, slots, rollback and exactness against plain decoding.
 
-Shape letters: T = fed positions (<= 17), S = the cache's capacity, E = hidden size, H = query heads, G = key/value
+Shape letters: T = fed positions (<= 17), S = the cache rows a step attends over (its span), E = hidden size, H = query heads, G = key/value
 heads, D = head dim, V = vocabulary, F = concatenated features.
 """
 from __future__ import annotations
@@ -28,6 +30,17 @@ from core.lean import PREFILL_ROWS, AttentionPlan, LeanForward, StaticCache
 
 GRAPH_MODES = ("auto", "off", "sim", "cuda")  # auto: "cuda" on a GPU with the lean forward, else off
 SPARE_SLOTS = PREFILL_ROWS  # capacity kept free past the valid positions: a capture's warm-up writes there
+MIN_SPAN = 1024  # the fewest cache rows a step attends over; spans double from here up to the capacity
+
+
+def attend_span(end: int, capacity: int, min_span: int = MIN_SPAN) -> int:
+    """The cache rows a step attends over when its last fed position is end - 1: the smallest min_span * 2^i that
+    covers end, at most the capacity. One captured step per span, so a short reply never attends over rows that a
+    long one needed the cache for."""
+    span = min_span
+    while span < end:
+        span *= 2
+    return min(span, capacity)
 
 
 def graph_mode(requested: str, lean: LeanForward | None) -> str:
@@ -57,6 +70,7 @@ class _Step:
     slots: torch.Tensor  # (T,) long, cache rows written
     past: torch.Tensor  # () long, cached positions before this step
     block_visible: torch.Tensor  # (T, T) bool
+    span: int = 0  # the cache rows it attends over (attend_span)
     logits: torch.Tensor | None = None  # (T or keep, V)
     features: torch.Tensor | None = None  # (T, F)
     graph: object = None
@@ -64,13 +78,13 @@ class _Step:
 
 class GraphedSteps:
     """The lean forward with every decode / verify shape (T <= 17) as a fixed-shape step on one persistent cache:
-    replayed from a CUDA graph per (T, feature layers, keep) in mode "cuda", run eagerly in mode "sim". Called as
-    LeanForward is; `new_cache` hands out the persistent cache, emptied, when it has room."""
+    replayed from a CUDA graph per (T, feature layers, keep, span) in mode "cuda", run eagerly in mode "sim". Called
+    as LeanForward is; `new_cache` hands out the persistent cache, emptied, when it has room."""
 
-    def __init__(self, lean: LeanForward, mode: str = "sim"):
+    def __init__(self, lean: LeanForward, mode: str = "sim", min_span: int = MIN_SPAN):
         if mode not in ("sim", "cuda"):
             raise ValueError(f"GraphedSteps mode must be sim or cuda, got {mode!r}")
-        self.lean, self.mode = lean, mode
+        self.lean, self.mode, self.min_span = lean, mode, min_span
         self.cache: StaticCache | None = None
         self.rope: tuple[torch.Tensor, torch.Tensor] = ()  # the rotary tables the steps read, covering the cache
         self.steps: dict[tuple, _Step] = {}
@@ -108,7 +122,7 @@ class GraphedSteps:
             return self.lean(ids, cache, layers, keep, block_visible, positions)
         if past + fed + SPARE_SLOTS > cache.capacity:
             raise RuntimeError(f"static KV cache full: {past + fed} positions asked of {cache.capacity - SPARE_SLOTS}")
-        step = self._step(fed, tuple(layers), keep)
+        step = self._step(fed, tuple(layers), keep, attend_span(past + fed, cache.capacity, self.min_span))
         slots = torch.arange(past, past + fed)  # (T,) the cache rows written, and a chain's rotary positions
         step.ids.copy_(ids)
         step.positions.copy_(slots if positions is None else torch.as_tensor(positions))  # a tree's may come as ints
@@ -126,15 +140,15 @@ class GraphedSteps:
         features = None if step.features is None else step.features.clone()  # a drafter keeps them
         return step.logits.clone(), features
 
-    def _step(self, fed: int, layers: tuple[int, ...], keep: int) -> _Step:
-        key = (fed, layers, keep)
+    def _step(self, fed: int, layers: tuple[int, ...], keep: int, span: int) -> _Step:
+        key = (fed, layers, keep, span)
         if key not in self.steps:
             device = self.lean.device
             step = _Step(torch.zeros(fed, dtype=torch.long, device=device),
                          torch.zeros(fed, dtype=torch.long, device=device),
                          torch.zeros(fed, dtype=torch.long, device=device),
                          torch.zeros((), dtype=torch.long, device=device),
-                         torch.ones(fed, fed, dtype=torch.bool, device=device).tril())
+                         torch.ones(fed, fed, dtype=torch.bool, device=device).tril(), span)
             if self.mode == "cuda":
                 self._capture(step, layers, keep)
             self.steps[key] = step
@@ -163,7 +177,7 @@ class GraphedSteps:
         V) and features (T, F) or None."""
         lean, base, cache = self.lean, self.lean.base, self.cache
         cos, sin = self.rope[0][step.positions], self.rope[1][step.positions]  # (T, 1, D) each
-        mask = visible_mask(step.past, step.block_visible, cache.capacity)  # (T, S)
+        mask = visible_mask(step.past, step.block_visible, step.span)  # (T, S)
         plan = AttentionPlan(0, step.block_visible)  # a decode-sized plan: the layers' fused products, no prefill
         x = embedded = base.embed_tokens(step.ids)  # (T, E)
         states, last = [], len(base.layers)
@@ -179,20 +193,21 @@ class GraphedSteps:
         """x (T, E) -> layer `index`'s attention output (T, E); its keys and values written at the step's slots."""
         lean = self.lean
         q, k, v = lean.rotated_qkv(index, attn, x, cos, sin, plan)  # (H, T, D), (G, T, D), (G, T, D)
-        keys, values = self.cache.keys[index], self.cache.values[index]  # (G, S, D) each
-        keys.index_copy_(1, step.slots, k)
+        keys, values = self.cache.keys[index], self.cache.values[index]  # (G, capacity, D) each
+        keys.index_copy_(1, step.slots, k)  # into the whole cache: a capture's warm-up writes past the span
         values.index_copy_(1, step.slots, v)
+        keys, values = keys[:, :step.span], values[:, :step.span]  # (G, S, D) views
         out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, scale=lean.scale,
                                              enable_gqa=lean.kv_heads != lean.n_heads)[0]  # (H, T, D)
         return lean.output(index, attn, out, plan)  # (T, E)
 
 
-def visible_mask(past: torch.Tensor, block_visible: torch.Tensor, capacity: int) -> torch.Tensor:
-    """(T, S) bool: which cache rows each fed row attends to — every cached row before `past`, and the fed rows
-    (written at past .. past + T - 1) its block_visible (T, T) row allows. Tensor ops only, so a graph replays it
-    for any `past`."""
+def visible_mask(past: torch.Tensor, block_visible: torch.Tensor, span: int) -> torch.Tensor:
+    """(T, S) bool over the cache's first `span` rows: which each fed row attends to — every cached row before `past`,
+    and the fed rows (written at past .. past + T - 1) its block_visible (T, T) row allows. Tensor ops only, so a
+    graph replays it for any `past`."""
     fed = block_visible.shape[0]
-    column = torch.arange(capacity, device=block_visible.device)  # (S,)
+    column = torch.arange(span, device=block_visible.device)  # (S,)
     offset = column - past  # (S,) position within this step's block
     in_block = (offset >= 0) & (offset < fed)  # (S,)
     from_block = block_visible[:, offset.clamp(0, fed - 1)] & in_block  # (T, S)

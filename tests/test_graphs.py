@@ -7,18 +7,41 @@ import torch
 from core.drafting import NgramDrafter
 from core.engine import GenerationConfig, generate_all
 from core.forward import keep_positions, target_forward
-from core.graphs import SPARE_SLOTS, GraphedSteps, graph_mode, visible_mask
+from core.graphs import MIN_SPAN, SPARE_SLOTS, GraphedSteps, attend_span, graph_mode, visible_mask
 from core.testing import tiny_llama, tiny_qwen3
 from core.tree import build_trie
 from tests.test_engine import NoisyOracle
 from tests.test_lean import lean_target
 
 
-def graphed(model):
+def graphed(model, min_span: int = MIN_SPAN):
     target = lean_target(model)
     eager = lean_target(model)
-    target.lean = GraphedSteps(target.lean, "sim")
+    target.lean = GraphedSteps(target.lean, "sim", min_span)
     return target, eager
+
+
+def test_a_step_attends_over_the_smallest_doubling_span_that_covers_its_positions():
+    assert [attend_span(end, 10_000) for end in (1, 1024, 1025, 3000, 4097)] == [1024, 1024, 2048, 4096, 8192]
+    assert attend_span(9_000, 9_500) == 9_500 and attend_span(20, 200, min_span=16) == 32  # capped; a smaller floor
+
+
+def test_steps_across_spans_give_the_lean_forwards_logits_and_drafted_equals_plain():
+    model = tiny_qwen3(vocab_size=64, layers=2)
+    target, eager = graphed(model, min_span=8)
+    prompt = [5, 9, 12, 7, 30, 3, 8]
+    with torch.inference_mode():
+        cache, eager_cache = target.new_cache(80), eager.new_cache(80)
+        target_forward(target, prompt, cache, (1,)), target_forward(eager, prompt, eager_cache, (1,))
+        for ids in ([11], [3, 8, 8], [40], [1, 2, 3, 4, 5, 6], [7], *([[9, 10, 11, 12]] * 8)):
+            got = target_forward(target, ids, cache, (1,))
+            want = target_forward(eager, ids, eager_cache, (1,))
+            torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
+    assert {key[3] for key in target.lean.steps} == {8, 16, 32, 64}  # each span its own step, up to 59 positions
+    plain, _ = generate_all(target, prompt, GenerationConfig(max_new_tokens=60))
+    drafted, _ = generate_all(target, prompt, GenerationConfig(max_new_tokens=60, block_size=6), NgramDrafter())
+    assert drafted == plain
 
 
 def test_the_mask_sees_the_cache_and_the_fed_rows_each_row_may_see():
