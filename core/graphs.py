@@ -175,7 +175,7 @@ class GraphedSteps:
     def static_forward(self, step: _Step, layers: tuple[int, ...], keep: int):
         """The forward of LeanForward.__call__ at a fixed shape, reading only the step's tensors: logits (T or keep,
         V) and features (T, F) or None."""
-        lean, base, cache = self.lean, self.lean.base, self.cache
+        lean, base = self.lean, self.lean.base
         cos, sin = self.rope[0][step.positions], self.rope[1][step.positions]  # (T, 1, D) each
         mask = visible_mask(step.past, step.block_visible, step.span)  # (T, S)
         plan = AttentionPlan(0, step.block_visible)  # a decode-sized plan: the layers' fused products, no prefill
