@@ -2,6 +2,7 @@
 docs/gpu-run.md). Two commands, sent back to back:
 
   python -m scripts.gpu_run --command arch  [--budget-s S]   Qwen3-8B's architecture, random weights; CUDA exactness
+  python -m scripts.gpu_run --command stage                  carries the shipped drafters, for the warm starts
   python -m scripts.gpu_run --command train [--budget-s S]   the embedded drafters at GPU scale
   (default budgets: PLAN below; the budgets actually sent are in docs/gpu-run.md)
 
@@ -11,8 +12,9 @@ Here, without a GPU:
 
   python -m scripts.gpu_run --cpu-sim      every stage of both commands at tiny sizes, then OUT's limits checked
   python -m scripts.gpu_run --dry-run      each command's stages, time budgets and transfer size (refuses > 64 MiB)
-  python -m scripts.gpu_run --prepare      stage .gpu/a and .gpu/b (GGUF halves, manifest, gguf wheel, prompts)
-                                           and take the drafter checkpoints and docs/ out of git's index
+  python -m scripts.gpu_run --prepare      stage .gpu/a and .gpu/b (GGUF halves, manifest, gguf wheel, prompts) and
+                                           .gpu/c (the shipped drafters); take the drafter checkpoints and
+                                           docs/ out of git's index
   python -m scripts.gpu_run --restore      put them back in the index; prints git status
   python -m scripts.gpu_run --rehearse     reassemble the halves, check the hash, load with this transformers
                                            and compare its logits with the wheel's own file
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,9 +45,10 @@ class Plan:
 
 # command 1's stages need ~231 s with the compiled step's (eager transformers, lean, CUDA graphs) before FP8's
 PLAN = (Plan("arch", (".gpu/a",), 280, 240),  # half A travels with command 1
-        Plan("train", (".gpu/b",), 420, 370))  # half B with command 2, sent within 30 s of the first returning
-RESEND = Plan("train", (".gpu/a",), 420, 370)  # only if the machine was lost between the two: half A again
-COMMANDS = {"arch": arch.STAGES, "train": train.STAGES}
+        Plan("stage", (".gpu/c",), 60, 20),  # the shipped drafters, for the warm starts (a few seconds)
+        Plan("train", (".gpu/b",), 420, 370))  # half B with the last, sent within 30 s of the stage returning
+RESEND = Plan("train", (".gpu/a",), 420, 370)  # only if the machine was lost between them: half A again
+COMMANDS = {"arch": arch.STAGES, "stage": transfer.STAGES, "train": train.STAGES}
 
 
 def run_command(name: str, out: Path, budget_s: float, cpu_sim: bool = False, device: str = "cuda",
@@ -61,11 +65,17 @@ def run_command(name: str, out: Path, budget_s: float, cpu_sim: bool = False, de
 
 
 def cpu_sim(out: Path) -> dict:
-    """Both commands at tiny sizes on this CPU; fails when a stage fails or OUT would not come back whole."""
+    """Every command at tiny sizes on this CPU, then the training again, warm-started from the checkpoints of the
+    first pass staged as the shipped ones would be; fails when a stage fails or OUT would not come back whole."""
     summary = {}
-    for name in COMMANDS:
+    for name in (*COMMANDS, "train-warm"):
         folder = out / name
-        cmd = run_command(name, folder, 600, cpu_sim=True)
+        if name == "train-warm":  # the first pass's checkpoints play the shipped ones
+            sim_work = out / "gpu-sim-work"
+            transfer.stage_inits(sim_work / "ckpt", sim_work / "stage-c")
+            for done in ("ckpt", "calibrate", "init"):  # a fresh machine's: nothing to resume
+                shutil.rmtree(sim_work / done, ignore_errors=True)
+        cmd = run_command(name.removesuffix("-warm"), folder, 600, cpu_sim=True)
         lines = [json.loads(line) for line in (folder / "progress.jsonl").read_text().splitlines()]
         bad = [f"{ln['stage']}: {ln.get('error') or ln.get('why')}" for ln in lines
                if ln["status"] in ("failed", "skipped")]
@@ -86,8 +96,8 @@ def dry_run() -> bool:
               f"{size['carried'] / 2**20:.1f}) {'fits' if size['fits'] else 'OVER 64 MiB: refused'}")
         for stage, _fn, need_s in COMMANDS[plan.command]:
             print(f"    {stage:<24} starts only with >= {need_s} s left")
-    if not (transfer.STAGING / "a").is_dir():
-        print("(.gpu/a and .gpu/b are not staged yet: run --prepare; the sizes above lack the halves)")
+    if not all((transfer.STAGING / part).is_dir() for part in (*transfer.HALVES, transfer.INITS)):
+        print("(.gpu/a, .gpu/b and .gpu/c are not all staged yet: run --prepare; the sizes above lack them)")
         ok = False
     print("plan fits" if ok else "plan REFUSED")
     return ok
@@ -135,7 +145,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--command", choices=sorted(COMMANDS), help="run one command's stages (on the GPU machine)")
-    mode.add_argument("--cpu-sim", action="store_true", help="every stage of both commands at tiny sizes, here")
+    mode.add_argument("--cpu-sim", action="store_true", help="every stage of every command at tiny sizes, here")
     mode.add_argument("--dry-run", action="store_true", help="stages, budgets and transfer sizes of each command")
     mode.add_argument("--prepare", action="store_true", help="stage .gpu/a, .gpu/b; withhold checkpoints, docs/")
     mode.add_argument("--restore", action="store_true", help="put the checkpoints and docs/ back into git's index")
@@ -163,12 +173,13 @@ def main(argv=None) -> None:
         if not dry_run():
             raise SystemExit(1)
     elif args.prepare:
-        from core.target import embedded_gguf_path
+        from core.target import EMBEDDED_ID, embedded_gguf_path
 
         gguf = Path(args.gguf) if args.gguf else embedded_gguf_path()
         manifest = transfer.stage_embedded(gguf, Path(args.wheels) if args.wheels else None)
+        inits = transfer.stage_inits(transfer.ROOT / "weights" / EMBEDDED_ID, transfer.STAGING / transfer.INITS)
         transfer.withhold_from_index()
-        print(json.dumps(manifest, indent=1))
+        print(json.dumps({**manifest, "inits": inits}, indent=1))
     elif args.check_greedy:
         print(json.dumps(check_greedy(Path(args.check_greedy))))
     elif args.restore:

@@ -1,5 +1,5 @@
-"""The prepared GPU run (scripts.gpu_run): the CPU simulation of both commands, the staged transfer of
-the GGUF, and the limits on what comes back from OUT."""
+"""The prepared GPU run (scripts.gpu_run): the CPU simulation of every command, the staged transfer of
+the GGUF and of the shipped drafters, the warm starts, and the limits on what comes back from OUT."""
 import json
 
 import pytest
@@ -9,11 +9,17 @@ from scripts.gpu import transfer
 from scripts.gpu.stages import Command, check_out_limits, tar_into
 
 
-def test_cpu_simulation_runs_every_stage_of_both_commands(tmp_path):
+def test_cpu_simulation_runs_every_stage_of_every_command_and_warm_starts_the_second_training(tmp_path):
     summary = gpu_run.cpu_sim(tmp_path / "out")
-    for name, stages in gpu_run.COMMANDS.items():
+    for name, stages in [*gpu_run.COMMANDS.items(), ("train-warm", gpu_run.COMMANDS["train"])]:
         assert summary[name]["failed_or_skipped"] == [] and summary[name]["out_problems"] == []
         assert summary[name]["stages"] == [stage for stage, _fn, _need in stages]
+    warm = json.loads((tmp_path / "out/train-warm/results.json").read_text())
+    assert warm["train_dflash"]["init"].endswith("init/dflash") and warm["train_dflash"]["lr"] == 2e-4
+    assert warm["train_flashmap"]["init"].endswith("ckpt/flashmap-teacher")  # the teacher just trained
+    assert warm["train_flashmap"]["student_init"].endswith("init/flashmap")  # the student from the shipped one
+    cold = json.loads((tmp_path / "out/train/results.json").read_text())
+    assert cold["train_dflash"]["init"] is None and cold["train_flashmap-teacher"]["init"].endswith("ckpt/dflash")
     results = json.loads((tmp_path / "out/arch/results.json").read_text())
     assert results["exactness"]["all_identical"]
     assert all(row["identical"] for row in results["qwen3_bf16"]["oracle"])
@@ -93,3 +99,23 @@ def test_the_folders_withheld_from_a_run_are_none_it_trains_on():
 
     assert not set(transfer.NOT_TRAINED_THERE) & set(train.CPU_DATA)
     assert all(transfer.is_withheld(f"{folder}/meta.json") for folder in transfer.NOT_TRAINED_THERE)
+
+
+def test_the_shipped_drafters_are_staged_as_they_are_and_restored_only_where_carried(tmp_path):
+    weights = tmp_path / "weights"
+    for name in ("dflash", "flashmap"):
+        (weights / name).mkdir(parents=True)
+        (weights / name / "model.safetensors").write_bytes(name.encode() * 100)
+        (weights / name / "config.json").write_text(json.dumps({"name": name}))
+    assert transfer.stage_inits(weights, tmp_path / "c") == ["dflash", "flashmap"]  # no teacher there: left out
+    restored = transfer.restore_init([tmp_path / "elsewhere", tmp_path / "c"], "flashmap", tmp_path / "init/flashmap")
+    assert (restored / "model.safetensors").read_bytes() == b"flashmap" * 100
+    assert json.loads((restored / "config.json").read_text()) == {"name": "flashmap"}
+    assert transfer.restore_init([tmp_path / "c"], "flashmap-teacher", tmp_path / "init/t") is None
+
+
+def test_every_command_of_the_plan_fits_with_what_it_carries():
+    """The stage command carries the three shipped drafters (45.8 MiB) beside the tracked tree."""
+    weights = sum((transfer.ROOT / p).stat().st_size for p in transfer.CHECKPOINTS)
+    assert [plan.command for plan in gpu_run.PLAN] == ["arch", "stage", "train"]
+    assert transfer.transfer_size([])["tracked"] + weights + 2**20 <= transfer.LIMIT

