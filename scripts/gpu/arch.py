@@ -321,7 +321,7 @@ def compiled_step(cmd: Command) -> dict:
 
 def oracle_through_graphs(target: Target, prompt: list[int], gen: GenerationConfig, reference: list[int]) -> dict:
     """Plain decoding and the oracle drafter at K = 16, a in {0.6, 0.8, 0.9}, through the graphs, side by side after
-    one warm-up run each (a drafted round's shapes are captured there, not in the timed run)."""
+    a warm-up run of the oracle (a drafted round's shapes are captured there, not in the timed runs)."""
     drafted = replace(gen, block_size=MAX_BLOCK_SIZE)
     timed_run(target, prompt, drafted, OracleDrafter(reference, 0.8, target.vocab_size))  # warm-up, captures
     plain = timed_run(target, prompt, gen)
