@@ -258,7 +258,7 @@ def resolve_quant(cfg: TargetConfig, hf_config, device: torch.device) -> str:
     return plan.quant
 
 
-def _quantization_config(quant: str, hf_config):
+def _quantization_config(quant: str):
     from transformers import BitsAndBytesConfig
 
     if quant == "8bit":
@@ -287,7 +287,7 @@ def _load_hf(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Tar
     cfg = replace(cfg, quant=resolve_quant(cfg, hf_config, device))
     check_quant_supported(cfg.quant, device)
     check_fits(hf_config, dtype, cfg.quant, device)
-    quant_config = _quantization_config(cfg.quant, hf_config)
+    quant_config = _quantization_config(cfg.quant)
     native_fp8 = cfg.quant == "fp8" and not getattr(hf_config, "quantization_config", None)
     if cfg.quant == "fp8":
         check_prequantised_fp8(hf_config)

@@ -33,7 +33,8 @@ def main(argv=None) -> None:
     parser.add_argument("results")
     parser.add_argument("--plot", default=None)
     args = parser.parse_args(argv)
-    bf16 = json.loads(Path(args.results).read_text())["qwen3_bf16"]
+    results = json.loads(Path(args.results).read_text())
+    bf16 = results["qwen3_bf16"]
     curves = {int(c): v for c, v in bf16["verify_cost"].items()}
     one = curves[256]["seconds"]["1"]
     drafter = bf16["zlab_dflash"]["seconds_per_proposal"] / one
@@ -46,7 +47,6 @@ def main(argv=None) -> None:
         print(f"K={k}: " + ", ".join(f"a={a}: {s:.2f}x" for a, s in zip((0.6, 0.8, 0.9, 1.0), row)))
     if "oracle" in bf16:
         print(oracle_table(bf16["oracle"], curves[256]["relative_to_one"], drafter))
-    results = json.loads(Path(args.results).read_text())
     if "compiled_step" in results:
         print(compiled_table(results["compiled_step"]))
     if args.plot:

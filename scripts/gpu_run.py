@@ -1,5 +1,5 @@
 """The prepared run for a borrowed GPU machine (the commands, carry lists and timeouts are in
-docs/gpu-run.md). Two commands, sent back to back:
+docs/gpu-run.md). Three commands, sent back to back:
 
   python -m scripts.gpu_run --command arch  [--budget-s S]   Qwen3-8B's architecture, random weights; CUDA exactness
   python -m scripts.gpu_run --command stage                  carries the shipped drafters, for the warm starts
@@ -10,7 +10,8 @@ Each writes OUT/progress.jsonl (one flushed line per stage event), OUT/results.j
 checkpoints and data as tars, all atomically. OUT is $OUT (the device tool's folder) unless --out says.
 Here, without a GPU:
 
-  python -m scripts.gpu_run --cpu-sim      every stage of both commands at tiny sizes, then OUT's limits checked
+  python -m scripts.gpu_run --cpu-sim      every stage of every command at tiny sizes (the training twice, the
+                                           second warm-started), then OUT's limits checked
   python -m scripts.gpu_run --dry-run      each command's stages, time budgets and transfer size (refuses > 64 MiB)
   python -m scripts.gpu_run --prepare      stage .gpu/a and .gpu/b (GGUF halves, manifest, gguf wheel, prompts) and
                                            .gpu/c (the shipped drafters); take the drafter checkpoints and

@@ -1,10 +1,10 @@
 """Getting the exact embedded target onto the GPU machine, whose commands carry at most 64 MiB each.
 
-The GGUF (93.8 MiB) is split in two halves with a sha256 manifest; command 1 carries half A, command 2
-half B, and command 2 reassembles the file and checks its hash before transformers loads it. Each
+The GGUF (93.8 MiB) is split in two halves with a sha256 manifest; the first command carries half A, the last
+half B, and the last reassembles the file and checks its hash before transformers loads it. Each
 half's folder also holds the gguf wheel (not installed there) and copies of the prompt files (data/prompts/)
-that its stages read. The drafter checkpoints (45.8 MiB) are taken out of git's index for the commands only; copies of
-them (`.gpu/c`) travel in a command of their own, between the two, so that training there warm-starts from them
+that its stages read. The drafter checkpoints (45.8 MiB) are taken out of git's index for the commands only; copies
+of them (`.gpu/c`) travel in a command of their own, between the two, so that training there warm-starts from them
 (the run of 2026-12-04 trained from scratch and shipped nothing, docs/gpu.md).
 """
 from __future__ import annotations
