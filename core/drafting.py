@@ -24,7 +24,9 @@ MAX_BLOCK_SIZE = 16  # the largest block K the engine verifies in one round (and
 
 @dataclass(frozen=True)
 class Draft:
-    tokens: torch.Tensor  # (K,) long, target vocabulary ids
+    # (K,) target vocabulary ids: a long tensor (a network's draft), or a list of ints (a copied draft, which never
+    # needs a tensor: making one after a forward cost ~50 us, most of what deciding on a copy costs)
+    tokens: torch.Tensor | list[int]
     q_draft: torch.Tensor | None  # (K, V) proposal probabilities, or None for a deterministic drafter
     # (K,) per-slot confidence for the adaptive length; must not depend on the sampled tokens (a cut that looks
     # at the sampled values biases the output at T > 0), e.g. the largest probability of each slot's distribution
@@ -43,7 +45,7 @@ class Draft:
     def ids(self) -> list[int]:
         """`tokens` as Python ints (K,), made once: the engine reads them several times a round, and after a forward
         each tensor's tolist() costs ~50 us (its code and data come back from memory)."""
-        return self.tokens.tolist()
+        return self.tokens if isinstance(self.tokens, list) else self.tokens.tolist()
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,8 @@ class Copy:
     source: str = "lookup"  # "lookup" (the conversation) or "phrasebook" (Draft.lookup_source)
 
     def draft(self, n: int) -> Draft:
-        """Its first n tokens as the round's draft (no confidence: the policy keeps its measured rates itself)."""
-        draft = Draft(torch.tensor(self.tokens[:n], dtype=torch.long), None, lookup_match=self.matched,
-                      lookup_source=self.source)  # (n,)
-        draft.__dict__["ids"] = self.tokens[:n]  # Draft.ids known already: no tolist() after the forward
-        return draft
+        """Its first n tokens as the round's draft, a list (no confidence: the policy keeps its measured rates)."""
+        return Draft(self.tokens[:n], None, lookup_match=self.matched, lookup_source=self.source)  # (n,)
 
 
 class Drafter(Protocol):

@@ -85,11 +85,16 @@ class MeasuredPays(SkipEmpty):
     # a drafter measured far slower than plain steps is re-measured rarely enough that its tries cost at most this
     # share of the time (budget_wait), up to `longest_wait` rounds, beyond the back-off's own limit: a try of the
     # FlashMap network at T > 0 costs ~5 plain steps here (its call ~2, a long verify ~4.5, for ~1.3 tokens), and a
-    # cap of 256 rounds had let such tries cost 2-5% of a reply
-    budget: float = 0.01
+    # cap of 256 rounds had let such tries cost 2-5% of a reply. Half a percent: on the AVX2 EPYC the network's rounds
+    # never paid in any domain or temperature (1.9-2.8 plain rounds for 1.2-1.7 tokens), and a 1% budget let its tries
+    # cost 0.5-1.4% of the rounds (0.36.0's bench, docs/engine.md); where it pays, no wait is set at all
+    budget: float = 0.005
     longest_wait: int = 1024
     drafted_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent drafting rounds
     plain_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent plain rounds
+    # per kind: the kept rounds' (tokens, seconds) summed, kept as rounds come and go (not summed anew, 64 rounds
+    # twice, each round)
+    _sums: dict = field(default_factory=lambda: {True: [0, 0.0], False: [0, 0.0]}, repr=False, compare=False)
 
     @property
     def losses(self) -> int:
@@ -104,11 +109,14 @@ class MeasuredPays(SkipEmpty):
         return not (self.max_skip and plain < self.min_rounds and drafted > plain)
 
     def observe(self, drafted: bool, committed: int, seconds: float) -> None:
-        rounds = self.drafted_rounds if drafted else self.plain_rounds
+        rounds, sums = (self.drafted_rounds if drafted else self.plain_rounds), self._sums[drafted]
         rounds.append((committed, seconds))
-        del rounds[: -self.window]
+        sums[0], sums[1] = sums[0] + committed, sums[1] + seconds
+        while len(rounds) > self.window:
+            gone, gone_seconds = rounds.pop(0)
+            sums[0], sums[1] = sums[0] - gone, sums[1] - gone_seconds
         if drafted and self.max_skip and self._measured():
-            ratio = self.rate(self.drafted_rounds) / self.rate(self.plain_rounds)
+            ratio = self.summed_rate(True) / self.summed_rate(False)
             self.drafted(paid=ratio >= 1)
             if ratio < 1:
                 tokens = sum(c for c, _ in self.drafted_rounds) / len(self.drafted_rounds)
@@ -119,6 +127,13 @@ class MeasuredPays(SkipEmpty):
         committed a round: such a round takes tokens * (1 / ratio - 1) plain rounds longer than plain steps would
         for its tokens, which must stay within `budget` of the rounds."""
         return math.ceil(tokens * (1 / max(ratio, 1e-3) - 1) / self.budget)
+
+    def summed_rate(self, drafted: bool) -> float:
+        """rate() of the drafting (or plain) rounds kept, from their running sums; summed anew when they drift."""
+        rounds, sums = (self.drafted_rounds if drafted else self.plain_rounds), self._sums[drafted]
+        if sums[1] <= 0:  # nothing kept, or float drift below zero: sum them again
+            sums[0], sums[1] = sum(c for c, _ in rounds), sum(s for _, s in rounds)
+        return sums[0] / sums[1] if sums[1] > 0 else float("inf")
 
     def _measured(self) -> bool:
         return len(self.drafted_rounds) >= self.min_rounds and len(self.plain_rounds) >= self.min_rounds
@@ -294,6 +309,13 @@ class RoundCosts:
             return start
         return tuple(cost if n not in self.medians else self._weighed(n, cost) for n, cost in enumerate(start, start=1))
 
+    def renewed(self, curve: tuple[float, ...], start: tuple[float, ...], fed: int) -> tuple[float, ...]:
+        """`curve` (curve(start) before the last record) once a record of `fed` positions changed that median:
+        only that length's cost moves."""
+        if fed > len(start) or fed not in self.medians:
+            return curve
+        return (*curve[: fed - 1], self._weighed(fed, start[fed - 1]), *curve[fed:])
+
     def _weighed(self, n: int, start: float) -> float:
         measured, rounds = min(max(self.medians[n], 1.0), float(n)), len(self.ratios[n])
         return (rounds * measured + self.prior_weight * start) / (rounds + self.prior_weight)
@@ -396,12 +418,11 @@ class DraftPolicy:
         that keeps something without a cost curve), as the round's draft; an empty draft when none pays."""
         best, best_value, best_n = None, 1.0, 0  # a plain step: one token for one step's cost
         for copy in copies:
-            n, rates = self.cut_copy(copy, k)
+            n, value = self.cut_copy(copy, k)
             if n == 0:
                 continue
             if not self.verify_cost:
                 return copy.draft(n)
-            value = expected_per_cost(rates[:n], self.verify_cost)
             if value > best_value:
                 best, best_value, best_n = copy, value, n
         return EMPTY if best is None else best.draft(best_n)
@@ -413,15 +434,15 @@ class DraftPolicy:
         n, _ = self.cut_copy(copy, k)
         return copy.draft(n) if n else EMPTY
 
-    def cut_copy(self, copy: Copy, k: int) -> tuple[int, list[float] | None]:
-        """(how many of a copy's tokens to verify, its slots' measured acceptance): with a cost curve, the prefix that
-        pays at the measured acceptance of its source and match length; without one, a strong match whole
-        (lookup_plan), else nothing. On Python floats: most copies are cut to nothing."""
+    def cut_copy(self, copy: Copy, k: int) -> tuple[int, float]:
+        """(how many of a copy's tokens to verify, the expected tokens per unit of verify cost of that prefix): with a
+        cost curve, the prefix that pays at the measured acceptance of its source and match length (best_cut); without
+        one, a strong match whole (lookup_plan), else nothing (the value then 1.0: not weighed). On Python floats:
+        most copies are cut to nothing."""
         if not self.verify_cost:
             alone, _ = lookup_plan(copy.tokens, copy.matched)
-            return (min(len(copy.tokens), k) if alone else 0), None
-        rates = self.state.rates.rates(copy.matched, copy.source, min(len(copy.tokens), k))
-        return best_draft_length(rates, self.verify_cost), rates
+            return (min(len(copy.tokens), k) if alone else 0), 1.0
+        return best_cut(self.state.rates.rates(copy.matched, copy.source, min(len(copy.tokens), k)), self.verify_cost)
 
     def observe(self, draft: Draft, n_accepted: int, n_committed: int, seconds: float,
                 draft_seconds: float = 0.0) -> None:
@@ -442,9 +463,9 @@ class DraftPolicy:
         if source == "drafter" and draft.q_draft is not None:  # a sampled draft (T > 0): its acceptance per slot
             self.state.sampled.record(len(draft.tokens), n_accepted)
         if not draft.alternatives:  # a chain (or nothing) fed 1 + its tokens; a tree's cost is not a chain's
-            verified = seconds - (draft_seconds if self.called else 0.0)
-            if self.state.costs.record(1 + len(draft.tokens), verified):
-                self.verify_cost = self.state.costs.curve(self.start_cost)
+            verified, fed = seconds - (draft_seconds if self.called else 0.0), 1 + len(draft.tokens)
+            if self.state.costs.record(fed, verified):
+                self.verify_cost = self.state.costs.renewed(self.verify_cost, self.start_cost, fed)
 
     def call_cost(self) -> float:
         """What the skips charge a network draft for its call: measured in this reply (CallCost) where it is charged."""
@@ -474,19 +495,25 @@ def expected_tokens(confidence, verify_cost: tuple[float, ...]) -> list[float]:
     return expected
 
 
-def expected_per_cost(confidence, verify_cost: tuple[float, ...]) -> float:
-    """Expected committed tokens per unit of verify cost of verifying this whole draft (at most the curve's length):
-    (1 + sum_{k<=n} prod_{j<=k} c_j) / cost(n + 1 positions), n = len(confidence)."""
-    expected = expected_tokens(confidence, verify_cost)
-    return expected[-1] / verify_cost[len(expected) - 1]
+def best_cut(confidence, verify_cost: tuple[float, ...]) -> tuple[int, float]:
+    """(the prefix length n maximising expected committed tokens per unit of verify cost,
+    (1 + sum_{k<=n} prod_{j<=k} c_j) / cost(n + 1 positions), with the drafter's per-slot confidence c as its
+    acceptance estimate; that maximum), the first n on a tie. One pass on Python floats: a copy is cut every round."""
+    values = confidence.tolist() if isinstance(confidence, torch.Tensor) else confidence
+    best_n, best_value = 0, 1.0 / verify_cost[0]
+    expected, reach = 1.0, 1.0
+    for n, (c, cost) in enumerate(zip(values, verify_cost[1:]), start=1):
+        reach *= min(max(c, 0.0), 1.0)  # P(slots 1..n all accepted)
+        expected += reach
+        if expected / cost > best_value:
+            best_n, best_value = n, expected / cost
+    return best_n, best_value
 
 
 def best_draft_length(confidence, verify_cost: tuple[float, ...]) -> int:
-    """The prefix length n maximising expected committed tokens per unit of verify cost,
-    (1 + sum_{k<=n} prod_{j<=k} c_j) / cost(n + 1 positions), with the drafter's per-slot confidence c
-    as its acceptance estimate. A policy only: whatever length it picks, verification keeps the output exact."""
-    per_cost = [tokens / cost for tokens, cost in zip(expected_tokens(confidence, verify_cost), verify_cost)]
-    return per_cost.index(max(per_cost))
+    """The prefix length n maximising expected committed tokens per unit of verify cost (best_cut). A policy only:
+    whatever length it picks, verification keeps the output exact."""
+    return best_cut(confidence, verify_cost)[0]
 
 
 def draft_pays(confidence, verify_cost: tuple[float, ...], draft_cost: float) -> bool:

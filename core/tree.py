@@ -34,6 +34,9 @@ class Trie:
 def build_trie(branches: list[list[int]], budget: int) -> Trie:
     """Merge drafts into a trie of at most `budget` nodes, breadth-first: every depth-d node of any
     branch comes before any depth-(d+1) node, and a branch stops growing once its node is cut."""
+    if len(branches) == 1:  # one draft (most rounds): its chain, made directly
+        chain = tuple(branches[0][:budget])
+        return Trie(chain, tuple(range(-1, len(chain) - 1)), tuple(range(1, len(chain) + 1)))
     tokens, parents, depths = [], [], []
     index: dict[tuple[int, ...], int] = {}  # prefix -> node
     alive = list(range(len(branches)))

@@ -47,8 +47,8 @@ def read_prompt_rows(paths: list[str], limit: int | None, start: int = 0) -> lis
     rows = []
     for path in paths:
         name = Path(path).name
-        if name.startswith("eval_"):
-            raise ValueError(f"{path}: eval prompts are never used for training")
+        if name.startswith(("eval_", "fresh_")):
+            raise ValueError(f"{path}: benchmark prompts (eval_*, fresh_*) are never used for training")
         try:
             rows += read_jsonl(path)[start:start + limit if limit else None]
         except FileNotFoundError as err:

@@ -448,7 +448,7 @@ def test_the_phrasebook_offers_its_copy_beside_prompt_lookup_and_the_policy_take
         rates.record(2, 3, 0)
     policy = DraftPolicy.for_run(GenerationConfig(verify_cost=curve), PolicyState(rates=rates))
     chosen = policy.best_lookup((conversation, phrase), 6)
-    assert chosen.tokens.tolist() == [50, 51, 52] and chosen.lookup_match == 2 and round_source(chosen) == "phrasebook"
+    assert chosen.ids == [50, 51, 52] and chosen.lookup_match == 2 and round_source(chosen) == "phrasebook"
     rates = LookupRates()
     for _ in range(20):  # the other way round
         rates.record(2, 3, 0, "phrasebook")

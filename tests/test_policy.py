@@ -3,7 +3,17 @@ import torch
 
 from core.drafting import Copy, Draft
 from core.engine import GenerationConfig
-from core.policy import CallCost, DraftPolicy, MeasuredPays, SkipEmpty, best_draft_length, draft_pays
+from core.policy import (
+    CallCost,
+    DraftPolicy,
+    MeasuredPays,
+    RoundCosts,
+    SkipEmpty,
+    best_cut,
+    best_draft_length,
+    draft_pays,
+    expected_tokens,
+)
 from core.sampling import SamplingConfig
 
 
@@ -14,6 +24,18 @@ def test_best_draft_length_trades_expected_tokens_against_verify_cost():
     sure_then_lost = torch.tensor([0.95, 0.95, 0.95] + [0.05] * 13)
     assert best_draft_length(sure_then_lost, cpu_curve) == 3
     assert best_draft_length(torch.full((4,), 0.9), (1.0, 1.0, 1.0)) == 2  # never past the curve's end
+
+
+def test_the_one_pass_cut_finds_the_best_expected_tokens_per_cost_of_every_prefix():
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        n_slots, n_costs = (int(x) for x in torch.randint(0, 18, (2,), generator=generator))
+        confidence = (torch.rand(n_slots, generator=generator) * 1.4 - 0.2).tolist()  # outside [0, 1] as well
+        curve = (1.0, *(1.0 + torch.rand(n_costs, generator=generator).cumsum(0) * 0.5).tolist())
+        per_cost = [tokens / cost for tokens, cost in zip(expected_tokens(confidence, curve), curve)]
+        n, value = best_cut(confidence, curve)
+        assert n == per_cost.index(max(per_cost)) and value == pytest.approx(max(per_cost))
+    assert best_cut([1.0, 1.0], (1.0, 2.0, 3.0)) == (0, 1.0)  # a tie with a plain step: the plain step
 
 
 def test_a_draft_pays_when_its_expected_tokens_cover_the_drafter_call_too():
@@ -103,7 +125,7 @@ def test_measured_pays_backs_off_while_drafting_rounds_commit_fewer_tokens_a_sec
         policy.observe(drafting, 2 if drafting else 1, 3.0 if drafting else 1.0)
     assert kinds[:4] == [True, False, True, False]  # both kinds measured first
     assert sum(kinds[-20:]) <= 2  # then waits of 1, 2, 4, 8, 8 ... plain rounds between single tries
-    for _ in range(80):  # drafting turns profitable (5 tokens in 2 s): the next try pays and resets the wait
+    for _ in range(300):  # drafting turns profitable (5 tokens in 2 s): the next try pays and resets the wait
         drafting = policy.draft_now()
         policy.observe(drafting, 5 if drafting else 1, 2.0 if drafting else 1.0)
     assert policy.losses == 0 and all(policy.draft_now() for _ in range(3))
@@ -132,7 +154,7 @@ def test_the_copied_rounds_verdict_outlasts_a_short_slow_patch_that_the_network_
 
 
 def test_a_drafter_far_slower_than_plain_steps_is_retried_within_the_time_budget():
-    def gaps_between_tries(policy, rounds=1500):
+    def gaps_between_tries(policy, rounds=3000):
         kinds = []
         for _ in range(rounds):  # drafting rounds: 2 tokens in 5 s (0.4 of plain steps' rate); plain: 1 token in 1 s
             drafting = policy.draft_now()
@@ -142,13 +164,13 @@ def test_a_drafter_far_slower_than_plain_steps_is_retried_within_the_time_budget
         return [b - a for a, b in zip(tries[2:], tries[3:])]  # after the first measurements
 
     policy = MeasuredPays(max_skip=8, window=4, min_rounds=2)
-    assert policy.budget_wait(0.4, tokens=2) == 300  # 2 tokens a round, (1 / 0.4 - 1) / 0.01 rounds each
+    assert policy.budget_wait(0.4, tokens=2) == 600  # 2 tokens a round, (1 / 0.4 - 1) / 0.005 rounds each
     gaps = gaps_between_tries(policy)
-    assert 3 <= len(gaps) and min(gaps) > 300  # far beyond the back-off's own 8: each try costs <= 1% of the time
+    assert 3 <= len(gaps) and min(gaps) > 600  # far beyond the back-off's own 8: each try costs <= 0.5% of the time
     capped = gaps_between_tries(MeasuredPays(max_skip=8, window=4, min_rounds=2, longest_wait=50))
     assert max(capped) <= 51
     close = MeasuredPays(max_skip=8, window=4, min_rounds=2)
-    assert close.budget_wait(0.95) == 6  # a close call is measured again soon
+    assert close.budget_wait(0.95) == 11  # a close call is measured again soon
 
 
 def test_sampled_drafts_are_cut_on_their_measured_acceptance_per_slot():
@@ -291,3 +313,26 @@ def test_a_copy_the_start_up_curve_verifies_is_cut_once_rounds_of_its_length_mea
         policy.observe(tree, 0, 1, 1.0)
     assert policy.verify_cost[2] == pytest.approx((4 * 1.2 + 1.1) / 5) and len(state.costs.ratios[2]) == 4  # copies'
     assert DraftPolicy.for_run(gen, state).verify_cost == policy.verify_cost
+
+
+def test_the_running_sums_give_the_measured_rate_of_the_rounds_in_the_window():
+    measured = MeasuredPays(window=5, max_skip=0)
+    generator = torch.Generator().manual_seed(1)
+    for step in range(60):
+        drafted = bool(step % 3)
+        measured.observe(drafted, int(torch.randint(1, 4, (1,), generator=generator)),
+                         float(torch.rand(1, generator=generator)) * 0.01 + 1e-4)
+        for kind, rounds in ((True, measured.drafted_rounds), (False, measured.plain_rounds)):
+            assert len(rounds) <= 5 and measured.summed_rate(kind) == pytest.approx(MeasuredPays.rate(rounds))
+
+
+def test_renewing_one_length_of_the_cost_curve_equals_computing_it_whole():
+    start = (1.0, 1.15, 1.3, 1.6, 2.0)
+    costs, curve = RoundCosts(min_rounds=2, prior_weight=4.0), start
+    generator = torch.Generator().manual_seed(2)
+    for step in range(80):
+        fed = int(torch.randint(1, 7, (1,), generator=generator))  # 6: past the curve's end
+        if costs.record(fed, 0.01 * (1 + 0.3 * (fed - 1)) * float(1 + torch.rand(1, generator=generator))):
+            curve = costs.renewed(curve, start, fed)
+        assert curve == pytest.approx(costs.curve(start))
+    assert curve != start and RoundCosts().renewed((), (), 2) == ()

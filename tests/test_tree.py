@@ -20,6 +20,8 @@ def test_trie_merges_common_prefixes_breadth_first_within_the_budget():
     assert cut.tokens == (5, 9, 6, 8)  # the shallow nodes are kept, every deeper one of a cut branch goes
     assert len(build_trie([[1, 2], [1, 2]], budget=16)) == 2  # equal drafts are one chain
     assert len(build_trie([], budget=16)) == 0 and len(build_trie([[]], budget=16)) == 0
+    for budget in (0, 2, 16):  # one draft's chain, made directly, is the trie the merge makes of it
+        assert build_trie([[4, 5, 6, 7]], budget) == build_trie([[4, 5, 6, 7], [4, 5, 6, 7]], budget)
 
 
 def test_chain_detection_and_depth_of_a_branch():
