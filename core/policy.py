@@ -87,7 +87,7 @@ class MeasuredPays(SkipEmpty):
     # FlashMap network at T > 0 costs ~5 plain steps here (its call ~2, a long verify ~4.5, for ~1.3 tokens), and a
     # cap of 256 rounds had let such tries cost 2-5% of a reply. Half a percent: on the AVX2 EPYC the network's rounds
     # never paid in any domain or temperature (1.9-2.8 plain rounds for 1.2-1.7 tokens), and a 1% budget let its tries
-    # cost 0.5-1.4% of the rounds (0.36.0's bench, docs/engine.md); where it pays, no wait is set at all
+    # cost 0.9-1.4% of the rounds (0.35.0's bench, docs/engine.md); where it pays, no wait is set at all
     budget: float = 0.005
     longest_wait: int = 1024
     drafted_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent drafting rounds
