@@ -77,11 +77,14 @@ def run_arms(target, runner, ids: list[int], i: int, arms: list[str], gen_for, s
     return row
 
 
-def prepare(doc: str, argv=None):
+def prepare(doc: str, argv=None, add_args=None):
     """What a comparison of the default's arms starts from: (its arguments, their run fields, the target warmed up, its
-    start-up cost curves, the app's default drafter as a runner with its call cost measured)."""
+    start-up cost curves, the app's default drafter as a runner with its call cost measured). add_args(parser) adds a
+    comparison's own flags."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_run_args(parser)
+    if add_args is not None:
+        add_args(parser)
     args = parser.parse_args(argv)
     fields = bench.run_fields(args)
     torch.set_num_threads(2)

@@ -4,11 +4,12 @@ in rotated order, every arm carrying its own PolicyState from prompt to prompt a
 start-up curve is measured once at the start, as the bench and the app measure it; the arms also run on a curve whose
 every step past one position is half again as steep, as a start-up on a busy machine can read it.
 
-python -m scripts.round_costs_ab --prompts eval_code --limit 24 --quant q4 \
+python -m scripts.round_costs_ab --prompts eval_code --limit 24 --quant q4 [--arms ARM ...] \
     --out docs/results/engine/round-costs-ab-code-t0-DATE.json
 
 Each arm's figure is the mean over prompts of its tokens a second over the plain reply's, with the standard error, and
-each measured arm over its start-up-only twin, paired by prompt. At T = 0 every reply is checked against plain decoding.
+each arm over its twin (a measured arm over its start-up-only one; 64 rounds a length over 16), paired by prompt, where
+both ran. At T = 0 every reply is checked against plain decoding. --arms runs some of them (default: all).
 """
 from __future__ import annotations
 
@@ -36,7 +37,10 @@ ARMS = {  # label -> (the round costs it keeps, whether its start-up curve is th
     "start-up only": (StartUpOnly, False),
     "measured, steep start": (RoundCosts, True),
     "start-up only, steep start": (StartUpOnly, True),
+    "measured, 64 rounds": (lambda: RoundCosts(window=64), False),  # more rounds a length, so more weight than 16's
 }
+TWINS = {"measured": "start-up only", "measured, steep start": "start-up only, steep start",
+         "measured, 64 rounds": "measured"}  # arm -> the arm it is paired against
 
 
 def steeper(curve: tuple[float, ...]) -> tuple[float, ...]:
@@ -44,20 +48,26 @@ def steeper(curve: tuple[float, ...]) -> tuple[float, ...]:
 
 
 def summary(rows: list[dict]) -> dict:
-    """rows: per prompt, tokens a second by arm and "plain" -> each arm over plain, each measured arm over its twin."""
-    out = {f"{arm} / plain": mean_se([row[arm] / row["plain"] for row in rows]) for arm in ARMS}
-    for arm in ARMS:
-        if arm.startswith("measured"):
-            twin = arm.replace("measured", "start-up only")
-            out[f"{arm} / {twin}"] = mean_se([row[arm] / row[twin] for row in rows])
+    """rows: per prompt, tokens a second by arm and "plain" -> each arm over plain, each arm over its twin where both
+    ran."""
+    arms = [arm for arm in rows[0] if arm != "plain"]
+    out = {f"{arm} / plain": mean_se([row[arm] / row["plain"] for row in rows]) for arm in arms}
+    for arm in arms:
+        if TWINS.get(arm) in arms:
+            out[f"{arm} / {TWINS[arm]}"] = mean_se([row[arm] / row[TWINS[arm]] for row in rows])
     return out
 
 
+def add_args(parser) -> None:
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="the arms to run")
+
+
 def main(argv=None) -> None:
-    args, fields, target, curves, runner = prepare(__doc__, argv)
-    states = {arm: PolicyState(costs=make()) for arm, (make, _) in ARMS.items()}
+    args, fields, target, curves, runner = prepare(__doc__, argv, add_args)
+    arms = args.arms
+    states = {arm: PolicyState(costs=ARMS[arm][0]()) for arm in arms}
     sampling, budget = fields["sampling"], fields["max_new_tokens"]
-    rows, sources, start_curves = [], {arm: {} for arm in ARMS}, []
+    rows, sources, start_curves = [], {arm: {} for arm in arms}, []
     prompts = [prompt for path in fields["prompts"] for prompt in bench.read_prompts(path, fields["limit"])]
     for i, prompt in enumerate(prompts):
         ids = target.chat_ids([{"role": "user", "content": prompt}])
@@ -68,9 +78,9 @@ def main(argv=None) -> None:
         def gen_for(arm: str, curve=curve, gen=gen) -> GenerationConfig:
             return runner.generation(gen, steeper(curve) if arm != "plain" and ARMS[arm][1] else curve)
 
-        rows.append(run_arms(target, runner, ids, i, list(ARMS), gen_for, states, sources, sampling.greedy))
+        rows.append(run_arms(target, runner, ids, i, arms, gen_for, states, sources, sampling.greedy))
     measured_curves = {arm: states[arm].costs.curve(steeper(start_curves[-1]) if ARMS[arm][1] else start_curves[-1])[:6]
-                       for arm in ARMS}
+                       for arm in arms}
     result = {"prompts": list(fields["prompts"]), "limit": fields["limit"], "temperature": sampling.temperature,
               "max_new_tokens": budget, "summary": summary(rows), "rounds_by_source": sources,
               "start_up_curve_last_prompt": start_curves[-1], "curve_after_last_prompt": measured_curves,

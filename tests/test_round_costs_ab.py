@@ -10,7 +10,10 @@ def test_summary_gives_each_arm_over_plain_and_each_measured_arm_over_its_start_
     out = summary(rows)
     assert out["measured / plain"]["mean"] == pytest.approx(1.1) and out["measured / plain"]["se"] < 1e-9
     assert out["measured, steep start / start-up only, steep start"]["mean"] == pytest.approx(1.25)
-    assert "start-up only / measured" not in out and len(out) == len(ARMS) + 2
+    assert "start-up only / measured" not in out and len(out) == 4 + 2  # the arms that ran, two of them paired
+    two = summary([{"plain": 100.0, "measured": 110.0, "measured, 64 rounds": 121.0}] * 2)
+    assert two["measured, 64 rounds / measured"]["mean"] == pytest.approx(1.1) and len(two) == 3
+    assert ARMS["measured, 64 rounds"][0]().window == 64
 
 
 def test_the_steep_start_is_half_again_as_steep_and_the_start_up_arm_never_measures():
