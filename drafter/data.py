@@ -42,12 +42,13 @@ from drafter.blocks import Blocks
 
 # ---- stage 1: responses --------------------------------------------------------------------
 
-def read_prompt_rows(paths: list[str], limit: int | None, start: int = 0) -> list[dict]:
-    """Prompts start..start+limit of each file (all from start when limit is None)."""
+def read_prompt_rows(paths: list[str], limit: int | None, start: int = 0, check_set: bool = False) -> list[dict]:
+    """Prompts start..start+limit of each file (all from start when limit is None). Benchmark prompts are refused:
+    eval_* always, fresh_* unless for a check set (replies only an offline check reads, never training)."""
     rows = []
     for path in paths:
         name = Path(path).name
-        if name.startswith(("eval_", "fresh_")):
+        if name.startswith("eval_") or (name.startswith("fresh_") and not check_set):
             raise ValueError(f"{path}: benchmark prompts (eval_*, fresh_*) are never used for training")
         try:
             rows += read_jsonl(path)[start:start + limit if limit else None]
@@ -93,9 +94,11 @@ def write_shard(path: Path, prompts: list[list[int]], responses: list[list[int]]
 
 def generate(args) -> None:
     target = load_target(target_config_from_args(args))
-    rows = read_prompt_rows(args.prompts, args.limit, args.start)
+    rows = read_prompt_rows(args.prompts, args.limit, args.start, args.held_apart)
     meta = {"target": target.identity, "prompts": args.prompts, "start": args.start, "limit": args.limit,
             "max_new_tokens": args.max_new_tokens, "shard_size": args.shard_size}
+    if args.held_apart:  # only then: the folders generated before the flag resume with their meta unchanged
+        meta["held_apart"] = True
     write_domains(Path(args.out), rows)
     generate_rows(target, rows, Path(args.out), meta, args.shard_size, args.batch_size, args.max_new_tokens)
 
@@ -239,6 +242,12 @@ def read_shard(path: Path, features_path: Path | None = None) -> list[Sequence]:
     return [Sequence(tokens[offsets[i]:offsets[i + 1]], plen,
                      FeatureSlice(features_path, offsets[i], offsets[i + 1]) if cached else None)
             for i, plen in enumerate(shard["prompt_lens"].tolist())]
+
+
+def held_apart(folder) -> bool:
+    """Whether a data folder is a check set (generate --held-apart): read by offline checks, never trained on."""
+    meta = Path(folder) / "meta.json"
+    return meta.is_file() and bool(json.loads(meta.read_text()).get("held_apart"))
 
 
 def load_sequences(folder, layers: tuple[int, ...] | None = None) -> list[Sequence]:
@@ -459,6 +468,8 @@ def main(argv=None) -> None:
     gen.add_argument("--out", required=True, help="data folder (an existing one resumes, same settings only)")
     gen.add_argument("--start", type=int, default=0, help="skip the first N prompts of each file")
     gen.add_argument("--limit", type=int, default=None, help="N prompts of each file (from --start)")
+    gen.add_argument("--held-apart", action="store_true",
+                     help="a check set: fresh_* prompts allowed, and drafter.train refuses the folder")
     add_generation_args(gen)
     turn2 = sub.add_parser("follow-up", help="the target answers follow-up questions to its own earlier answers")
     turn2.add_argument("--source", required=True, help="a data folder written by generate (its prompts and answers)")

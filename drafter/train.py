@@ -32,7 +32,7 @@ from core.threads import cpu_flags
 from drafter.blocks import Blocks
 from drafter.checkpoint import save_checkpoint
 from drafter.config import MODULATIONS, DrafterConfig, ZLabFlowConfig, spread_layers
-from drafter.data import blocks_from_sequences, draft_vocabulary, load_sequences, target_to_draft_map
+from drafter.data import blocks_from_sequences, draft_vocabulary, held_apart, load_sequences, target_to_draft_map
 from drafter.losses import dflash_loss, distill_loss, teacher_loss
 from drafter.runtime import build_net, load_net, zlab_warm_start
 from drafter.zlab_dflash import assumed_layout, is_zlab_folder
@@ -163,7 +163,11 @@ def load_train_state(path: Path, opt: torch.optim.Optimizer) -> int:
 
 
 def training_sequences(folders: tuple[str, ...], layers: tuple[int, ...] | None = None) -> list:
-    """Every response with at least two tokens from all data folders (features attached with layers)."""
+    """Every response with at least two tokens from all data folders (features attached with layers); a held-apart
+    check set is refused."""
+    for folder in folders:
+        if held_apart(folder):
+            raise SystemExit(f"{folder} is a check set (drafter.data generate --held-apart): never trained on")
     return [s for folder in folders for s in load_sequences(folder, layers) if len(s.tokens) - s.prompt_len >= 2]
 
 

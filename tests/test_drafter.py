@@ -393,6 +393,11 @@ def test_prompt_slices_and_a_folder_resumes_only_with_its_own_settings(tmp_path)
     for name in ("eval_math.jsonl", "fresh_code.jsonl"):
         with pytest.raises(ValueError, match="never used for training"):
             read_prompt_rows([str(tmp_path / name)], None)
+    fresh = tmp_path / "fresh_code.jsonl"
+    fresh.write_text(path.read_text())
+    assert len(read_prompt_rows([str(fresh)], None, check_set=True)) == 10  # a check set's replies: allowed
+    with pytest.raises(ValueError, match="never used for training"):
+        read_prompt_rows([str(tmp_path / "eval_math.jsonl")], None, check_set=True)  # evaluation prompts: never
     check_meta(tmp_path, {"start": 0, "limit": 3})
     check_meta(tmp_path, {"start": 0, "limit": 3})  # the same settings: resume
     with pytest.raises(SystemExit, match="other settings"):

@@ -155,3 +155,15 @@ def test_precision_auto_picks_bf16_only_where_the_hardware_has_it():
     assert train_mod.resolve_precision("auto", cpu, avx2, full_vocab_head=True) == "fp32"
     args = train_mod.parse_args(["--stage", "dflash", "--data", "d", "--out", "o", "--device", "cpu"])
     assert train_mod.config_from_args(args).precision in ("bf16", "fp32")  # resolved before the config is saved
+
+
+def test_a_check_set_is_never_trained_on(tmp_path):
+    seqs = tiny_seqs(n=2)
+    for name, meta in (("train", {}), ("check", {"held_apart": True})):
+        (tmp_path / name).mkdir()
+        write_shard(tmp_path / name / "shard-00000.safetensors", [s.tokens[:6] for s in seqs],
+                    [s.tokens[6:] for s in seqs])
+        (tmp_path / name / "meta.json").write_text(json.dumps(meta))
+    assert len(train_mod.training_sequences((str(tmp_path / "train"),))) == 2
+    with pytest.raises(SystemExit, match="check set"):
+        train_mod.training_sequences((str(tmp_path / "train"), str(tmp_path / "check")))
