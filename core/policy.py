@@ -129,19 +129,12 @@ class MeasuredPays(SkipEmpty):
         return math.ceil(tokens * (1 / max(ratio, 1e-3) - 1) / self.budget)
 
     def summed_rate(self, drafted: bool) -> float:
-        """rate() of the drafting (or plain) rounds kept, from their running sums; summed anew when they drift."""
-        rounds, sums = (self.drafted_rounds if drafted else self.plain_rounds), self._sums[drafted]
-        if sums[1] <= 0:  # nothing kept, or float drift below zero: sum them again
-            sums[0], sums[1] = sum(c for c, _ in rounds), sum(s for _, s in rounds)
-        return sums[0] / sums[1] if sums[1] > 0 else float("inf")
+        """Tokens committed a second by the drafting (or plain) rounds kept, from their running sums; inf for none."""
+        tokens, seconds = self._sums[drafted]
+        return tokens / seconds if seconds > 0 else float("inf")
 
     def _measured(self) -> bool:
         return len(self.drafted_rounds) >= self.min_rounds and len(self.plain_rounds) >= self.min_rounds
-
-    @staticmethod
-    def rate(rounds: list) -> float:
-        seconds = sum(s for _, s in rounds)
-        return sum(c for c, _ in rounds) / seconds if seconds > 0 else float("inf")
 
 
 def smoothed_rate(accepted, reached, prior_rate: float, prior_weight: float):
