@@ -129,7 +129,9 @@ def pack_q4_blocks(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tens
     inputs, 64 int32 words of codes, then the 16 outputs' scales and minimums as fp16 (8 words each). "pairs" (bf16 or
     fp32 pair products): word (q, j) holds output j's inputs 8q .. 8q + 7, input 8q + 2k in bits 4k .., input
     8q + 2k + 1 in bits 16 + 4k ..; "bytes" (8-bit integer products, AVX2): byte 32m + 4l + i holds output l's code of
-    input 4m + i in its low 4 bits and output 8 + l's in its high 4 bits.
+    input 4m + i in its low 4 bits and output 8 + l's in its high 4 bits; "quads" (8-bit integer products,
+    AVX512-VNNI): byte 64j + 4l + i holds output l's code of input 8j + i in its low 4 bits and of 8j + 4 + i in its
+    high 4 bits.
     codes (O, I) int32 in 0..15, scale, minimum (O, I/32) -> (O/16, I/32, 80) int32"""
     out_f, in_f = codes.shape
     tiles, groups = out_f // 16, in_f // Q4_GROUP
@@ -138,6 +140,11 @@ def pack_q4_blocks(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tens
         nibbles = nibbles.permute(0, 3, 4, 2, 5, 1)  # (tile, group, m, l, i, high)
         words = (nibbles[..., 0] | (nibbles[..., 1] << 4)).contiguous().reshape(-1).view(torch.int32)
         words = words.reshape(tiles, groups, 64)  # 32 bytes per m
+    elif layout == "quads":
+        nibbles = codes.to(torch.uint8).reshape(tiles, 16, groups, 4, 2, 4)  # (tile, l, group, j, high, i)
+        nibbles = nibbles.permute(0, 2, 3, 1, 5, 4)  # (tile, group, j, l, i, high)
+        words = (nibbles[..., 0] | (nibbles[..., 1] << 4)).contiguous().reshape(-1).view(torch.int32)
+        words = words.reshape(tiles, groups, 64)  # 64 bytes per j
     else:
         nibbles = codes.to(torch.int64).reshape(tiles, 16, groups, 4, 4, 2)  # (tile, j, group, q, k, odd)
         nibbles = nibbles.permute(0, 2, 3, 1, 4, 5)  # (tile, group, q, j, k, odd)
@@ -160,6 +167,10 @@ def unpack_q4_blocks(blocks: torch.Tensor, layout: str = "pairs") -> torch.Tenso
         packed = blocks[..., :64].contiguous().view(torch.uint8).reshape(tiles, groups, 8, 8, 4)  # (tile, g, m, l, i)
         codes = torch.stack([packed & 15, packed >> 4], dim=1)  # (tile, high, group, m, l, i)
         codes = codes.permute(0, 1, 4, 2, 3, 5).reshape(tiles * 16, groups, Q4_GROUP).float()  # (O, I/32, 32)
+    elif layout == "quads":
+        packed = blocks[..., :64].contiguous().view(torch.uint8).reshape(tiles, groups, 4, 16, 4)  # (tile, g, j, l, i)
+        codes = torch.stack([packed & 15, packed >> 4], dim=-2)  # (tile, group, j, l, high, i)
+        codes = codes.permute(0, 3, 1, 2, 4, 5).reshape(tiles * 16, groups, Q4_GROUP).float()  # (O, I/32, 32)
     else:
         words = blocks[..., :64].to(torch.int64) & 0xFFFFFFFF  # (tile, group, 64) as unsigned
         words = words.reshape(tiles, groups, 4, 16, 1, 1)  # (tile, group, q, j, 1, 1)
@@ -228,7 +239,7 @@ class Int8Linear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Module, native, group: int = Q4_GROUP):
         super().__init__()
         self.in_features, self.out_features, self.native = linear.in_features, linear.out_features, native
-        self.blocks = pack_q8_blocks(*quantize_q8(linear.weight, group), native.LAYOUT)  # (O/16, I/32, 136) int32
+        self.blocks = pack_q8_blocks(*quantize_q8(linear.weight, group), native.Q8_LAYOUT)  # (O/16, I/32, 136) int32
         self.bias = None if getattr(linear, "bias", None) is None else linear.bias.detach().to(torch.bfloat16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -147,8 +147,9 @@ def test_the_native_q4_product_is_the_codes_weight_for_any_rows_and_each_row_alo
 
 
 def test_the_products_prefetch_distance_changes_no_value_and_is_checked():
-    """lean_step.cpp's products ask for the weight's cache lines some blocks ahead (2 by default): a hint only, so the
-    q4 and q8 products are bit for bit the same at every distance, 0 (none) and past the last block included."""
+    """lean_step.cpp's products may ask for the weight's cache lines some blocks ahead (by default 2, or none with the
+    VNNI products): a hint only, so the q4 and q8 products are bit for bit the same at every distance, 0 (none) and past
+    the last block included."""
     from core import native
     from core.cpu_linear import Int4Linear, Int8Linear
 
@@ -159,6 +160,8 @@ def test_the_products_prefetch_distance_changes_no_value_and_is_checked():
     linear = torch.nn.Linear(96, 48)
     products = (Int4Linear(linear, native=module), Int8Linear(torch.nn.Linear(96, 48, bias=False), module))
     x = torch.randn(5, 96).bfloat16()
+    default = module.prefetch_blocks()
+    assert default == (0 if module.ACTIVATIONS == "8-bit" and module.LAYOUT == "quads" else 2)
     try:
         with torch.no_grad():
             module.set_prefetch_blocks(0)
@@ -170,7 +173,25 @@ def test_the_products_prefetch_distance_changes_no_value_and_is_checked():
             with pytest.raises(RuntimeError, match="prefetch distance"):
                 module.set_prefetch_blocks(wrong)
     finally:
-        module.set_prefetch_blocks(2)
+        module.set_prefetch_blocks(default)
+
+
+@pytest.mark.parametrize("layout", ["pairs", "bytes", "quads"])
+def test_every_q4_layout_holds_the_same_codes_scales_and_minimums(layout):
+    """pack_q4_blocks' three arrangements (bf16 pairs, AVX2's bytes, VNNI's quads) each unpack to the weight its codes
+    stand for; only the native build of each CPU reads its own, so this checks the ones this CPU does not."""
+    from core.cpu_linear import pack_q4_blocks, quantize_q4, unpack_q4_blocks
+
+    torch.manual_seed(3)
+    codes, scale, minimum = quantize_q4(torch.randn(48, 96))  # 3 tiles x 3 blocks
+    want = (codes.float().reshape(48, 3, 32) * scale.half().float()[..., None] + minimum.half().float()[..., None])
+    blocks = pack_q4_blocks(codes, scale, minimum, layout)  # (3, 3, 80)
+    assert blocks.shape == (3, 3, 80)
+    assert torch.equal(unpack_q4_blocks(blocks, layout), want.reshape(48, 96))
+    if layout == "quads":  # byte 64j + 4l + i: output l's input 8j + i (low bits) and 8j + 4 + i (high bits)
+        first = blocks[0, 0, :64].contiguous().view(torch.uint8)  # (256,) the first block's code bytes
+        out, j, i = 5, 2, 3
+        assert first[64 * j + 4 * out + i] == codes[out, 8 * j + i] | (codes[out, 8 * j + 4 + i] << 4)
 
 
 @pytest.mark.parametrize("out_features, in_features", [(16, 32), (48, 96), (4096, 576)])
@@ -190,7 +211,7 @@ def test_the_native_q8_product_is_the_codes_weight_for_any_rows_and_each_row_alo
     codes, scale = quantize_q8(linear.weight)
     want_weight = (codes.float().reshape(out_features, -1, 32) * scale.half().float()[..., None]).reshape(
         out_features, in_features)
-    assert torch.equal(unpack_q8_blocks(q8.blocks, module.LAYOUT), want_weight)
+    assert torch.equal(unpack_q8_blocks(q8.blocks, module.Q8_LAYOUT), want_weight)
     step = scale.repeat_interleave(32, dim=1)  # (O, I)
     # within half a step, plus the fp16-rounded scale's error over up to 127 steps
     assert ((want_weight - linear.weight.detach()).abs() <= 0.5 * step + 127 * (scale.half().float() - scale).abs()

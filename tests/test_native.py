@@ -77,11 +77,13 @@ def test_load_target_falls_back_to_the_python_step_with_one_line(monkeypatch, ca
     assert capsys.readouterr().out.count("no compiler here") == 1
 
 
-# the builds other CPUs compile (core/csrc/simd.h, lean_step.cpp), each made here by turning features off: AVX2 lanes
-# and integer products (no AVX-512), plain arrays and fp32 products (no AVX2 either), AVX-512 lanes with the integer
-# products (AVX-512 without BF16). Each with the CPU flag without which it is this machine's own build (then skipped)
-LANE_BUILDS = {"avx2": ("avx512f", ("-mno-avx512f",)), "arrays": ("avx2", ("-mno-avx512f", "-mno-avx2")),
-               "avx512-integer": ("avx512_bf16", ("-mno-avx512bf16",))}
+# the builds other CPUs compile (core/csrc/simd.h, products.h, lean_step.cpp), each made here by turning features off:
+# AVX2 lanes and integer products (no AVX-512), plain arrays and fp32 products (no AVX2 either), AVX-512 lanes with
+# AVX2's integer products (AVX-512 without VNNI or BF16), bf16 pair products (AVX512-BF16 without VNNI). Each with the
+# CPU flags without which it is this machine's own build or another one's here (then skipped)
+LANE_BUILDS = {"avx2": (("avx512f",), ("-mno-avx512f",)), "arrays": (("avx2",), ("-mno-avx512f", "-mno-avx2")),
+               "avx512-integer": (("avx512_vnni",), ("-mno-avx512vnni", "-mno-avx512bf16")),
+               "avx512-bf16": (("avx512_vnni", "avx512_bf16"), ("-mno-avx512vnni",))}
 
 
 def lane_build_flags(lanes: str) -> tuple[str, ...]:
@@ -89,8 +91,9 @@ def lane_build_flags(lanes: str) -> tuple[str, ...]:
     from core.threads import cpu_flags
 
     needs, flags = LANE_BUILDS[lanes]
-    if needs not in cpu_flags():
-        pytest.skip(f"this CPU has no {needs}: turning it off builds what the other tests already run")
+    missing = [flag for flag in needs if flag not in cpu_flags()]
+    if missing:
+        pytest.skip(f"this CPU has no {', '.join(missing)}: turning features off builds what another test runs here")
     return flags
 
 

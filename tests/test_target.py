@@ -112,3 +112,18 @@ def test_decode_takes_the_rust_backend_only_where_it_returns_the_tokenizers_text
     cleaning.clean_up_tokenization_spaces = True
     target = target_mod.Target(tiny_qwen3(), cleaning, "tiny", torch.device("cpu"), (1,))
     assert target._decoder == cleaning.decode
+
+
+def test_the_prefill_runs_through_the_native_step_where_its_products_are_integer_or_bf16_is_not_native():
+    """native_prefill: AVX2-only CPUs and AVX512-VNNI ones (integer products, no AMX) prefill through the step, which
+    keeps the prefill batch-invariant (core.prefix reuses it); AVX512-BF16 with the step's bf16 products, or AMX,
+    prefill op by op."""
+    from types import SimpleNamespace
+
+    integer, pairs = SimpleNamespace(ACTIVATIONS="8-bit"), SimpleNamespace(ACTIVATIONS="bf16")
+    assert target_mod.native_prefill(integer, frozenset({"avx2"}))
+    assert target_mod.native_prefill(integer, frozenset({"avx2", "avx512_vnni", "avx512_bf16"}))
+    assert not target_mod.native_prefill(pairs, frozenset({"avx512_bf16"}))
+    assert not target_mod.native_prefill(integer, frozenset({"avx512_vnni", "avx512_bf16", "amx_bf16"}))
+    assert target_mod.native_prefill(pairs, frozenset({"avx2"}))  # fp32 products, no bf16 in hardware
+    assert not target_mod.native_prefill(None, frozenset({"avx512_bf16"}))

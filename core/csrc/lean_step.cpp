@@ -141,6 +141,7 @@ inline float group_sum(const bf16* x) { return sum(load(x) + load(x + LANES)); }
 using Pairs = __m512bh;  // 16 lanes of two bf16 codes
 using Operand = bf16;  // the rows as the pair step reads them
 constexpr const char* LAYOUT = "pairs";  // the codes' arrangement in a block (core.cpu_linear.pack_q4_blocks)
+constexpr const char* Q8_LAYOUT = "pairs";  // and in a q8 block (pack_q8_blocks)
 constexpr const char* ACTIVATIONS = "bf16";
 inline const Operand* prepare_rows(const bf16* x, int64_t, int64_t, std::vector<Operand>&) { return x; }
 inline V16 pair_step(V16 acc, Pairs codes, const bf16* x) {  // acc + codes . (x[0], x[1]) lane by lane
@@ -167,7 +168,12 @@ inline Pairs q8_pairs(const int32_t* words) {  // 16 outputs' two signed 8-bit c
 }
 #elif defined(INTEGER_PRODUCTS)
 // 8-bit codes per block of 32 inputs with one scale (products.h: Operand, quantize_rows, q8_dots)
+#if defined(VNNI_PRODUCTS)
+constexpr const char* LAYOUT = "quads";
+#else
 constexpr const char* LAYOUT = "bytes";
+#endif
+constexpr const char* Q8_LAYOUT = "bytes";
 constexpr const char* ACTIVATIONS = "8-bit";
 
 inline const Operand* prepare_rows(const bf16* x, int64_t n, int64_t in, std::vector<Operand>& storage) {
@@ -175,6 +181,31 @@ inline const Operand* prepare_rows(const bf16* x, int64_t n, int64_t in, std::ve
   return storage.data();
 }
 
+#if defined(VNNI_PRODUCTS)
+// q4, layout "quads": word 16j + l holds output l's codes of inputs 8j .. 8j + 3 (the low 4 bits of its bytes) and
+// 8j + 4 .. 8j + 7 (the high ones), so each 64-byte load is two vpdpbusd operands of 16 outputs x 4 inputs, and a
+// row's four inputs are one broadcast word. Two sums a row (the low and the high halves) halve the chain of dependent
+// products; integer sums are exact, so how they are associated changes nothing
+template <int R, int P>
+inline void q4_dots(const int32_t* words, const Operand* const* x, V16* dot) {
+  __m512i sum[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) sum[r][0] = sum[r][1] = _mm512_setzero_si512();
+  const __m512i low = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+  for (int j = 0; j < GROUP / 8; ++j) {
+    const __m512i packed = _mm512_loadu_si512(words + 16 * j);
+    const __m512i first = _mm512_and_si512(packed, low), second = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      sum[r][0] = _mm512_dpbusd_epi32(sum[r][0], first, _mm512_set1_epi32(products::four(x[r], 2 * j)));
+      sum[r][1] = _mm512_dpbusd_epi32(sum[r][1], second, _mm512_set1_epi32(products::four(x[r], 2 * j + 1)));
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) dot[r] = products::scaled(_mm512_add_epi32(sum[r][0], sum[r][1]), x[r]);
+}
+#else
 // q4, layout "bytes": byte 32m + 4l + i holds output l's code of input 4m + i (low 4 bits) and output 8 + l's (high).
 // Per 16-bit lane, 8 steps of two products each: at most 8 * 2 * 15 * 127 = 30,480, so the sums stay 16-bit
 template <int R, int P>
@@ -200,6 +231,7 @@ inline void q4_dots(const int32_t* words, const Operand* const* x, V16* dot) {
     dot[r] = scaled(sums, x[r]);
   }
 }
+#endif  // VNNI_PRODUCTS
 
 // q8: products.h's q8_dots (P: the pair builds' partial sums; the integer sums are exact and need none)
 template <int R, int P>
@@ -210,6 +242,7 @@ struct Pairs {
 };
 using Operand = float;  // the rows widened to fp32 once per product, not once per block and output tile
 constexpr const char* LAYOUT = "pairs";
+constexpr const char* Q8_LAYOUT = "pairs";
 constexpr const char* ACTIVATIONS = "bf16";
 inline const Operand* prepare_rows(const bf16* x, int64_t n, int64_t in, std::vector<Operand>& storage) {
   storage.resize(n * in);
@@ -295,15 +328,22 @@ constexpr bool INTEGER = true;
 #else
 constexpr bool INTEGER = false;
 #endif
+#if defined(VNNI_PRODUCTS)
+constexpr bool VNNI = true;
+#else
+constexpr bool VNNI = false;
+#endif
 constexpr int64_t OPERANDS = INTEGER ? 1 : GROUP;  // Operands a block of inputs spans
 
 // How many blocks ahead of the one being multiplied block_tile asks for the weight's cache lines. The hardware
 // prefetcher alone left the forward waiting on memory: 2 blocks (~0.6-1 KB) ahead made forwards over 1, 2 and 5
 // positions 2-4% faster and plain-decoding replies 0-2% faster on the AVX2 EPYC (Zen 3); 3 blocks did as well on the
-// forwards, 8 made them 2-7% slower (scripts.prefetch_ab, docs/results/engine/prefetch-ab*-2026-12-03.json).
+// forwards, 8 made them 2-7% slower (scripts.prefetch_ab, docs/results/engine/prefetch-ab*-2026-12-03.json). On the
+// AVX-512 EPYC (Zen 4) with the VNNI products, no prefetch did best: 2 blocks made forwards over 1 and 2 positions
+// ~10% slower and plain-decoding replies ~7% slower (docs/results/engine/prefetch-ab-vnni-2026-12-04.json).
 // Non-temporal: the weights are read once a forward and should not push the attention's keys and the Python between
 // forwards out of the cache. A product's arithmetic is the same at any distance (0: none).
-int64_t prefetch_blocks = 2;
+int64_t prefetch_blocks = VNNI ? 0 : 2;
 
 void set_prefetch_blocks(int64_t blocks) {
   TORCH_CHECK(0 <= blocks && blocks <= 64, "prefetch distance must be 0..64 blocks, got ", blocks);
@@ -320,7 +360,7 @@ struct Q4Blocks {  // pack_q4_blocks: codes, scales, minimums
   static constexpr int64_t WORDS = 80, SCALES = 64, MINIMA = 72;
   // rows sharing one unpacking: their sums (R x PARTIALS vectors; R x 2 16-bit ones for the integer products), the
   // codes and the inputs fill the registers
-  static constexpr int ROWS = INTEGER ? 4 : REGISTERS >= 32 ? 4 : 2;
+  static constexpr int ROWS = VNNI ? 8 : INTEGER ? 4 : REGISTERS >= 32 ? 4 : 2;
   template <int R>
   static void dots(const int32_t* words, const Operand* const* x, V16* dot) { q4_dots<R, PARTIALS>(words, x, dot); }
 };
@@ -330,7 +370,7 @@ struct Q8Blocks {  // pack_q8_blocks: codes, scales
   // 8 rows share one unpacking with 2 partial sums each (2 rows in the plain-array build; 4 rows for the integer
   // products): turning 8-bit codes into bf16 pairs costs ~5 instructions a pair of inputs, more than the 4-bit table
   // lookup, so it is shared by more rows
-  static constexpr int ROWS = INTEGER ? 4 : REGISTERS >= 32 ? 8 : 2;
+  static constexpr int ROWS = VNNI ? 8 : INTEGER ? 4 : REGISTERS >= 32 ? 8 : 2;
   template <int R>
   static void dots(const int32_t* words, const Operand* const* x, V16* dot) { q8_dots<R, 2>(words, x, dot); }
 };
@@ -727,13 +767,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "final norm where its weight is given");
   m.def("step", &step, "one forward of at most a verify round's positions from token ids to logits: embedding, "
         "rotary rows, the layers, the final norm and the 8-bit LM head, with the features at the given layers");
-  m.def("set_prefetch_blocks", &set_prefetch_blocks, "how many blocks ahead the products prefetch their weight (2; "
-        "0: none), for the comparison that measures it (scripts.prefetch_ab)");
+  m.def("prefetch_blocks", [] { return prefetch_blocks; }, "how many blocks ahead the products prefetch now");
+  m.def("set_prefetch_blocks", &set_prefetch_blocks, "how many blocks ahead the products prefetch their weight "
+        "(0: none), for the comparison that measures it (scripts.prefetch_ab)");
   m.def("keep_rows", &keep_rows, "move a tree round's kept positions into place in every layer's keys and values");
   m.def("q4_mm", &q4_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 4-bit codes -> (N, O) bf16");
   m.def("q8_mm", &q8_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 8-bit codes -> (N, O) bf16");
   m.attr("SLOTS") = SLOTS;
   m.attr("MAX_HEAD_DIM") = LANES * MAX_CHUNKS;  // the attention holds a head in registers
-  m.attr("LAYOUT") = LAYOUT;  // how q4_mm's and q8_mm's blocks arrange the codes (core.cpu_linear)
+  m.attr("LAYOUT") = LAYOUT;  // how q4_mm's blocks arrange the codes (core.cpu_linear)
+  m.attr("Q8_LAYOUT") = Q8_LAYOUT;  // and q8_mm's
   m.attr("ACTIVATIONS") = ACTIVATIONS;  // what the products multiply the weight codes by
 }

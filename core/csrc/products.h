@@ -1,13 +1,20 @@
 // Which products the native kernels (core/csrc/lean_step.cpp, drafter/csrc/dit_trunk.cpp) build, chosen once from
 // the build's instruction set, and the integer products' shared parts.
 //
-// BF16_PRODUCTS: AVX512-BF16 pair dot products (the decode step's bf16 activations times its weight codes).
-// INTEGER_PRODUCTS: AVX2 without BF16 (an AVX-512 CPU without it included). AVX2 has no bf16 products, and fp32 ones
-// cost ~20 instructions per 32 products a row of the decode step with the unpacking and the broadcasts (measured
-// 1.4-1.8x torch's int4 kernel, still behind llama.cpp). So there, as llama.cpp does, each row's inputs are rounded
-// to signed 8-bit codes per block of 32 with one fp32 scale (GGUF's Q8_0 applied to activations), and a block's sum of
-// code products is exact integer arithmetic: vpmaddubsw multiplies 32 unsigned by 32 signed 8-bit codes and adds
-// neighbours. A row's codes depend on that row alone. Else neither: fp32 products.
+// INTEGER_PRODUCTS: each row's inputs are rounded to signed 8-bit codes per block of 32 with one fp32 scale (GGUF's
+// Q8_0 applied to activations, as llama.cpp does), and a block's sum of code products is exact integer arithmetic, so
+// every build below computes the same integers, and a row's codes depend on that row alone. Two builds:
+// - VNNI_PRODUCTS (AVX512-VNNI: Ice Lake and later, Zen 4 and later): vpdpbusd multiplies 64 unsigned by 64 signed
+//   8-bit codes and adds them four at a time into 16 int32 lanes, one instruction for what bf16 pairs do in two. On the
+//   AVX512-BF16 EPYC (Zen 4) the target's forwards over 2 to 17 positions took 0.72-0.93 of the bf16 pair build's
+//   time, one position within the noise (0.90 and 1.07 in two runs; `python -m scripts.products_ab --without
+//   avx512vnni`, docs/results/engine/products-ab-vnni-2026-12-04.json), so it is taken over BF16_PRODUCTS where a CPU
+//   has both.
+// - AVX2 (an AVX-512 CPU without VNNI or BF16 included): vpmaddubsw multiplies 32 unsigned by 32 signed codes and adds
+//   neighbours. AVX2 has no bf16 products, and fp32 ones cost ~20 instructions per 32 products a row of the decode
+//   step with the unpacking and the broadcasts (measured 1.4-1.8x torch's int4 kernel, still behind llama.cpp).
+// BF16_PRODUCTS: AVX512-BF16 without VNNI: pair dot products (bf16 activations times the weight codes, unrounded).
+// Else none of them: fp32 products.
 //
 // Weights with 8-bit codes (core.cpu_linear.pack_q8_blocks, layout "bytes", GGUF's Q8_0 scheme): blocks of 16 outputs
 // x 32 inputs, per block 128 int32 words of signed codes (word 16m + j holds output j's codes of inputs 4m .. 4m + 3),
@@ -17,7 +24,10 @@
 
 #include <vector>
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define INTEGER_PRODUCTS 1
+#define VNNI_PRODUCTS 1
+#elif defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define BF16_PRODUCTS 1
 #elif defined(__AVX2__) && defined(__FMA__)
 #define INTEGER_PRODUCTS 1
@@ -48,7 +58,19 @@ inline V16 load_half(const int32_t* words) {  // 16 fp16 values -> fp32
 struct Operand {  // one row's block of 32 inputs
   int8_t codes[GROUP];  // round(x * 127 / max |x|)
   float scale;  // max |x| / 127: x ~ code * scale
+#if defined(VNNI_PRODUCTS)
+  int32_t code_sum;  // the sum of the codes: vpdpbusd reads signed weight codes shifted by 128 (q8_dots)
+#endif
 };
+
+inline void set_code_sum(Operand& block) {
+#if defined(VNNI_PRODUCTS)
+  block.code_sum = 0;
+  for (int i = 0; i < GROUP; ++i) block.code_sum += block.codes[i];
+#else
+  (void)block;
+#endif
+}
 
 // 32 inputs times `inverse`, rounded to the nearest integer (ties to even: the default rounding mode, as nearbyint) ->
 // 32 codes: the scalar loop's values, by vector instructions
@@ -82,6 +104,7 @@ std::vector<Operand> quantize_rows(const T* x, int64_t n, int64_t in) {
         const float largest = simd::top(simd::max(simd::abs(v[0]), simd::abs(v[1])));
         round_codes(v, largest > 0.0f ? 127.0f / largest : 0.0f, whole.codes);
         whole.scale = largest / 127.0f;
+        set_code_sum(whole);
         continue;
       }
       float value[GROUP] = {}, largest = 0.0f;
@@ -90,15 +113,48 @@ std::vector<Operand> quantize_rows(const T* x, int64_t n, int64_t in) {
       Operand& block = out[r * groups + g];
       for (int64_t i = 0; i < GROUP; ++i) block.codes[i] = static_cast<int8_t>(std::nearbyint(value[i] * inverse));
       block.scale = largest / 127.0f;
+      set_code_sum(block);
     }
   return out;
 }
 
-inline __m256i four_codes(const Operand* x, int m) {  // inputs 4m .. 4m + 3, in every 32-bit lane
-  int32_t four;
-  std::memcpy(&four, x->codes + 4 * m, sizeof(four));
-  return _mm256_set1_epi32(four);
+inline int32_t four(const Operand* x, int m) {  // the codes of inputs 4m .. 4m + 3 as one 32-bit word
+  int32_t word;
+  std::memcpy(&word, x->codes + 4 * m, sizeof(word));
+  return word;
 }
+
+inline __m256i four_codes(const Operand* x, int m) { return _mm256_set1_epi32(four(x, m)); }  // in every lane
+
+#if defined(VNNI_PRODUCTS)
+inline V16 scaled(__m512i sum, const Operand* x) {  // 16 int32 sums -> 16 fp32 lanes * the row's scale
+  return {_mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(x->scale))};
+}
+
+// dot[r] (16 outputs) = the block's sum over 32 inputs of weight code * row r's code * row r's scale. vpdpbusd wants
+// the weight codes unsigned: code + 128 (the sign bit flipped), whose sum of products exceeds the signed one by 128
+// times the row's code sum, which each sum starts below by that much. Two sums a row (even and odd m) halve the chain
+// of dependent products (one row alone waited on it); integer sums are exact in any association
+template <int R>
+inline void q8_dots(const int32_t* words, const Operand* const* x, V16* dot) {
+  __m512i sum[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    sum[r][0] = _mm512_set1_epi32(-128 * x[r]->code_sum);
+    sum[r][1] = _mm512_setzero_si512();
+  }
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+#pragma GCC unroll 8
+  for (int m = 0; m < GROUP / 4; ++m) {
+    const __m512i codes = _mm512_xor_si512(_mm512_loadu_si512(words + 16 * m), flip);  // word j: output j, 4m ..
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      sum[r][m & 1] = _mm512_dpbusd_epi32(sum[r][m & 1], codes, _mm512_set1_epi32(four(x[r], m)));
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) dot[r] = scaled(_mm512_add_epi32(sum[r][0], sum[r][1]), x[r]);
+}
+#else
 
 inline V16 scaled(const __m256i* sums, const Operand* x) {  // two 8-lane int32 sums -> 16 fp32 lanes * the row's scale
   const __m256 scale = _mm256_set1_ps(x->scale);
@@ -130,6 +186,7 @@ inline void q8_dots(const int32_t* words, const Operand* const* x, V16* dot) {
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) dot[r] = scaled(part[r], x[r]);
 }
-#endif
+#endif  // VNNI_PRODUCTS
+#endif  // INTEGER_PRODUCTS
 
 }  // namespace products

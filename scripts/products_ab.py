@@ -1,0 +1,69 @@
+"""The target's forward through two builds of the native step side by side: this CPU's own build and the one it
+compiles with some instruction sets turned off (another CPU's products, core/csrc/products.h), forwards over
+1..17 positions interleaved pass by pass (core.verify_cost.interleaved_costs), each build at its own default prefetch
+distance or at one given for both.
+
+python -m scripts.products_ab --without avx512vnni [--cached 256] [--repeats 40] [--prefetch 0] \
+    --out docs/results/engine/products-ab-DATE.json
+
+Prints and writes the median milliseconds of each (build, positions) and each build's cost over one position.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from core import native
+from core.target import TargetConfig, load_target
+from core.verify_cost import interleaved_costs
+
+POSITIONS = (1, 2, 3, 4, 5, 8, 9, 17)
+
+
+def load_with(flags: tuple[str, ...]):
+    """The embedded target in q4 through the native step built with these extra compiler flags."""
+    native.CFLAGS = (*native.CFLAGS, *flags)
+    native._loaded.clear()
+    target = load_target(TargetConfig(quant="q4"))
+    if getattr(target.lean, "native", None) is None:
+        raise SystemExit(f"no native step with {flags}: {target.extra.get('native_step')}")
+    return target
+
+
+def summary(costs: dict[int, float], module) -> dict:
+    return {"activations": module.ACTIVATIONS, "layout": module.LAYOUT, "prefetch_blocks": module.prefetch_blocks(),
+            "ms": {n: round(s * 1e3, 3) for n, s in costs.items()},
+            "relative_to_one": {n: round(s / costs[1], 3) for n, s in costs.items()}}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--without", nargs="+", required=True, help="instruction sets to turn off (-mno-NAME)")
+    parser.add_argument("--cached", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--prefetch", type=int, default=None, help="one prefetch distance for both builds")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(2)
+    flags = tuple(f"-mno-{name}" for name in args.without)
+    own = load_with(())
+    other = load_with(flags)
+    if args.prefetch is not None:
+        for target in (own, other):
+            target.lean.native.set_prefetch_blocks(args.prefetch)
+    costs = interleaved_costs({"own": own, "other": other}, args.cached, args.repeats, POSITIONS)
+    result = {"cached": args.cached, "repeats": args.repeats, "threads": 2, "other_build_flags": list(flags),
+              "own": summary(costs["own"], own.lean.native), "other": summary(costs["other"], other.lean.native)}
+    result["own_over_other"] = {n: round(costs["own"][n] / costs["other"][n], 3) for n in POSITIONS}
+    text = json.dumps(result, separators=(",", ":"))
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

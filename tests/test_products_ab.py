@@ -1,0 +1,11 @@
+from types import SimpleNamespace
+
+from scripts.products_ab import summary
+
+
+def test_a_build_s_summary_reads_its_costs_against_one_position_and_names_its_products():
+    module = SimpleNamespace(ACTIVATIONS="8-bit", LAYOUT="quads", prefetch_blocks=lambda: 0)
+    out = summary({1: 0.004, 2: 0.005, 4: 0.008}, module)
+    assert out["ms"] == {1: 4.0, 2: 5.0, 4: 8.0}
+    assert out["relative_to_one"] == {1: 1.0, 2: 1.25, 4: 2.0}
+    assert (out["activations"], out["layout"], out["prefetch_blocks"]) == ("8-bit", "quads", 0)
