@@ -97,19 +97,36 @@ def lane_build_flags(lanes: str) -> tuple[str, ...]:
     return flags
 
 
+def assert_same_integer_products(first, second) -> None:
+    """Two builds' q4 and q8 products of the same weights and rows, each packed in its build's layout, are equal."""
+    from core.cpu_linear import Int4Linear, Int8Linear
+
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(96, 48)
+    x = torch.randn(9, 96).bfloat16()
+    with torch.no_grad():
+        for make in (lambda module: Int4Linear(linear, native=module), lambda module: Int8Linear(linear, module)):
+            assert torch.equal(make(first)(x), make(second)(x))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lanes", sorted(LANE_BUILDS))
 def test_the_builds_of_other_cpus_are_exact_too(lanes, monkeypatch, tmp_path):
     """The step as another CPU builds it (LANE_BUILDS): the q4 forward through it is batch-invariant and agrees with
-    the op-by-op forward."""
+    the op-by-op forward; where it and this CPU's own build both multiply integers (AVX2's and VNNI's products), their
+    q4 and q8 products are bit for bit the same."""
     from core.exactness import check_invariance, probe_prompt
     from core.lean import LeanForward
     from tests.test_lean import lean_target, models
 
-    monkeypatch.setattr(native, "CFLAGS", (*native.CFLAGS, *lane_build_flags(lanes)))
+    flags = lane_build_flags(lanes)
+    own, _ = native.load()
+    monkeypatch.setattr(native, "CFLAGS", (*native.CFLAGS, *flags))
     monkeypatch.setenv("FLASHMAP_NATIVE_DIR", str(tmp_path))
     module, why = native.load()
     assert module is not None, why
+    if own is not None and own.ACTIVATIONS == module.ACTIVATIONS == "8-bit":
+        assert_same_integer_products(own, module)
     for _name, model in models():
         python = lean_target(model, "q4", torch.bfloat16)
         portable = lean_target(model, "q4", torch.bfloat16)
