@@ -1,0 +1,20 @@
+import pytest
+import torch
+
+from core.lean import LeanForward
+from core.testing import tiny_qwen3
+from scripts.prefill_ab import compare
+from tests.test_lean import lean_target
+
+
+def test_both_prefills_are_timed_for_every_prompt_length():
+    from core import native
+
+    module, why = native.load()
+    if module is None:
+        pytest.skip(why)
+    target = lean_target(tiny_qwen3(vocab_size=64, layers=2), "q4", torch.bfloat16)
+    target.lean = LeanForward(target.model, weights="q4", native=module, native_prefill=False)
+    out = compare(target, [20, 40], repeats=1)
+    assert set(out) == {"native", "op by op"}
+    assert all(set(per) == {20, 40} and all(ms > 0 for ms in per.values()) for per in out.values())
