@@ -9,15 +9,14 @@ Prints and writes the median milliseconds of each (way, prompt length); random t
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from core.forward import target_forward
 from core.target import TargetConfig, load_target
+from scripts.products_ab import print_and_save
 
 WAYS = {"native": True, "op by op": False}
 
@@ -64,11 +63,7 @@ def main(argv=None) -> None:
     result = {"activations": lean.native.ACTIVATIONS, "native_prefill_chosen": chosen, "repeats": args.repeats,
               "ms": compare(target, args.lengths, args.repeats)}
     lean.native_prefill = chosen
-    text = json.dumps(result, separators=(",", ":"))
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+    print_and_save(result, args.out)
 
 
 if __name__ == "__main__":

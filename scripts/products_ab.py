@@ -39,6 +39,15 @@ def summary(costs: dict[int, float], module) -> dict:
             "relative_to_one": {n: round(s / costs[1], 3) for n, s in costs.items()}}
 
 
+def print_and_save(result: dict, out: str | None) -> None:
+    """Print a result as one compact JSON line and, with `out`, write it there (the results folder keeps them small)."""
+    text = json.dumps(result, separators=(",", ":"))
+    print(text)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--without", nargs="+", required=True, help="instruction sets to turn off (-mno-NAME)")
@@ -58,11 +67,7 @@ def main(argv=None) -> None:
     result = {"cached": args.cached, "repeats": args.repeats, "threads": 2, "other_build_flags": list(flags),
               "own": summary(costs["own"], own.lean.native), "other": summary(costs["other"], other.lean.native)}
     result["own_over_other"] = {n: round(costs["own"][n] / costs["other"][n], 3) for n in POSITIONS}
-    text = json.dumps(result, separators=(",", ":"))
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+    print_and_save(result, args.out)
 
 
 if __name__ == "__main__":

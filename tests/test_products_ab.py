@@ -9,3 +9,14 @@ def test_a_build_s_summary_reads_its_costs_against_one_position_and_names_its_pr
     assert out["ms"] == {1: 4.0, 2: 5.0, 4: 8.0}
     assert out["relative_to_one"] == {1: 1.0, 2: 1.25, 4: 2.0}
     assert (out["activations"], out["layout"], out["prefetch_blocks"]) == ("8-bit", "quads", 0)
+
+
+def test_a_result_is_printed_and_written_as_one_compact_json_line(tmp_path, capsys):
+    import json
+
+    from scripts.products_ab import print_and_save
+
+    out = tmp_path / "deeper" / "result.json"
+    print_and_save({"ms": {1: 4.0}}, str(out))
+    assert out.read_text() == '{"ms":{"1":4.0}}\n'
+    assert json.loads(capsys.readouterr().out) == {"ms": {"1": 4.0}}
