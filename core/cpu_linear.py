@@ -135,16 +135,15 @@ def pack_q4_blocks(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tens
     codes (O, I) int32 in 0..15, scale, minimum (O, I/32) -> (O/16, I/32, 80) int32"""
     out_f, in_f = codes.shape
     tiles, groups = out_f // 16, in_f // Q4_GROUP
-    if layout == "bytes":
-        nibbles = codes.to(torch.uint8).reshape(tiles, 2, 8, groups, 8, 4)  # (tile, high, l, group, m, i)
-        nibbles = nibbles.permute(0, 3, 4, 2, 5, 1)  # (tile, group, m, l, i, high)
+    if layout in ("bytes", "quads"):  # two codes a byte, in the order each kernel loads them
+        if layout == "bytes":
+            nibbles = codes.to(torch.uint8).reshape(tiles, 2, 8, groups, 8, 4)  # (tile, high, l, group, m, i)
+            nibbles = nibbles.permute(0, 3, 4, 2, 5, 1)  # (tile, group, m, l, i, high): 32 bytes per m
+        else:
+            nibbles = codes.to(torch.uint8).reshape(tiles, 16, groups, 4, 2, 4)  # (tile, l, group, j, high, i)
+            nibbles = nibbles.permute(0, 2, 3, 1, 5, 4)  # (tile, group, j, l, i, high): 64 bytes per j
         words = (nibbles[..., 0] | (nibbles[..., 1] << 4)).contiguous().reshape(-1).view(torch.int32)
-        words = words.reshape(tiles, groups, 64)  # 32 bytes per m
-    elif layout == "quads":
-        nibbles = codes.to(torch.uint8).reshape(tiles, 16, groups, 4, 2, 4)  # (tile, l, group, j, high, i)
-        nibbles = nibbles.permute(0, 2, 3, 1, 5, 4)  # (tile, group, j, l, i, high)
-        words = (nibbles[..., 0] | (nibbles[..., 1] << 4)).contiguous().reshape(-1).view(torch.int32)
-        words = words.reshape(tiles, groups, 64)  # 64 bytes per j
+        words = words.reshape(tiles, groups, 64)
     else:
         nibbles = codes.to(torch.int64).reshape(tiles, 16, groups, 4, 4, 2)  # (tile, j, group, q, k, odd)
         nibbles = nibbles.permute(0, 2, 3, 1, 4, 5)  # (tile, group, q, j, k, odd)

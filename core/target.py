@@ -444,7 +444,7 @@ def native_prefill(native, flags: frozenset[str]) -> bool:
     against the op-by-op bf16 prefill's 75 / 233 / 696 (AVX512-BF16 EPYC, `python -m scripts.prefill_ab`,
     2026-12-04), and a prefill through the step is batch-invariant, so a conversation's earlier turns are reused
     (core.prefix) instead of prefilled again."""
-    integer = native is not None and getattr(native, "ACTIVATIONS", None) == "8-bit"
+    integer = native is not None and native.ACTIVATIONS == "8-bit"
     return not NATIVE_BF16_CPU_FLAGS & flags or (integer and "amx_bf16" not in flags)
 
 

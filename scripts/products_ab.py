@@ -25,8 +25,7 @@ POSITIONS = (1, 2, 3, 4, 5, 8, 9, 17)
 
 def load_with(flags: tuple[str, ...]):
     """The embedded target in q4 through the native step built with these extra compiler flags."""
-    native.CFLAGS = (*native.CFLAGS, *flags)
-    native._loaded.clear()
+    native.CFLAGS = (*native.CFLAGS, *flags)  # another build key: native.load builds (or finds) that build
     target = load_target(TargetConfig(quant="q4"))
     if getattr(target.lean, "native", None) is None:
         raise SystemExit(f"no native step with {flags}: {target.extra.get('native_step')}")
