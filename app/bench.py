@@ -133,17 +133,20 @@ class Runner:
         adaptive = self.spec.adaptive
         return replace(gen, block_size=self.block_size or None, verify_cost=verify_cost if adaptive else (),
                        draft_cost=self.draft_cost if adaptive else 0.0, max_skip=self.spec.max_skip,
-                       plain_probe_every=PLAIN_PROBE_EVERY if adaptive and self.drafter is not None else 0)
+                       plain_probe_every=PLAIN_PROBE_EVERY if adaptive and self.drafter is not None else 0,
+                       copy_tries=self.spec.copy_tries)
 
 
 def round_costs(base: list[Run], spec: list[Run]) -> list[dict]:
-    """What each kind of drafted round cost and committed, by source and drafted length: its rounds, mean drafting and
-    verifying milliseconds, both in plain rounds (the mean round of the plain runs beside it) and tokens committed.
-    A round pays where it commits more tokens than it costs plain rounds. [] without events (transformers' runs)."""
+    """What each kind of drafted round cost and committed, by source (a copy try as "SOURCE try", its first branch's
+    source) and drafted length (the branch followed): its rounds, mean drafting and verifying milliseconds, both in
+    plain rounds (the mean round of the plain runs beside it) and tokens committed. A round pays where it commits
+    more tokens than it costs plain rounds. [] without events (transformers' runs)."""
     plain = [ev.draft_s + ev.verify_s for run in base for ev in run.events if ev.kind == "round"]
     kinds: dict[tuple[str, int], list] = {}
     for ev in (ev for run in spec for ev in run.events if ev.kind == "round"):
-        kinds.setdefault((ev.source, len(ev.drafted)), []).append(ev)
+        tried = ev.branches > 1 and ev.source != "drafter"  # a copy try: two copies verified as a trie
+        kinds.setdefault((f"{ev.source} try" if tried else ev.source, len(ev.drafted)), []).append(ev)
     if not plain or not kinds:
         return []
     step = sum(plain) / len(plain)

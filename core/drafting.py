@@ -32,7 +32,7 @@ class Draft:
     # at the sampled values biases the output at T > 0), e.g. the largest probability of each slot's distribution
     confidence: torch.Tensor | None = None
     # further drafts from independent noise draws (paper App. D), target ids each; the engine merges them with
-    # `tokens` into a trie and verifies it as a tree, exactly, at T=0 only
+    # `tokens` into a trie and verifies it as a tree, exactly at every temperature (core.tree.walk)
     alternatives: tuple[tuple[int, ...], ...] = ()
     # a copied draft (LookupHybrid.propose_lookups): the length of the matched suffix it copies after, which the
     # policy's measured acceptance is kept by (core.policy.LookupRates); 0 for every other draft
@@ -40,6 +40,9 @@ class Draft:
     # where a copied draft comes from: "lookup" (earlier in the conversation) or "phrasebook" (the target's own
     # replies to other prompts, core.phrasebook); the round's source in its event
     lookup_source: str = "lookup"
+    # a copy try (core.policy.DraftPolicy.best_try): the copied alternative's (source, matched suffix length), whose
+    # acceptance beside this draft the policy measures apart; None for every other draft
+    beside: tuple[str, int] | None = None
 
     @cached_property
     def ids(self) -> list[int]:

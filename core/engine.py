@@ -9,8 +9,8 @@ after the anchor and after each draft token; after verification the cache is cro
 anchor plus the accepted drafts, and the target's own token becomes the next anchor.
 Plain decoding is this loop with no drafter (K = 0), so baseline and speculative runs share
 every line but the draft. A draft with alternatives (several noise draws, paper App. D) is merged
-into a trie of at most K nodes and verified as a tree in the same one forward (T=0 only); the
-cache then keeps the anchor and the accepted path (`keep_positions`).
+into a trie of at most K nodes and verified as a tree in the same one forward (at T > 0 by the target's own draws
+along the trie, core.tree.walk); the cache then keeps the anchor and the accepted path (`keep_positions`).
 """
 from __future__ import annotations
 
@@ -28,12 +28,13 @@ from core.prefix import PrefixCache, reuses_prefixes
 from core.sampling import (
     SamplingConfig,
     Verdict,
+    draw_token,
     greedy_tokens,
     verify_greedy,
     verify_logits,
 )
 from core.target import Target
-from core.tree import Trie, build_trie, followed_branch, greedy_path
+from core.tree import Trie, build_trie, followed_branch, greedy_path, walk
 
 PLAIN_PROBE_EVERY = 16  # the app's drafting replies: a plain step at least every 16 rounds (< 3% of their speed)
 
@@ -65,6 +66,9 @@ class GenerationConfig:
     # with plain probes: while drafting rounds measure fewer tokens a second than plain steps in this reply, skip the
     # drafter for 1, 2, 4, ... rounds, at most this many (MeasuredPays; 0: never)
     max_measured_wait: int = 32
+    # with a cost curve: two copied drafts that differ at their first token may be verified together as a trie, at
+    # every temperature (core.policy.DraftPolicy.best_try; the spec's tries=1)
+    copy_tries: bool = False
 
     def __post_init__(self):
         if self.block_size is not None and not 1 <= self.block_size <= MAX_BLOCK_SIZE:
@@ -171,9 +175,10 @@ def verify_round(draft: Draft, trie: Trie, logits: torch.Tensor, sampling: Sampl
     if not draft.alternatives:  # one draft: greedy or rejection-sampling verification of a chain
         verdict = _verify(draft, logits, sampling, generator)
         return list(range(1 + verdict.n_accepted)), verdict.next_token
-    if not sampling.greedy:
-        raise ValueError("tree verification of several drafts is exact at temperature 0 only")
-    path, next_token = greedy_path(trie, greedy_tokens(logits))
+    if sampling.greedy:
+        path, next_token = greedy_path(trie, greedy_tokens(logits))
+    else:  # the target's own draw at each position of the walk: a sample of the target whatever the trie holds
+        path, next_token = walk(trie, lambda at: draw_token(logits[at : at + 1], sampling, generator))
     return [0, *(node + 1 for node in path)], next_token
 
 
@@ -315,7 +320,8 @@ def _generate(target: Target, prompt_ids: list[int], reused: int, gen: Generatio
                 draft_s=t1 - t0, verify_s=t2 - t1, finish_reason=reason, branches=1 + len(draft.alternatives),
                 source=round_source(draft),
             )
-            policy.observe(draft, event.n_accepted, len(event.committed), event.draft_s + event.verify_s, event.draft_s)
+            policy.observe(draft, event.n_accepted, len(event.committed), event.draft_s + event.verify_s, event.draft_s,
+                           kept[1:])
             yield event
 
 

@@ -8,6 +8,8 @@ prompt lookup in the conversation, or the target's phrasebook), the drafter's ne
 parts:
 - the adaptive cut (clip_draft, best_draft_length): the prefix with the most expected committed tokens per unit of
   this machine's verify cost (core.verify_cost), from per-slot confidence;
+- copy tries (DraftPolicy.best_try): two copies that differ at their first token verified together as a trie, where
+  the pair's expected tokens per unit of verify cost beat either alone;
 - SkipEmpty: after drafts whose expected tokens do not pay for the drafter's own call, skip it for 1, 2, 4 ... rounds;
 - MeasuredPays: while a source's rounds commit fewer tokens a second than plain steps in this reply, skip it;
 - LookupRates: how often a copied token was accepted, per source and length of the matched suffix, as its confidence;
@@ -90,6 +92,11 @@ class MeasuredPays(SkipEmpty):
     # cost 0.9-1.4% of the rounds (0.35.0's bench, docs/engine.md); where it pays, no wait is set at all
     budget: float = 0.005
     longest_wait: int = 1024
+    # a round counts as at most this many mean plain rounds: a stall (another process, a page fault) is not what a
+    # source costs, and a round of half a second (~100 plain rounds) among a verdict's first few sets the longest wait
+    # (copies off for 1,024 rounds; counted as 8, 294: tests/test_policy.py); the dearest round a source makes costs
+    # ~6.5 (the network's call and a 17-position verify at T > 0)
+    stall: float = 8.0
     drafted_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent drafting rounds
     plain_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent plain rounds
     # per kind: the kept rounds' (tokens, seconds) summed, kept as rounds come and go (not summed anew, 64 rounds
@@ -109,6 +116,8 @@ class MeasuredPays(SkipEmpty):
         return not (self.max_skip and plain < self.min_rounds and drafted > plain)
 
     def observe(self, drafted: bool, committed: int, seconds: float) -> None:
+        if len(self.plain_rounds) >= self.min_rounds:  # a stall counts as `stall` mean plain rounds
+            seconds = min(seconds, self.stall * self._sums[False][1] / len(self.plain_rounds))
         rounds, sums = (self.drafted_rounds if drafted else self.plain_rounds), self._sums[drafted]
         rounds.append((committed, seconds))
         sums[0], sums[1] = sums[0] + committed, sums[1] + seconds
@@ -167,6 +176,12 @@ class LookupRates:
 
     prior_rate: float = 0.7
     prior_weight: float = 2.0
+    # a copy verified beside another whose first token differs (a copy try, DraftPolicy.best_try) is measured apart
+    # and starts from a prior of its own: where the conversation's copy and the phrasebook's differed at their first
+    # token (0.39-0.43 of the positions of held-out replies), the less likely of the two was the target's token in
+    # 0.04-0.27 of them by the lookup's match length, the likelier in 0.34-0.81 (`python -m drafter.phrasebook_check
+    # --tries`, docs/results/phrasebook-tries-2026-12-04.json)
+    beside_prior: float = 0.15
     reached: dict[tuple, list] = field(default_factory=dict)  # per key: per slot, copies verified that far
     accepted: dict[tuple, list] = field(default_factory=dict)  # per key: per slot, of those, how many kept it
     # per key: the slots' rates as last computed, until that key records again (most rounds offer copies under keys
@@ -174,17 +189,19 @@ class LookupRates:
     _rates: dict[tuple, list] = field(default_factory=dict, repr=False, compare=False)
 
     @staticmethod
-    def key(matched: int, source: str = "lookup") -> tuple[str, int]:
-        return source, min(matched, LOOKUP_STRONG) if source == "lookup" else matched
+    def key(matched: int, source: str = "lookup", beside: bool = False) -> tuple:
+        key = (source, min(matched, LOOKUP_STRONG) if source == "lookup" else matched)
+        return (*key, "beside") if beside else key
 
-    def rates(self, matched: int, source: str = "lookup", n: int = 1) -> list[float]:
-        """The first n slots' acceptance, each given the earlier ones accepted."""
-        key = self.key(matched, source)
+    def rates(self, matched: int, source: str = "lookup", n: int = 1, beside: bool = False) -> list[float]:
+        """The first n slots' acceptance, each given the earlier ones accepted (beside: as a copy try's second
+        branch)."""
+        key = self.key(matched, source, beside)
         known = self._rates.get(key, [])
         if len(known) >= n:
             return known[:n]
         reached, accepted = self.reached.get(key, []), self.accepted.get(key, [])
-        out, prior = [], self.prior_rate
+        out, prior = [], self.beside_prior if beside else self.prior_rate
         for k in range(n):
             seen = reached[k] if k < len(reached) else 0.0
             prior = smoothed_rate(accepted[k] if k < len(accepted) else 0.0, seen, prior, self.prior_weight)
@@ -196,9 +213,10 @@ class LookupRates:
         """Slot 1's acceptance."""
         return self.rates(matched, source, 1)[0]
 
-    def record(self, matched: int, n_verified: int, n_accepted: int, source: str = "lookup") -> None:
+    def record(self, matched: int, n_verified: int, n_accepted: int, source: str = "lookup",
+               beside: bool = False) -> None:
         """A verified copied draft of n_verified tokens kept n_accepted: slots to the first rejection were reached."""
-        key = self.key(matched, source)
+        key = self.key(matched, source, beside)
         count_slots(self.reached.setdefault(key, []), self.accepted.setdefault(key, []), n_verified, n_accepted)
         self._rates.pop(key, None)
 
@@ -331,6 +349,10 @@ class PolicyState:
     sampled: SlotRates = field(default_factory=SlotRates)
     call_cost: CallCost = field(default_factory=CallCost)
     costs: RoundCosts = field(default_factory=RoundCosts)
+    # what a copy try over n positions costs, apart from chains: its trie's mask and walk make it dearer than a chain
+    # of its length (1.5 plain rounds for three positions at T = 1 where the start-up curve read ~1.25; docs/engine.md),
+    # so the start-up curve weighs as 4 of its rounds, not 16
+    tries: RoundCosts = field(default_factory=lambda: RoundCosts(prior_weight=4.0))
 
 
 def round_source(draft: Draft) -> str:
@@ -360,6 +382,8 @@ class DraftPolicy:
     state: PolicyState
     called: bool = False  # whether this round called the network (its draft may still have been cut to nothing)
     start_cost: tuple[float, ...] = ()  # the start-up curve the measured lengths replace (RoundCosts.curve)
+    copy_tries: bool = False  # two copies that differ at their first token may be verified together (best_try)
+    try_cost: tuple[float, ...] = ()  # what a copy try over 1, 2, ... positions costs (PolicyState.tries' curve)
 
     @classmethod
     def for_run(cls, gen, state: PolicyState | None = None) -> "DraftPolicy":
@@ -369,7 +393,8 @@ class DraftPolicy:
             measured.max_skip = gen.max_measured_wait if gen.plain_probe_every else 0
         charged = gen.draft_cost if gen.charges_draft_cost() else 0.0
         return cls(state.costs.curve(gen.verify_cost), charged, SkipEmpty(gen.max_skip if gen.verify_cost else 0),
-                   PlainProbe(gen.plain_probe_every), state, start_cost=gen.verify_cost)
+                   PlainProbe(gen.plain_probe_every), state, start_cost=gen.verify_cost, copy_tries=gen.copy_tries,
+                   try_cost=state.tries.curve(gen.verify_cost))
 
     def draft(self, drafter: Drafter, anchor: int, k: int, sampling: SamplingConfig,
               generator: torch.Generator) -> Draft:
@@ -410,15 +435,46 @@ class DraftPolicy:
         """Of the free sources' copies, the cut one with the most expected tokens per unit of verify cost (the first
         that keeps something without a cost curve), as the round's draft; an empty draft when none pays."""
         best, best_value, best_n = None, 1.0, 0  # a plain step: one token for one step's cost
+        cuts = []
         for copy in copies:
             n, value = self.cut_copy(copy, k)
+            cuts.append(n)
             if n == 0:
                 continue
             if not self.verify_cost:
                 return copy.draft(n)
             if value > best_value:
                 best, best_value, best_n = copy, value, n
+        if self.copy_tries and self.try_cost and len(copies) > 1:
+            tried, value = self.best_try(copies, cuts, k)
+            if value > best_value:
+                return tried
         return EMPTY if best is None else best.draft(best_n)
+
+    def best_try(self, copies: tuple[Copy, ...], cuts: list[int], k: int) -> tuple[Draft | None, float]:
+        """App. D's trie with copied drafts: one copy (cut where it pays alone, else to its first token) and, as a
+        second branch, another copy whose first token differs, cut where the pair's expected tokens per unit of cost
+        peak (the second's acceptance as measured beside a first, LookupRates' beside keys; the cost as copy tries
+        measured it, PolicyState.tries). At most one of
+        the two first tokens is the target's (at T > 0 the target draws one token, core.tree.walk), so the second
+        branch adds its expected tokens to the first's. -> (the best such draft, its expected tokens per unit of
+        verify cost), (None, 0.0) where no pair fits in k nodes."""
+        best, best_value = None, 0.0
+        for main, n in zip(copies, cuts):
+            n = max(n, 1)
+            if n >= k:
+                continue
+            expected = expected_tokens(self.state.rates.rates(main.matched, main.source, n), self.try_cost)[-1]
+            for other in copies:
+                if other.tokens[0] == main.tokens[0]:
+                    continue
+                rates = self.state.rates.rates(other.matched, other.source, min(len(other.tokens), k - n), True)
+                m, value = extend_cut(expected, 1 + n, rates, self.try_cost)
+                if m and value > best_value:
+                    best, best_value = Draft(main.tokens[:n], None, alternatives=(tuple(other.tokens[:m]),),
+                                             lookup_match=main.matched, lookup_source=main.source,
+                                             beside=(other.source, other.matched)), value
+        return best, best_value
 
     def cut_lookup(self, copy: Copy | None, k: int) -> Draft:
         """The part of a copy worth verifying, as a draft (cut_copy); an empty draft for none."""
@@ -438,12 +494,12 @@ class DraftPolicy:
         return best_cut(self.state.rates.rates(copy.matched, copy.source, min(len(copy.tokens), k)), self.verify_cost)
 
     def observe(self, draft: Draft, n_accepted: int, n_committed: int, seconds: float,
-                draft_seconds: float = 0.0) -> None:
+                draft_seconds: float = 0.0, accepted: list[int] | None = None) -> None:
         """A round's outcome: what it committed and what it cost (drafting and verifying; draft_seconds: drafting
-        alone), for the measured policies; what a copied draft kept, for its source's rates. For the network's verdict
-        a round that called it counts as drafting even when its draft was cut to nothing: it paid for the call. The
-        copied rounds' verdict compares them with every other round that verified nothing, as it would be without
-        them."""
+        alone; accepted: the drafted tokens kept, which tell a copy try's branches apart), for the measured policies;
+        what a copied draft kept, for its source's rates. For the network's verdict a round that called it counts as
+        drafting even when its draft was cut to nothing: it paid for the call. The copied rounds' verdict compares
+        them with every other round that verified nothing, as it would be without them."""
         source = round_source(draft)
         if source not in COPIED:
             self.state.drafter.observe(self.called, n_committed, seconds)
@@ -451,14 +507,24 @@ class DraftPolicy:
             self.state.lookup.observe(source in COPIED, n_committed, seconds)
         if self.called:
             self.state.call_cost.record(draft_seconds)
-        if source in COPIED:
+        if source in COPIED and draft.beside is None:
             self.state.rates.record(draft.lookup_match, len(draft.tokens), n_accepted, source)
+        elif source in COPIED:  # a copy try: each branch kept what it shares with the accepted tokens
+            other, kept = draft.alternatives[0], accepted or []
+            self.state.rates.record(draft.lookup_match, len(draft.tokens), shared(draft.ids, kept), source)
+            self.state.rates.record(draft.beside[1], len(other), shared(other, kept), draft.beside[0], beside=True)
         if source == "drafter" and draft.q_draft is not None:  # a sampled draft (T > 0): its acceptance per slot
             self.state.sampled.record(len(draft.tokens), n_accepted)
         if not draft.alternatives:  # a chain (or nothing) fed 1 + its tokens; a tree's cost is not a chain's
             verified, fed = seconds - (draft_seconds if self.called else 0.0), 1 + len(draft.tokens)
             if self.state.costs.record(fed, verified):
                 self.verify_cost = self.state.costs.renewed(self.verify_cost, self.start_cost, fed)
+            if fed == 1:  # the plain rounds the copy tries' costs are set against
+                self.state.tries.record(1, verified)
+        elif draft.beside is not None:  # a copy try fed the anchor and both branches
+            fed = 1 + len(draft.tokens) + len(draft.alternatives[0])
+            if self.state.tries.record(fed, seconds):
+                self.try_cost = self.state.tries.renewed(self.try_cost, self.start_cost, fed)
 
     def call_cost(self) -> float:
         """What the skips charge a network draft for its call: measured in this reply (CallCost) where it is charged."""
@@ -501,6 +567,30 @@ def best_cut(confidence, verify_cost: tuple[float, ...]) -> tuple[int, float]:
         if expected / cost > best_value:
             best_n, best_value = n, expected / cost
     return best_n, best_value
+
+
+def extend_cut(expected: float, fed: int, confidence: list[float], verify_cost: tuple[float, ...]) -> tuple[int, float]:
+    """best_cut for a second branch beside a draft that already feeds `fed` positions for `expected` tokens: (the
+    branch's length m with the most expected tokens per unit of verify cost of fed + m positions, that maximum), (0,
+    0.0) where none fits the curve. The branch's tokens are kept only where the draft's first is not, so their
+    expected tokens add."""
+    best_m, best_value, reach = 0, 0.0, 1.0
+    for m, c in enumerate(confidence[: len(verify_cost) - fed], start=1):
+        reach *= min(max(c, 0.0), 1.0)  # P(the branch's slots 1..m all accepted)
+        expected += reach
+        if expected / verify_cost[fed + m - 1] > best_value:
+            best_m, best_value = m, expected / verify_cost[fed + m - 1]
+    return best_m, best_value
+
+
+def shared(tokens, accepted: list[int]) -> int:
+    """How many leading tokens of a branch the round kept."""
+    n = 0
+    for token, kept in zip(tokens, accepted):
+        if token != kept:
+            break
+        n += 1
+    return n
 
 
 def best_draft_length(confidence, verify_cost: tuple[float, ...]) -> int:

@@ -208,6 +208,12 @@ def verify_logits(draft_tokens: list[int], logits: torch.Tensor, q_draft: torch.
     return Verdict(*module.verify_copy(logits, draft_tokens, 1.0 / sampling.temperature, u))
 
 
+def draw_token(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None) -> int:
+    """The target's token drawn from one row of logits (1, V) at T > 0, as a plain step draws it (verify_logits with
+    nothing drafted): a tree's walk at T > 0 draws each position of its path so (core.tree.walk)."""
+    return verify_logits([], logits, None, sampling, generator).next_token
+
+
 def verify_sampled_rows(
     draft_tokens: torch.Tensor | list[int],
     p_row: Callable[[int], torch.Tensor],

@@ -7,8 +7,9 @@ A flow drafter drafts M blocks from independent noise draws in one batched pass.
 prefixes are merged into a trie and the trie is verified in one target forward: every node sees the
 cache, the anchor and its own ancestors only (a tree attention mask), at position P + depth. At T=0
 the target's greedy path walks down the trie as far as some child holds the target's argmax, so the
-output is the plain greedy output token for token. Node order is breadth-first, so a parent always
-precedes its children and a node budget keeps the shallow nodes, where acceptance happens.
+output is the plain greedy output token for token; at T > 0 it follows the target's own draws (walk), which
+samples the target exactly. Node order is breadth-first, so a parent always precedes its children and a node
+budget keeps the shallow nodes, where acceptance happens.
 """
 from __future__ import annotations
 
@@ -93,13 +94,26 @@ def tree_inputs(trie: Trie, past: int, device) -> tuple[torch.Tensor, torch.Tens
 def greedy_path(trie: Trie, target_argmax: list[int]) -> tuple[list[int], int]:
     """Walk the trie along the target's argmax (T=0). target_argmax (T,) per position.
     Returns the accepted node indices, root first, and the target's token after the last of them."""
+    return walk(trie, target_argmax.__getitem__)
+
+
+def walk(trie: Trie, token_at) -> tuple[list[int], int]:
+    """Walk the trie from the anchor along the target's own tokens: token_at(position) is the target's token after
+    fed position `position` (0 = the anchor, n + 1 = node n), asked for only along the walk; the walk goes on while
+    some child holds it. -> (the accepted node indices, root first; the target's token after the last of them).
+    With the argmax it is T = 0's greedy path; with a draw from each position's distribution it samples the target
+    itself, so the output is exact at any temperature whatever the trie holds: a drafted token is kept exactly when
+    the target drew it (for one chain of deterministic drafts this is the rejection rule's own acceptance, p(token);
+    for several children of one node, the sum of their p)."""
     path, position = [], 0  # position 0 = the anchor
     children = [trie.children(-1)] + [trie.children(n) for n in range(len(trie))]  # per position
-    while target_argmax[position] in children[position]:
-        node = children[position][target_argmax[position]]
+    token = token_at(position)
+    while token in children[position]:
+        node = children[position][token]
         path.append(node)
         position = node + 1
-    return path, target_argmax[position]
+        token = token_at(position)
+    return path, token
 
 
 def is_chain(trie: Trie) -> bool:

@@ -21,6 +21,9 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
                network; at T > 0 a round takes one of the two
   phrasebook=0 with lookup: without the target's phrasebook (core.phrasebook), the second free source that copies
                what the target's own replies most often continue the latest tokens with
+  tries=1      with lookup: two copies that differ at their first token may be verified together as a trie where
+               the pair pays (core.policy.DraftPolicy.best_try), at every temperature; off by default: on the CPUs
+               measured they did not pay (docs/engine.md)
   weights=DIR  a checkpoint other than weights/<target>/<name>
 
 `DrafterSpec.__post_init__` holds every rule about which option suits which drafter; `validate(sampling)`
@@ -44,7 +47,7 @@ LABELS = {"flashmap": "FlashMap", "flashmap-teacher": "FlashMap teacher", "dflas
 # text key -> field; the order is the canonical text's
 KEYS = {"steps": "steps", "noise": "noise", "best_of": "best_of", "tree": "tree", "scale": "noise_scale",
         "k": "block_size", "adaptive": "adaptive", "skip": "max_skip", "calibrated": "calibrated", "lookup": "lookup",
-        "phrasebook": "phrasebook", "weights": "weights"}
+        "phrasebook": "phrasebook", "tries": "copy_tries", "weights": "weights"}
 
 
 class SpecError(ValueError):
@@ -65,6 +68,7 @@ class DrafterSpec:
     calibrated: bool = True
     lookup: bool = False
     phrasebook: bool = True  # with lookup: the target's phrasebook beside prompt lookup, where it has one
+    copy_tries: bool = False  # with lookup: two copies that differ at their first token verified together
     weights: str | None = None
 
     def __post_init__(self):
@@ -95,6 +99,8 @@ class DrafterSpec:
             return f"calibrated applies to the network drafters ({', '.join(NET_DRAFTERS)}) only"
         if not self.phrasebook and not self.lookup:
             return "phrasebook=0 turns off a part of lookup; it needs lookup=1"
+        if self.copy_tries and not self.lookup:
+            return "tries=1 verifies two copies together; it needs lookup=1"
         if self.lookup and name not in NET_DRAFTERS:
             return f"lookup joins the network drafters ({', '.join(NET_DRAFTERS)}); n-gram is prompt lookup itself"
         if name == "none" and self.weights:
@@ -104,8 +110,9 @@ class DrafterSpec:
     def validate(self, sampling: SamplingConfig) -> None:
         """Raise SpecError if the drafter cannot run exactly at these sampling settings."""
         if self.tree > 1 and not sampling.greedy:
-            raise SpecError(f"{self.text()}: several drafts verified together (tree={self.tree}) are exact at "
-                            "temperature 0 only; use tree=1 at T > 0")
+            raise SpecError(f"{self.text()}: several network drafts verified together (tree={self.tree}) run at "
+                            "temperature 0 only: at T > 0 its drafts are sampled from its q, which a tree's walk "
+                            "does not use (it keeps a token only where the target draws it); use tree=1 at T > 0")
 
     @property
     def is_hf_baseline(self) -> bool:
@@ -130,6 +137,7 @@ class DrafterSpec:
         words += [f"adaptive K{every_round}"] if self.adaptive else []
         words += ["raw confidence"] if not self.calibrated else []
         words += [f"with prompt lookup{' and the phrasebook' if self.phrasebook else ''}"] if self.lookup else []
+        words += ["copy tries"] if self.copy_tries else []
         words += [f"{Path(self.weights).parent.name} checkpoint"] if self.weights else []
         return ", ".join(words)
 
@@ -185,7 +193,7 @@ def _cast(field: str, raw: str, text: str):
             return raw
         if field == "noise_scale":
             return float(raw)
-        if field in ("adaptive", "calibrated", "lookup", "phrasebook"):
+        if field in ("adaptive", "calibrated", "lookup", "phrasebook", "copy_tries"):
             return bool(int(raw))
         return int(raw)
     except ValueError as err:

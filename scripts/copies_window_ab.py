@@ -60,13 +60,14 @@ def reply(target, ids: list[int], gen: GenerationConfig, drafter, state: PolicyS
 
 
 def run_arms(target, runner, ids: list[int], i: int, arms: list[str], gen_for, states: dict, sources: dict,
-             greedy: bool) -> dict:
+             greedy: bool, drafters: dict | None = None) -> dict:
     """Prompt i's plain reply and each arm's drafted one (gen_for(arm) its GenerationConfig, states[arm] its
-    PolicyState), in an order rotated by i -> tokens a second by arm and "plain"; each arm's rounds by source are added
-    to sources[arm], and at T = 0 every reply is checked against plain decoding."""
+    PolicyState, drafters[arm] its drafter where given, else the runner's), in an order rotated by i -> tokens a second
+    by arm and "plain"; each arm's rounds by source are added to sources[arm], and at T = 0 every reply is checked
+    against plain decoding."""
     row, outputs = {}, {}
     for arm in rotated(["plain", *arms], i):
-        drafter = None if arm == "plain" else runner.drafter
+        drafter = None if arm == "plain" else (drafters or {}).get(arm, runner.drafter)
         outputs[arm], row[arm], counted = reply(target, ids, gen_for(arm), drafter, states.get(arm))
         for source, n in counted.items():
             if arm != "plain":
@@ -93,19 +94,29 @@ def prepare(doc: str, argv=None, add_args=None):
     return args, fields, target, cost_curves(target), bench.make_runner(app_default(), target).with_draft_cost(target)
 
 
-def main(argv=None) -> None:
-    args, fields, target, curves, runner = prepare(__doc__, argv)
-    states = {arm: PolicyState(lookup=make()) for arm, make in ARMS.items()}
+def run_prompts(fields: dict, target, curves, runner, arms: list[str], states: dict,
+                drafters: dict | None = None) -> tuple[list[dict], dict]:
+    """Every prompt of the run through run_arms, every arm with the same generation settings (the app's, with the cost
+    curve after the prompt's context) -> (tokens a second by arm and "plain" per prompt, rounds by source per arm)."""
     sampling, budget = fields["sampling"], fields["max_new_tokens"]
-    rows, sources = [], {arm: {} for arm in ARMS}
+    rows, sources = [], {arm: {} for arm in arms}
     prompts = [prompt for path in fields["prompts"] for prompt in bench.read_prompts(path, fields["limit"])]
     for i, prompt in enumerate(prompts):
         ids = target.chat_ids([{"role": "user", "content": prompt}])
         gen = runner.generation(GenerationConfig(budget, sampling=sampling, seed=fields["seed"] + i),
                                 curves.for_reply(len(ids), budget))
-        rows.append(run_arms(target, runner, ids, i, list(ARMS), lambda arm: gen, states, sources, sampling.greedy))
-    result = {"prompts": list(fields["prompts"]), "limit": fields["limit"], "temperature": sampling.temperature,
-              "max_new_tokens": budget, "summary": summary(rows), "rounds_by_source": sources, "per_prompt": rows}
+        rows.append(run_arms(target, runner, ids, i, arms, lambda arm: gen, states, sources, sampling.greedy,
+                             drafters))
+    return rows, sources
+
+
+def main(argv=None) -> None:
+    args, fields, target, curves, runner = prepare(__doc__, argv)
+    states = {arm: PolicyState(lookup=make()) for arm, make in ARMS.items()}
+    rows, sources = run_prompts(fields, target, curves, runner, list(ARMS), states)
+    result = {"prompts": list(fields["prompts"]), "limit": fields["limit"],
+              "temperature": fields["sampling"].temperature, "max_new_tokens": fields["max_new_tokens"],
+              "summary": summary(rows), "rounds_by_source": sources, "per_prompt": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result["summary"], indent=1))

@@ -38,6 +38,17 @@ def summary(costs: dict[int, float], module) -> dict:
             "relative_to_one": {n: round(s / costs[1], 3) for n, s in costs.items()}}
 
 
+def rounded(value, digits: int = 4):
+    """Floats to `digits` significant digits, inside lists and dicts too (the file stays small)."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, list):
+        return [rounded(v, digits) for v in value]
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    return value
+
+
 def print_and_save(result: dict, out: str | None) -> None:
     """Print a result as one compact JSON line and, with `out`, write it there (the results folder keeps them small)."""
     text = json.dumps(result, separators=(",", ":"))

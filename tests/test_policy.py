@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -337,3 +339,50 @@ def test_renewing_one_length_of_the_cost_curve_equals_computing_it_whole():
             curve = costs.renewed(curve, start, fed)
         assert curve == pytest.approx(costs.curve(start))
     assert curve != start and RoundCosts().renewed((), (), 2) == ()
+
+
+def test_two_copies_that_differ_at_their_first_token_are_verified_together_where_the_pair_pays():
+    """Alone, a copy kept a fifth of the time does not pay for two positions at 1.3 plain rounds; beside a second copy
+    measured at a quarter, the pair's 1.45 expected tokens for three positions at 1.4 does (best_try). Each branch's
+    acceptance is then recorded apart by what the round kept, without tries=1 (copy_tries) none is verified, and tries
+    measured dear (apart from chains) are no longer made."""
+    from core.policy import PolicyState
+
+    gen = GenerationConfig(verify_cost=(1.0, 1.3, 1.4), copy_tries=True)
+    state = PolicyState()
+    state.rates.prior_rate, state.rates.beside_prior = 0.2, 0.25
+    lookup, phrase = Copy([5, 6], matched=3), Copy([7, 8], matched=2, source="phrasebook")
+    policy = DraftPolicy.for_run(gen, state)
+    assert policy.cut_copy(lookup, 3)[0] == 0 and policy.cut_copy(phrase, 3)[0] == 0
+    draft = policy.best_lookup((lookup, phrase), 3)
+    assert draft.ids == [5] and draft.alternatives == ((7,),) and draft.beside == ("phrasebook", 2)
+    assert draft.lookup_source == "lookup" and draft.lookup_match == 3
+    assert len(policy.best_lookup((lookup, Copy([5, 9], matched=2, source="phrasebook")), 3).ids) == 0  # same first
+    policy.observe(draft, 1, 2, 0.01, accepted=[7])  # the round followed the phrasebook's branch
+    assert state.rates.reached[("lookup", 3)] == [1] and state.rates.accepted[("lookup", 3)] == [0]
+    assert state.rates.reached[("phrasebook", 2, "beside")] == [1]
+    assert state.rates.accepted[("phrasebook", 2, "beside")] == [1]
+    off = DraftPolicy.for_run(replace(gen, copy_tries=False), PolicyState())
+    off.state.rates.prior_rate = 0.2
+    assert len(off.best_lookup((lookup, phrase), 3).ids) == 0
+    empty = Draft(torch.empty(0, dtype=torch.long), None)
+    for _ in range(4):  # plain rounds of 10 ms, then tries of three positions at 30 ms: measured as dear as 3 rounds
+        policy.observe(empty, 0, 1, 0.010)
+    for _ in range(4):
+        policy.observe(draft, 0, 1, 0.030, accepted=[])
+    assert policy.try_cost[2] == pytest.approx((4 * 3.0 + 4.0 * 1.4) / 8) and policy.verify_cost == gen.verify_cost
+    assert policy.best_try((lookup, phrase), [0, 0], 3)[1] < 1.0  # no longer worth a plain step
+
+
+def test_a_stall_counts_as_a_few_plain_rounds_not_as_a_verdict_for_a_thousand():
+    """One drafting round of 0.55 s among three (plain rounds 5 ms) is counted as 8 plain rounds: the verdict then
+    waits 294 rounds, where the stall taken whole had set the longest wait."""
+    waits = {}
+    for stall in (8.0, float("inf")):
+        measured = MeasuredPays(window=64, max_skip=32, stall=stall)
+        for _ in range(3):
+            measured.observe(False, 1, 0.005)
+        for seconds in (0.006, 0.006, 0.55):
+            measured.observe(True, 2, seconds)
+        waits[stall] = measured.wait
+    assert waits[8.0] == 294 and waits[float("inf")] == MeasuredPays.longest_wait

@@ -6,8 +6,8 @@ import torch
 from core.drafting import MAX_BLOCK_SIZE, Draft
 from core.engine import GenerationConfig, generate_all
 from core.sampling import SamplingConfig
-from core.testing import make_target, tiny_llama, tiny_qwen3
-from core.tree import ancestor_mask, build_trie, depth_in, greedy_path, is_chain, tree_inputs
+from core.testing import assert_sampled_distribution_exact, make_target, tiny_llama, tiny_qwen3
+from core.tree import ancestor_mask, build_trie, depth_in, greedy_path, is_chain, tree_inputs, walk
 
 
 def test_trie_merges_common_prefixes_breadth_first_within_the_budget():
@@ -121,12 +121,50 @@ def test_tree_rounds_equal_plain_decoding_and_feed_the_right_features(make):
     assert via_alternative > 20  # many accepted paths ran through a draft other than the first
 
 
-def test_tree_drafts_are_refused_at_positive_temperature(tiny_target):
-    prompt = [5, 6, 7]
-    plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=10, block_size=1))
-    oracle = BranchingOracle(plain, len(prompt), branches=2, corrupt=0.0, vocab=tiny_target.vocab_size)
-    gen = GenerationConfig(max_new_tokens=10, block_size=4, sampling=SamplingConfig(temperature=1.0))
-    for alternatives in (((4, 6),), ((4, 5),)):  # also when the drafts are equal and the trie is one chain
-        oracle.propose = lambda *a, alt=alternatives: Draft(torch.tensor([4, 5]), None, None, alt)
-        with pytest.raises(ValueError, match="temperature 0 only"):
-            generate_all(tiny_target, prompt, gen, oracle)
+def test_the_walk_asks_for_the_targets_token_only_along_its_path():
+    trie = build_trie([[5, 6], [9, 7]], budget=16)  # nodes: 5, 9, 5-6, 9-7
+    asked = []
+
+    def token_at(position):
+        asked.append(position)
+        return {0: 9, 2: 7, 4: 3}[position]  # the anchor's row draws 9, node 9's row 7, node 9-7's row 3
+
+    assert walk(trie, token_at) == ([1, 3], 3) and asked == [0, 2, 4]
+    assert walk(trie, lambda position: 8) == ([], 8)  # no child holds it: nothing kept, the target's token next
+
+
+class TwoBranches:
+    """Deterministic drafts with an alternative at the first slot: [a + 1, a + 2] and [a + 3], a the anchor (mod V)."""
+
+    name, feature_layers, max_block_size = "two-branches", (), 4
+
+    def __init__(self, vocab: int):
+        self.vocab = vocab
+
+    def reset(self):
+        pass
+
+    def extend(self, token_ids, features):
+        pass
+
+    def propose(self, anchor, block_size, sampling, generator):
+        v = self.vocab
+        return Draft([(anchor + 1) % v, (anchor + 2) % v], None, alternatives=(((anchor + 3) % v,),))
+
+
+def test_tree_drafts_at_positive_temperature_sample_the_target_exactly():
+    """Chi-square on the last two of three sampled tokens, each round a trie of two deterministic branches: the walk
+    keeps a drafted token exactly when the target drew it, so the output follows the target."""
+    target = make_target(tiny_llama(vocab_size=5, layers=2, seed=3, scale=8.0))
+    assert_sampled_distribution_exact(target, TwoBranches(5), n=1500, block_size=3)
+
+
+def test_tree_rounds_at_positive_temperature_keep_the_alternatives_they_drew(tiny_target):
+    gen = GenerationConfig(max_new_tokens=40, block_size=3, sampling=SamplingConfig(temperature=1.0), seed=0)
+    drafter = TwoBranches(tiny_target.vocab_size)
+    out, events = generate_all(tiny_target, [5, 6, 7], gen, drafter)
+    rounds = [ev for ev in events[1:] if ev.branches == 2]  # every round with room for a draft
+    assert len(out) == 40 and len(rounds) >= 10
+    for ev in rounds:  # the round shows the branch it followed, and what it kept is that branch's start
+        assert ev.n_accepted <= len(ev.drafted) and ev.committed[: ev.n_accepted] == ev.drafted[: ev.n_accepted]
+    assert any(len(ev.drafted) == 1 and ev.n_accepted == 1 for ev in rounds)  # the alternative was drawn and kept

@@ -1,0 +1,49 @@
+"""Two phrasebooks side by side in the app's default, in one process: each prompt's plain reply and one drafted reply
+per book in rotated order, the same network and prompt lookup beside each book, every arm carrying its own PolicyState
+from prompt to prompt as the app does from reply to reply.
+
+python -m scripts.phrasebook_ab --prompts eval_chat --limit 24 --quant q4 \
+    --books weights/smollm2-135m-instruct/phrasebook runs/phrasebook-new \
+    --out docs/results/engine/phrasebook-books-ab-chat-t0-DATE.json
+
+Each arm's figure is the mean over prompts of its tokens a second over the plain reply's, with the standard error, and
+the later books over the first, paired by prompt. At T = 0 every reply is checked against plain decoding.
+"""
+from __future__ import annotations
+
+from core import phrasebook
+from core.drafting import LookupHybrid
+from core.policy import PolicyState
+from scripts.copies_window_ab import prepare, run_prompts
+from scripts.long_chat_ab import mean_se
+from scripts.products_ab import print_and_save, rounded
+
+
+def summary(rows: list[dict], arms: list[str]) -> dict:
+    """rows: per prompt, tokens a second by arm and "plain" -> each arm over plain, each later arm over the first."""
+    out = {f"{arm} / plain": mean_se([row[arm] / row["plain"] for row in rows]) for arm in arms}
+    out.update({f"{arm} / {arms[0]}": mean_se([row[arm] / row[arms[0]] for row in rows]) for arm in arms[1:]})
+    return out
+
+
+def add_args(parser) -> None:
+    parser.add_argument("--books", nargs="+", required=True, help="phrasebook folders (core.phrasebook), the first "
+                        "the one the others are paired against")
+
+
+def main(argv=None) -> None:
+    args, fields, target, curves, runner = prepare(__doc__, argv, add_args)
+    arms = list(dict.fromkeys(args.books))
+    network = runner.drafter.main  # the app's default network, shared: each arm differs only in its book
+    drafters = {arm: LookupHybrid(network, phrasebook=phrasebook.load(arm, target.identity)) for arm in arms}
+    states = {arm: PolicyState() for arm in arms}
+    rows, sources = run_prompts(fields, target, curves, runner, arms, states, drafters)
+    result = {"prompts": list(fields["prompts"]), "limit": fields["limit"],
+              "temperature": fields["sampling"].temperature, "max_new_tokens": fields["max_new_tokens"],
+              "books": {arm: len(drafters[arm].phrasebook) for arm in arms}, "summary": summary(rows, arms),
+              "rounds_by_source": sources, "per_prompt": rows}
+    print_and_save(rounded(result), args.out)
+
+
+if __name__ == "__main__":
+    main()
