@@ -7,7 +7,8 @@ from scripts.suite_pairs import pairs
 def variant(name: str, seconds: list[float]) -> dict:
     return {"variant": name, "speedup": 1.123456, "speedup_se": 0.01, "acceptance_length": 1.5,
             "rounds_by_source": {"plain": 3}, "identical_to_baseline": True,
-            "round_costs": [{"source": "plain", "plain_rounds": 1.0}], "per_prompt": [{"tokens": 100, "s": s} for s in seconds]}
+            "round_costs": [{"source": "plain", "plain_rounds": 1.0}],
+            "per_prompt": [{"tokens": 100, "s": s} for s in seconds]}
 
 
 def test_later_variants_are_paired_with_the_first_prompt_by_prompt():
