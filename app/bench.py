@@ -33,7 +33,7 @@ from core.engine import (  # noqa: E402
     block_size_for,
     generate,
 )
-from core.policy import PolicyState  # noqa: E402
+from core.policy import COPIED, PolicyState  # noqa: E402
 from core.prefix import PrefixCache  # noqa: E402
 from core.prompts import read_prompt_file, resolve_prompt_file  # noqa: E402
 from core.sampling import SamplingConfig  # noqa: E402
@@ -145,7 +145,7 @@ def round_costs(base: list[Run], spec: list[Run]) -> list[dict]:
     plain = [ev.draft_s + ev.verify_s for run in base for ev in run.events if ev.kind == "round"]
     kinds: dict[tuple[str, int], list] = {}
     for ev in (ev for run in spec for ev in run.events if ev.kind == "round"):
-        tried = ev.branches > 1 and ev.source != "drafter"  # a copy try: two copies verified as a trie
+        tried = ev.branches > 1 and ev.source in COPIED  # a copy try: two copies verified as a trie
         kinds.setdefault((f"{ev.source} try" if tried else ev.source, len(ev.drafted)), []).append(ev)
     if not plain or not kinds:
         return []

@@ -12,8 +12,11 @@ conversation lookup (core.policy: measured acceptance per source and match lengt
 so the output stays exact whatever the phrasebook holds.
 
 Stored as `config.json` (format, the target's identity, the settings and the data it was built from) and
-`index.safetensors`: `keys` (N,) the n-grams' 64-bit hashes, sorted; `lengths` (N,) uint8, their continuations'
-lengths; `tokens` (S,) the continuations one after another (uint16 where every id fits, else int32).
+`index.safetensors`: `keys` (N,) the n-grams' 32-bit keys (int32 bit patterns), sorted; `lengths` (N,) uint8, their
+continuations' lengths; `tokens` (S,) the continuations one after another (uint16 where every id fits, else int32).
+The keys were 64-bit hashes before version 0.39.0 (format /1, 2.2 of that book's 5.6 MB); 32 bits keep the shipped
+book's 341,118 n-grams apart but for the 26 the build drops (n-grams whose keys collide), and a lookup of an n-gram the
+book does not hold hits a key by chance once in ~12,600 probes, a draft that verification then refuses.
 """
 from __future__ import annotations
 
@@ -28,9 +31,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-FORMAT = "flashmap-chat-phrasebook/1"
+FORMAT = "flashmap-chat-phrasebook/2"
 _MASK = (1 << 64) - 1
 _PRIME = 0x100000001B3  # FNV-1a's 64-bit prime
+KEY_BITS = 32  # a stored key: the high half of the n-gram's 64-bit hash
 
 
 class PhrasebookError(ValueError):
@@ -49,13 +53,26 @@ class PhrasebookConfig:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, 1 <= length <= 255 and min_support >= 1: {self}")
 
 
-def ngram_key(tokens: Iterable[int]) -> int:
-    """A 64-bit FNV-1a hash of an n-gram of token ids (n is part of the hash: every token is mixed in). Two n-grams
-    sharing a hash only make a worse draft, never a wrong output (verification decides)."""
+def ngram_hash(tokens: Iterable[int]) -> int:
+    """A 64-bit FNV-1a hash of an n-gram of token ids (n is part of the hash: every token is mixed in)."""
     key = 0xCBF29CE484222325
     for token in tokens:
         key = ((key ^ (int(token) + 1)) * _PRIME) & _MASK
     return key
+
+
+def short_key(full: int) -> int:
+    """A 64-bit hash's stored key: its high KEY_BITS after MurmurHash3's finaliser (FNV-1a's own high bits barely
+    change between short n-grams: all forty 2-grams of small ids shared their top 7 bits)."""
+    full = ((full ^ (full >> 33)) * 0xFF51AFD7ED558CCD) & _MASK
+    full = ((full ^ (full >> 33)) * 0xC4CEB9FE1A85EC53) & _MASK
+    return (full ^ (full >> 33)) >> (64 - KEY_BITS)
+
+
+def ngram_key(tokens: Iterable[int]) -> int:
+    """An n-gram's stored key (short_key of its hash). Two n-grams sharing a key only make a worse draft, never a
+    wrong output (verification decides)."""
+    return short_key(ngram_hash(tokens))
 
 
 def majority_continuation(followers: list[list[int]], length: int, min_support: int) -> list[int]:
@@ -110,18 +127,20 @@ class Phrasebook:
 def build(sequences: Iterable[list[int]], config: PhrasebookConfig) -> Phrasebook:
     """The phrasebook of some token sequences (the target's replies): every n-gram with a continuation that at
     least min_support of its occurrences share."""
-    followers: dict[int, list[list[int]]] = {}
+    followers: dict[int, list[list[int]]] = {}  # by the n-gram's 64-bit hash
     for seq in sequences:
         for end in range(1, len(seq)):
             after = seq[end : end + config.length]
             for n in range(config.min_ngram, min(config.max_ngram, end) + 1):
-                followers.setdefault(ngram_key(seq[end - n : end]), []).append(after)
-    kept = {}
-    for key, seqs in followers.items():
+                followers.setdefault(ngram_hash(seq[end - n : end]), []).append(after)
+    kept: dict[int, list[int]] = {}
+    for full, seqs in followers.items():
         if len(seqs) >= config.min_support:
             path = majority_continuation(seqs, config.length, config.min_support)
             if path:
-                kept[key] = path
+                kept[full] = path
+    short = Counter(short_key(full) for full in kept)  # n-grams whose stored keys collide are dropped
+    kept = {short_key(full): path for full, path in kept.items() if short[short_key(full)] == 1}
     keys = sorted(kept)
     lengths = torch.tensor([len(kept[key]) for key in keys], dtype=torch.long)  # (N,)
     tokens = torch.tensor([token for key in keys for token in kept[key]], dtype=torch.long)  # (S,)
@@ -136,8 +155,8 @@ def starts(lengths: torch.Tensor) -> torch.Tensor:
 def save(folder, book: Phrasebook, target_identity: dict, built_from: dict) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    # uint64 hashes travel as int64 bit patterns (safetensors has no unsigned 64-bit torch dtype to round-trip)
-    keys = torch.tensor([key - (1 << 64) if key >= 1 << 63 else key for key in book.keys], dtype=torch.long)  # (N,)
+    # unsigned keys travel as int32 bit patterns (what every safetensors reader round-trips)
+    keys = torch.tensor([key - (1 << 32) if key >= 1 << 31 else key for key in book.keys], dtype=torch.int32)  # (N,)
     small = book.tokens.numel() == 0 or int(book.tokens.max()) < 1 << 16
     save_file({"keys": keys, "lengths": book.offsets.diff().to(torch.uint8),
                "tokens": book.tokens.to(torch.uint16 if small else torch.int32)}, str(folder / "index.safetensors"))
@@ -160,7 +179,8 @@ def load(folder, target_identity: dict) -> Phrasebook:
     except (ValueError, KeyError, TypeError) as err:
         raise PhrasebookError(f"{cfg_path} is not a valid phrasebook config: {err}") from err
     if meta.get("format") != FORMAT:
-        raise PhrasebookError(f"{cfg_path}: unknown format {meta.get('format')!r}, expected {FORMAT}")
+        raise PhrasebookError(f"{cfg_path}: unknown format {meta.get('format')!r}, expected {FORMAT} (rebuild it: "
+                              "python -m drafter.data phrasebook)")
     if meta.get("target") != target_identity:
         raise PhrasebookError(f"the phrasebook at {folder} was built for target {meta.get('target')}, but the "
                               f"loaded target is {target_identity}")
@@ -174,7 +194,9 @@ def load(folder, target_identity: dict) -> Phrasebook:
         raise PhrasebookError(f"{index_path} is corrupt: the lengths do not add up to the tokens")
     if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < target_identity["vocab_size"]:
         raise PhrasebookError(f"{index_path} is corrupt: token ids outside the target's vocabulary")
-    unsigned = [key + (1 << 64) if key < 0 else key for key in keys.tolist()]
+    if keys.dtype != torch.int32:
+        raise PhrasebookError(f"{index_path} is corrupt: keys must be int32")
+    unsigned = [key + (1 << 32) if key < 0 else key for key in keys.tolist()]
     if any(a >= b for a, b in zip(unsigned, unsigned[1:])):
         raise PhrasebookError(f"{index_path} is corrupt: keys are not sorted")
     return Phrasebook(config, unsigned, offsets, tokens)

@@ -178,9 +178,9 @@ class LookupRates:
     prior_weight: float = 2.0
     # a copy verified beside another whose first token differs (a copy try, DraftPolicy.best_try) is measured apart
     # and starts from a prior of its own: where the conversation's copy and the phrasebook's differed at their first
-    # token (0.39-0.43 of the positions of held-out replies), the less likely of the two was the target's token in
-    # 0.04-0.27 of them by the lookup's match length, the likelier in 0.34-0.81 (`python -m drafter.phrasebook_check
-    # --tries`, docs/results/phrasebook-tries-2026-12-04.json)
+    # token (0.41-0.44 of the positions of held-out replies), the less likely of the two was the target's token in
+    # 0.04-0.28 of them by the lookup's match length, the likelier in 0.34-0.82 (`python -m drafter.phrasebook_check
+    # --tries`, docs/results/phrasebook-check-shipped-2026-12-04.json)
     beside_prior: float = 0.15
     reached: dict[tuple, list] = field(default_factory=dict)  # per key: per slot, copies verified that far
     accepted: dict[tuple, list] = field(default_factory=dict)  # per key: per slot, of those, how many kept it

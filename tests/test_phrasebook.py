@@ -19,8 +19,19 @@ def test_the_majority_continuation_follows_what_most_occurrences_agree_on():
 
 def test_ngram_keys_tell_order_and_length_apart():
     keys = {ngram_key(ids) for ids in ([1, 2], [2, 1], [1, 2, 3], [0, 1, 2], [0, 0], [0])}
-    assert len(keys) == 6 and all(0 <= key < 1 << 64 for key in keys)
-    assert ngram_key([1, 2]) == ngram_key((1, 2))
+    assert len(keys) == 6 and all(0 <= key < 1 << phrasebook.KEY_BITS for key in keys)
+    assert ngram_key([1, 2]) == ngram_key((1, 2)) == phrasebook.short_key(phrasebook.ngram_hash([1, 2]))
+
+
+def test_ngrams_whose_stored_keys_collide_are_dropped(monkeypatch):
+    """With 7-bit keys some of 40 kept n-grams share a key: those are left out, and every one kept still finds its
+    own continuation."""
+    monkeypatch.setattr(phrasebook, "KEY_BITS", 7)
+    sequences = [[a, b, 100 + a] for a in range(1, 6) for b in range(1, 9)] * 2  # "a b" -> 100 + a, twice each
+    book = phrasebook.build(sequences, PhrasebookConfig(min_ngram=2, max_ngram=2, length=1))
+    assert 20 < len(book) < 40 and len(set(book.keys)) == len(book)
+    kept = [(a, b) for a in range(1, 6) for b in range(1, 9) if phrasebook.ngram_key([a, b]) in book.keys]
+    assert len(kept) == len(book) and all(book.lookup([a, b], 1) == ([100 + a], 2) for a, b in kept)
 
 
 def book_of(sequences, **options) -> Phrasebook:
