@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 FORMAT = "flashmap-chat-phrasebook/2"
 _MASK = (1 << 64) - 1
 _PRIME = 0x100000001B3  # FNV-1a's 64-bit prime
-KEY_BITS = 32  # a stored key: the high half of the n-gram's 64-bit hash
+KEY_BITS = 32  # a stored key: the high half of the n-gram's 64-bit hash, mixed (short_key)
 
 
 class PhrasebookError(ValueError):
