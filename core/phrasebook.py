@@ -139,8 +139,9 @@ def build(sequences: Iterable[list[int]], config: PhrasebookConfig) -> Phraseboo
             path = majority_continuation(seqs, config.length, config.min_support)
             if path:
                 kept[full] = path
-    short = Counter(short_key(full) for full in kept)  # n-grams whose stored keys collide are dropped
-    kept = {short_key(full): path for full, path in kept.items() if short[short_key(full)] == 1}
+    stored = {full: short_key(full) for full in kept}
+    shared = Counter(stored.values())  # n-grams whose stored keys collide are dropped
+    kept = {stored[full]: path for full, path in kept.items() if shared[stored[full]] == 1}
     keys = sorted(kept)
     lengths = torch.tensor([len(kept[key]) for key in keys], dtype=torch.long)  # (N,)
     tokens = torch.tensor([token for key in keys for token in kept[key]], dtype=torch.long)  # (S,)

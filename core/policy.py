@@ -519,7 +519,7 @@ class DraftPolicy:
             verified, fed = seconds - (draft_seconds if self.called else 0.0), 1 + len(draft.tokens)
             if self.state.costs.record(fed, verified):
                 self.verify_cost = self.state.costs.renewed(self.verify_cost, self.start_cost, fed)
-            if fed == 1:  # the plain rounds the copy tries' costs are set against
+            if fed == 1 and self.copy_tries:  # the plain rounds the copy tries' costs are set against
                 self.state.tries.record(1, verified)
         elif draft.beside is not None:  # a copy try fed the anchor and both branches
             fed = 1 + len(draft.tokens) + len(draft.alternatives[0])
