@@ -1,6 +1,8 @@
-"""The precision ladder's table (docs/engine.md) from scripts/engine_ladder.sh's JSON files.
+"""docs/engine.md's tables: the precision ladder from scripts/engine_ladder.sh's JSON files, and the app's default per
+prompt set, domain and temperature from `python -m app.bench ... --drafter default` files named SET-DOMAIN-tT.json.
 
 python -m scripts.engine_table DIR
+python -m scripts.engine_table --cells DIR
 """
 from __future__ import annotations
 
@@ -21,8 +23,38 @@ def row(path: Path, domain: str) -> str:
             f"{'yes' if d['identical_to_baseline'] else 'NO'} |")
 
 
+COPIED = ("lookup", "phrasebook", "tail")  # the free sources' rounds (core.policy.round_source)
+
+
+def cell(path: Path) -> str:
+    """One bench summary as `speedup ± se (τ; copied / drafted / plain rounds)`, bold at >= 1.2x."""
+    d = json.loads(path.read_text())
+    rounds = d["rounds_by_source"]
+    copied = sum(n for source, n in rounds.items() if source.split()[0] in COPIED)
+    ratio = f"{d['speedup']:.2f}× ± {d['speedup_se']:.2f}"
+    ratio = f"**{ratio}**" if d["speedup"] >= 1.2 else ratio
+    same = "" if d["temperature"] > 0 or d["identical_to_baseline"] else ", NOT identical"
+    return (f"{ratio} (τ {d['acceptance_length']:.2f}; {copied:,} / {rounds.get('drafter', 0):,} / "
+            f"{rounds.get('plain', 0):,}{same})")
+
+
+def cells_table(folder: Path) -> list[str]:
+    lines = ["| set, T | math | code | chat |", "| --- | --- | --- | --- |"]
+    for temperature in ("0", "1"):
+        for prompt_set in ("eval", "fresh"):
+            found = [folder / f"{prompt_set}-{domain}-t{temperature}.json" for domain in DOMAINS]
+            if any(f.is_file() for f in found):
+                lines.append(f"| {prompt_set}, {temperature} | "
+                             + " | ".join(cell(f) if f.is_file() else "—" for f in found) + " |")
+    return lines
+
+
 def main(argv=None) -> None:
-    folder = Path((argv or sys.argv[1:])[0])
+    args = list(argv or sys.argv[1:])
+    if args[0] == "--cells":
+        print("\n".join(cells_table(Path(args[1]))))
+        return
+    folder = Path(args[0])
     print("| domain | forward | threads | llama.cpp tok/s | plain tok/s (of llama.cpp) | default drafter tok/s (of "
           "llama.cpp) | drafter / plain | tokens per round | drafted = plain |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
