@@ -83,14 +83,7 @@ class MeasuredPays(SkipEmpty):
 
     max_skip: int = 32
     window: int = 16
-    min_rounds: int = 3  # drafting rounds measured before a verdict
-    min_plain: int | None = None  # plain rounds measured before a verdict (None: min_rounds)
-    # a verdict that sets a wait lets go of the drafting rounds it read, so the next one reads only rounds drafted
-    # after the wait (min_rounds of them, in a row where drafts come), and each wait is set for min_rounds tries
-    # (budget_wait). Else a verdict read after a wait is the old window with one new round in it: the plain rounds it
-    # is weighed against are recent (the wait's), the drafting rounds mostly from before, so a slow moment or a
-    # first reply's cold rounds kept a source off for hundreds of rounds, long after it paid again
-    remeasure: bool = False
+    min_rounds: int = 3  # rounds of each kind measured before the first verdict
     # a drafter measured far slower than plain steps is re-measured rarely enough that its tries cost at most this
     # share of the time (budget_wait), up to `longest_wait` rounds, beyond the back-off's own limit: a try of the
     # FlashMap network at T > 0 costs ~5 plain steps here (its call ~2, a long verify ~4.5, for ~1.3 tokens), and a
@@ -115,16 +108,12 @@ class MeasuredPays(SkipEmpty):
         """Drafting rounds in a row measured slower than plain steps."""
         return self.empty
 
-    @property
-    def plain_needed(self) -> int:
-        return self.min_rounds if self.min_plain is None else self.min_plain
-
     def draft_now(self) -> bool:
         if not super().draft_now():
             return False
-        # the first rounds alternate until enough plain rounds are measured, so a verdict comes within a few rounds
+        # the first rounds alternate until both kinds are measured, so a verdict comes within a few rounds
         plain, drafted = len(self.plain_rounds), len(self.drafted_rounds)
-        return not (self.max_skip and plain < self.plain_needed and drafted > plain)
+        return not (self.max_skip and plain < self.min_rounds and drafted > plain)
 
     def observe(self, drafted: bool, committed: int, seconds: float) -> None:
         if len(self.plain_rounds) >= self.min_rounds:  # a stall counts as `stall` mean plain rounds
@@ -140,11 +129,7 @@ class MeasuredPays(SkipEmpty):
             self.drafted(paid=ratio >= 1)
             if ratio < 1:
                 tokens = sum(c for c, _ in self.drafted_rounds) / len(self.drafted_rounds)
-                tries = self.min_rounds if self.remeasure else 1  # the rounds the next verdict drafts
-                self.wait = max(self.wait, min(tries * self.budget_wait(ratio, tokens), self.longest_wait))
-                if self.remeasure:
-                    self.drafted_rounds.clear()
-                    self._sums[True] = [0, 0.0]
+                self.wait = max(self.wait, min(self.budget_wait(ratio, tokens), self.longest_wait))
 
     def budget_wait(self, ratio: float, tokens: float = 1.0) -> int:
         """Plain rounds to wait after drafting rounds measured at `ratio` of plain steps' tokens a second, `tokens`
@@ -158,7 +143,7 @@ class MeasuredPays(SkipEmpty):
         return tokens / seconds if seconds > 0 else float("inf")
 
     def _measured(self) -> bool:
-        return len(self.drafted_rounds) >= self.min_rounds and len(self.plain_rounds) >= self.plain_needed
+        return len(self.drafted_rounds) >= self.min_rounds and len(self.plain_rounds) >= self.min_rounds
 
 
 def smoothed_rate(accepted, reached, prior_rate: float, prior_weight: float):

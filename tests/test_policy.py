@@ -155,23 +155,6 @@ def test_the_copied_rounds_verdict_outlasts_a_short_slow_patch_that_the_network_
     assert state.drafter.losses > 0 and not state.drafter.draft_now()
 
 
-def test_a_fresh_verdict_reads_only_rounds_drafted_after_its_wait():
-    """remeasure: a verdict that sets a wait lets go of the drafting rounds it read; after the wait the source drafts
-    min_rounds rounds in a row and is judged on them alone, the wait set for that many tries."""
-    policy = MeasuredPays(max_skip=32, window=64, min_rounds=4, min_plain=2, remeasure=True)
-    for _ in range(2):
-        policy.observe(False, 1, 1.0)
-    for _ in range(4):  # 1 token in 2 s against plain steps' 1 in 1 s: half their rate
-        policy.observe(True, 1, 2.0)
-    assert not policy.drafted_rounds and policy.wait == 4 * policy.budget_wait(0.5, tokens=1) == 800
-    policy.wait = 0  # the wait is over
-    kinds = []
-    for _ in range(4):  # the source pays now (3 tokens in 1.5 s); no verdict until 4 such rounds are measured
-        kinds.append(policy.draft_now())
-        policy.observe(True, 3, 1.5)
-    assert kinds == [True] * 4 and policy.losses == 0 and policy.wait == 0 and len(policy.drafted_rounds) == 4
-
-
 def test_a_drafter_far_slower_than_plain_steps_is_retried_within_the_time_budget():
     def gaps_between_tries(policy, rounds=3000):
         kinds = []
