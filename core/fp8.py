@@ -30,6 +30,34 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scale
 
 
+class SharedRowCodes:
+    """The row codes of one input shared by the linears that read it: q, k and v read the same tensor, and so do gate
+    and up, which then quantise it once instead of three times and twice (4 quantisations a layer where there were 7).
+    Each quantisation is ~9 small kernels beside its product; at batch 1 on the H200 they were what made FP8 0.55x
+    bf16's speed (docs/gpu.md). Keyed by the input's identity: within a layer's forward the same tensor object reaches
+    those products unchanged (it is not written in place between them). The group's last linear (v, up) lets the
+    entry go, so no activation outlives its layer (a long prefill's would add up over the layers). The codes are the
+    ones each linear would make itself: the outputs are bit-identical to unshared ones, in whatever order the group's
+    linears are called (one called after the entry went quantises again)."""
+
+    def __init__(self):
+        self.last: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (x, codes, scale)
+
+    def codes(self, x: torch.Tensor, make, release: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.last is not None and self.last[0] is x:
+            codes, scale = self.last[1], self.last[2]
+        else:
+            codes, scale = make(x)
+            self.last = (x, codes, scale)
+        if release:
+            self.last = None
+        return codes, scale
+
+
+# the linears of a Llama / Qwen3 decoder layer that read one input, in the order the forwards call them
+SHARED_INPUTS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
 class Fp8Linear(torch.nn.Module):
     """A linear layer from e4m3 weight codes (one scale per output row) and per-row e4m3 activations."""
 
@@ -43,20 +71,29 @@ class Fp8Linear(torch.nn.Module):
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().to(weight.device))
         self.out_dtype = weight.dtype
+        self.shared: SharedRowCodes | None = None  # row codes shared with the linears reading the same input
+        self.releases = False  # the last of those: the shared entry goes after it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)  # (N, I)
-        n_rows = rows.shape[0]
-        pad = -n_rows % ROW_MULTIPLE if rows.is_cuda else 0
-        if pad:
-            rows = torch.nn.functional.pad(rows, (0, 0, 0, pad))  # zero rows: their own scale, no effect on others
-        codes, scale = quantize_rows(rows)  # (N, I), (N, 1)
+        n_rows = x.numel() // self.in_features
+        if self.shared is not None:
+            codes, scale = self.shared.codes(x, self.row_codes, self.releases)
+        else:
+            codes, scale = self.row_codes(x)
         out = torch._scaled_mm(codes, self.weight_codes.t(), scale_a=scale, scale_b=self.weight_scale,
-                               out_dtype=self.out_dtype)  # (N, O)
+                               out_dtype=self.out_dtype)  # (N', O), N' = N padded
         out = out[:n_rows]
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)  # (..., O)
+
+    def row_codes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (..., I) -> its rows' codes (N', I) and scales (N', 1), the rows padded to ROW_MULTIPLE on CUDA."""
+        rows = x.reshape(-1, self.in_features)  # (N, I)
+        pad = -rows.shape[0] % ROW_MULTIPLE if rows.is_cuda else 0
+        if pad:
+            rows = torch.nn.functional.pad(rows, (0, 0, 0, pad))  # zero rows: their own scale, no effect on others
+        return quantize_rows(rows)  # (N', I), (N', 1)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, e4m3 row-scaled"
@@ -73,16 +110,35 @@ def decoder_linears(model) -> list[tuple[torch.nn.Module, str, torch.nn.Linear]]
     return found
 
 
-def quantize_decoder(model, device: torch.device) -> int:
+def quantize_decoder(model, device: torch.device, share_codes: bool = True) -> int:
     """Replace the decoder layers' linears by Fp8Linear on `device`, one at a time (each bf16 weight is freed as
     its codes are made, so a model loaded on the host never needs its bf16 copy on the GPU), then move the rest of
-    the model there. Returns the number of linears replaced."""
+    the model there; with share_codes, each layer's linears share one SharedRowCodes. Returns the number replaced."""
     linears = decoder_linears(model)
     for parent, name, linear in linears:
         setattr(parent, name, Fp8Linear(linear, device))
         linear.weight = None  # the bf16 weight goes now, not when the loop ends
     model.to(device)
+    if share_codes:
+        share_row_codes(model)
     return len(linears)
+
+
+def share_row_codes(model, share: bool = True) -> int:
+    """The Fp8Linears of each decoder layer that read one input (SHARED_INPUTS) share one SharedRowCodes; share=False
+    undoes it (each quantises its input again). Returns the number of groups sharing."""
+    groups = 0
+    for layer in model.model.layers:
+        for parent in layer.modules():
+            for names in SHARED_INPUTS:
+                group = [getattr(parent, name, None) for name in names]
+                if not all(isinstance(m, Fp8Linear) for m in group):
+                    continue
+                shared = SharedRowCodes() if share else None
+                for m in group:
+                    m.shared, m.releases = shared, m is group[-1]
+                groups += share
+    return groups
 
 
 def why_not_fp8(device: torch.device) -> str | None:

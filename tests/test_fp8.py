@@ -3,7 +3,15 @@ import torch
 
 from core.drafting import NgramDrafter
 from core.engine import GenerationConfig, generate_all
-from core.fp8 import FP8_MAX, Fp8Linear, decoder_linears, probe_product, quantize_decoder, quantize_rows
+from core.fp8 import (
+    FP8_MAX,
+    Fp8Linear,
+    decoder_linears,
+    probe_product,
+    quantize_decoder,
+    quantize_rows,
+    share_row_codes,
+)
 from core.graphs import GraphedSteps
 from core.lean import LeanForward
 from core.testing import make_target, tiny_llama
@@ -64,3 +72,40 @@ def test_an_fp8_target_drafts_exactly_what_it_decodes(engine):
     plain, _ = generate_all(target, prompt, GenerationConfig(max_new_tokens=24, block_size=1))
     drafted, events = generate_all(target, prompt, GenerationConfig(max_new_tokens=24, block_size=4), NgramDrafter())
     assert drafted == plain and len(plain) == 24 and sum(ev.n_accepted for ev in events) > 0
+
+
+def test_a_layer_quantises_each_input_once_and_gives_the_unshared_outputs(monkeypatch):
+    model = tiny_llama(layers=2, scale=4.0).to(torch.bfloat16)
+    assert quantize_decoder(model, torch.device("cpu")) == 14
+    made = []
+    row_codes = Fp8Linear.row_codes
+    monkeypatch.setattr(Fp8Linear, "row_codes", lambda self, x: made.append(self) or row_codes(self, x))
+    ids = torch.tensor([[5, 6, 7, 5, 6]])
+    with torch.inference_mode():
+        shared = model(ids).logits  # (1, T, V)
+        assert len(made) == 2 * 4  # per layer: q/k/v once, o, gate/up once, down
+        assert all(m.shared is None or m.shared.last is None for m in model.modules() if isinstance(m, Fp8Linear))
+        assert share_row_codes(model, share=False) == 0
+        made.clear()
+        alone = model(ids).logits
+    assert len(made) == 2 * 7 and torch.equal(shared, alone)  # the same codes: bit-identical logits
+
+
+def test_shared_codes_follow_the_input_whatever_the_order_of_the_calls():
+    model = tiny_llama(layers=1).to(torch.bfloat16)
+    quantize_decoder(model, torch.device("cpu"))
+    attn = model.model.layers[0].self_attn
+    x, y = torch.randn(3, 32, dtype=torch.bfloat16), torch.randn(3, 32, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        attn.q_proj(x)  # x's codes kept for k and v
+        assert torch.equal(attn.k_proj(y), unshared(attn.k_proj, y))  # another input: its own codes
+        assert torch.equal(attn.v_proj(x), unshared(attn.v_proj, x))
+    assert attn.v_proj.shared.last is None  # the group's last linear let the entry go
+
+
+def unshared(linear: Fp8Linear, x: torch.Tensor) -> torch.Tensor:
+    shared, linear.shared = linear.shared, None
+    try:
+        return linear(x)
+    finally:
+        linear.shared = shared

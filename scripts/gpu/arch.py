@@ -386,7 +386,26 @@ def qwen3_fp8(cmd: Command) -> dict:
         result["plain_tokens_per_s"] = statistics.median(runs)
         result["verify_cost"] = verify_cost_synced(loaded, sz["contexts"][0], sz)
         result["peak_gib"] = peak_gib(sz["device"])
+        result["unshared"] = unshared_speed(loaded, prompt, gen)
     return result
+
+
+def unshared_speed(target: Target, prompt: list[int], gen: GenerationConfig) -> dict:
+    """Plain decoding with every FP8 linear quantising its own input again (core.fp8.share_row_codes(share=False)),
+    through a forward built and captured afresh, beside the shared codes' figure: what sharing q/k/v's and gate/up's
+    input codes saves a step. The tokens must not change (the codes are the same)."""
+    from core.fp8 import share_row_codes
+    from core.graphs import GraphedSteps
+    from core.lean import LeanForward
+
+    before = timed_run(target, prompt, gen)["tokens"]
+    share_row_codes(target.model, share=False)
+    if isinstance(target.lean, GraphedSteps):
+        target.lean = GraphedSteps(LeanForward(target.model), target.lean.mode)
+    timed_run(target, prompt[:16], GenerationConfig(max_new_tokens=4, block_size=1))  # warm-up, captures
+    runs = [timed_run(target, prompt, gen) for _ in range(2)]
+    return {"plain_tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
+            "runs": [r["tokens_per_s"] for r in runs], "identical": all(r["tokens"] == before for r in runs)}
 
 
 def scratch_dir() -> str | None:
