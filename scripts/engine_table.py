@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from core.policy import COPIED  # the free sources' rounds (core.policy.round_source)
+
 ORDER = ("q4", "q4-python", "bf16", "fp32", "fp32-transformers")
 DOMAINS = ("math", "code", "chat")
 
@@ -21,9 +23,6 @@ def row(path: Path, domain: str) -> str:
             f"{d['baseline_tokens_per_s']:.1f} ({anchor['plain_vs_llama_cpp']:.2f}) | {d['tokens_per_s']:.1f} "
             f"({anchor['drafter_vs_llama_cpp']:.2f}) | {d['speedup']:.2f}× | {d['acceptance_length']:.2f} | "
             f"{'yes' if d['identical_to_baseline'] else 'NO'} |")
-
-
-COPIED = ("lookup", "phrasebook", "tail")  # the free sources' rounds (core.policy.round_source)
 
 
 def cell(path: Path) -> str:
