@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from core.drafting import LOOKUP_STRONG, Copy, Draft, Drafter, lookup_plan
+from core.prefix import common_prefix
 from core.sampling import SamplingConfig
 
 EMPTY = Draft(torch.empty(0, dtype=torch.long), None)
@@ -511,8 +512,9 @@ class DraftPolicy:
             self.state.rates.record(draft.lookup_match, len(draft.tokens), n_accepted, source)
         elif source in COPIED:  # a copy try: each branch kept what it shares with the accepted tokens
             other, kept = draft.alternatives[0], accepted or []
-            self.state.rates.record(draft.lookup_match, len(draft.tokens), shared(draft.ids, kept), source)
-            self.state.rates.record(draft.beside[1], len(other), shared(other, kept), draft.beside[0], beside=True)
+            self.state.rates.record(draft.lookup_match, len(draft.tokens), common_prefix(draft.ids, kept), source)
+            self.state.rates.record(draft.beside[1], len(other), common_prefix(other, kept), draft.beside[0],
+                                    beside=True)
         if source == "drafter" and draft.q_draft is not None:  # a sampled draft (T > 0): its acceptance per slot
             self.state.sampled.record(len(draft.tokens), n_accepted)
         if not draft.alternatives:  # a chain (or nothing) fed 1 + its tokens; a tree's cost is not a chain's
@@ -557,23 +559,20 @@ def expected_tokens(confidence, verify_cost: tuple[float, ...]) -> list[float]:
 def best_cut(confidence, verify_cost: tuple[float, ...]) -> tuple[int, float]:
     """(the prefix length n maximising expected committed tokens per unit of verify cost,
     (1 + sum_{k<=n} prod_{j<=k} c_j) / cost(n + 1 positions), with the drafter's per-slot confidence c as its
-    acceptance estimate; that maximum), the first n on a tie. One pass on Python floats: a copy is cut every round."""
+    acceptance estimate; that maximum), the first n on a tie, 0 where no prefix beats a plain step. One pass on Python
+    floats: a copy is cut every round."""
     values = confidence.tolist() if isinstance(confidence, torch.Tensor) else confidence
-    best_n, best_value = 0, 1.0 / verify_cost[0]
-    expected, reach = 1.0, 1.0
-    for n, (c, cost) in enumerate(zip(values, verify_cost[1:]), start=1):
-        reach *= min(max(c, 0.0), 1.0)  # P(slots 1..n all accepted)
-        expected += reach
-        if expected / cost > best_value:
-            best_n, best_value = n, expected / cost
-    return best_n, best_value
+    plain = 1.0 / verify_cost[0]  # the anchor alone: one token for one position
+    best_n, best_value = extend_cut(1.0, 1, values, verify_cost)
+    return (best_n, best_value) if best_value > plain else (0, plain)
 
 
 def extend_cut(expected: float, fed: int, confidence: list[float], verify_cost: tuple[float, ...]) -> tuple[int, float]:
-    """best_cut for a second branch beside a draft that already feeds `fed` positions for `expected` tokens: (the
-    branch's length m with the most expected tokens per unit of verify cost of fed + m positions, that maximum), (0,
-    0.0) where none fits the curve. The branch's tokens are kept only where the draft's first is not, so their
-    expected tokens add."""
+    """Slots beside what already feeds `fed` positions for `expected` tokens: (the length m with the most
+    expected tokens per unit of verify cost of fed + m positions, the first on a tie; that maximum), (0, 0.0) where
+    none fits the curve. After the anchor alone (fed 1, expected 1) it is a chain's cut (best_cut); beside a draft,
+    a copy try's second branch, whose tokens are kept only where the draft's first is not, so their expected tokens
+    add."""
     best_m, best_value, reach = 0, 0.0, 1.0
     for m, c in enumerate(confidence[: len(verify_cost) - fed], start=1):
         reach *= min(max(c, 0.0), 1.0)  # P(the branch's slots 1..m all accepted)
@@ -581,16 +580,6 @@ def extend_cut(expected: float, fed: int, confidence: list[float], verify_cost: 
         if expected / verify_cost[fed + m - 1] > best_value:
             best_m, best_value = m, expected / verify_cost[fed + m - 1]
     return best_m, best_value
-
-
-def shared(tokens, accepted: list[int]) -> int:
-    """How many leading tokens of a branch the round kept."""
-    n = 0
-    for token, kept in zip(tokens, accepted):
-        if token != kept:
-            break
-        n += 1
-    return n
 
 
 def best_draft_length(confidence, verify_cost: tuple[float, ...]) -> int:
