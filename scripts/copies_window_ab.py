@@ -41,11 +41,12 @@ ARMS = {  # label -> the copied rounds' verdict
 BASE = "window 16"
 
 
-def summary(rows: list[dict]) -> dict:
-    """rows: per prompt, tokens a second by arm and "plain" -> each arm over plain, and each arm over BASE, paired."""
-    arms = [arm for arm in rows[0] if arm != "plain"]
+def summary(rows: list[dict], base: str = BASE, arms: list[str] | None = None) -> dict:
+    """rows: per prompt, tokens a second by arm and "plain" -> each arm over plain, and each arm over `base`, paired
+    by prompt. arms: their order in the result (default: the first row's)."""
+    arms = arms or [arm for arm in rows[0] if arm != "plain"]
     out = {f"{arm} / plain": mean_se([row[arm] / row["plain"] for row in rows]) for arm in arms}
-    out.update({f"{arm} / {BASE}": mean_se([row[arm] / row[BASE] for row in rows]) for arm in arms if arm != BASE})
+    out.update({f"{arm} / {base}": mean_se([row[arm] / row[base] for row in rows]) for arm in arms if arm != base})
     return out
 
 

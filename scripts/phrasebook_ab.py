@@ -14,16 +14,8 @@ from __future__ import annotations
 from core import phrasebook
 from core.drafting import LookupHybrid
 from core.policy import PolicyState
-from scripts.copies_window_ab import prepare, run_prompts
-from scripts.long_chat_ab import mean_se
+from scripts.copies_window_ab import prepare, run_prompts, summary
 from scripts.products_ab import print_and_save, rounded
-
-
-def summary(rows: list[dict], arms: list[str]) -> dict:
-    """rows: per prompt, tokens a second by arm and "plain" -> each arm over plain, each later arm over the first."""
-    out = {f"{arm} / plain": mean_se([row[arm] / row["plain"] for row in rows]) for arm in arms}
-    out.update({f"{arm} / {arms[0]}": mean_se([row[arm] / row[arms[0]] for row in rows]) for arm in arms[1:]})
-    return out
 
 
 def add_args(parser) -> None:
@@ -40,7 +32,7 @@ def main(argv=None) -> None:
     rows, sources = run_prompts(fields, target, curves, runner, arms, states, drafters)
     result = {"prompts": list(fields["prompts"]), "limit": fields["limit"],
               "temperature": fields["sampling"].temperature, "max_new_tokens": fields["max_new_tokens"],
-              "books": {arm: len(drafters[arm].phrasebook) for arm in arms}, "summary": summary(rows, arms),
+              "books": {arm: len(drafters[arm].phrasebook) for arm in arms}, "summary": summary(rows, arms[0], arms),
               "rounds_by_source": sources, "per_prompt": rows}
     print_and_save(rounded(result), args.out)
 
