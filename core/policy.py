@@ -98,8 +98,18 @@ class MeasuredPays(SkipEmpty):
     # (copies off for 1,024 rounds; counted as 8, 294: tests/test_policy.py); the dearest round a source makes costs
     # ~6.5 (the network's call and a 17-position verify at T > 0)
     stall: float = 8.0
+    # drafting rounds measured before a losing verdict sets the budget's wait: until then it backs off 1, 2, 4 ...
+    # rounds only, so a reply's first few rounds (cold caches, the first forward of each length, a busy moment) cannot
+    # switch a source off for a hundred rounds (0: from the first verdict)
+    confident_rounds: int = 0
+    # each round's seconds counted in plain steps of its own time (the median of the last `step_window` plain rounds):
+    # where copies are taken nearly every round the plain rounds a verdict reads are spread over a far longer time than
+    # the copied ones. A round before any plain step was measured is not counted. False: raw seconds
+    relative: bool = False
+    step_window: int = 16
     drafted_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent drafting rounds
     plain_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent plain rounds
+    recent_steps: list = field(default_factory=list)  # raw seconds of the last step_window plain rounds (relative)
     # per kind: the kept rounds' (tokens, seconds) summed, kept as rounds come and go (not summed anew, 64 rounds
     # twice, each round)
     _sums: dict = field(default_factory=lambda: {True: [0, 0.0], False: [0, 0.0]}, repr=False, compare=False)
@@ -117,8 +127,9 @@ class MeasuredPays(SkipEmpty):
         return not (self.max_skip and plain < self.min_rounds and drafted > plain)
 
     def observe(self, drafted: bool, committed: int, seconds: float) -> None:
-        if len(self.plain_rounds) >= self.min_rounds:  # a stall counts as `stall` mean plain rounds
-            seconds = min(seconds, self.stall * self._sums[False][1] / len(self.plain_rounds))
+        seconds = self._counted(drafted, seconds)
+        if seconds is None:
+            return
         rounds, sums = (self.drafted_rounds if drafted else self.plain_rounds), self._sums[drafted]
         rounds.append((committed, seconds))
         sums[0], sums[1] = sums[0] + committed, sums[1] + seconds
@@ -128,9 +139,24 @@ class MeasuredPays(SkipEmpty):
         if drafted and self.max_skip and self._measured():
             ratio = self.summed_rate(True) / self.summed_rate(False)
             self.drafted(paid=ratio >= 1)
-            if ratio < 1:
+            if ratio < 1 and len(self.drafted_rounds) >= self.confident_rounds:
                 tokens = sum(c for c, _ in self.drafted_rounds) / len(self.drafted_rounds)
                 self.wait = max(self.wait, min(self.budget_wait(ratio, tokens), self.longest_wait))
+
+    def _counted(self, drafted: bool, seconds: float) -> float | None:
+        """A round's seconds as the verdict counts them: a stall as `stall` plain rounds; with `relative`, in plain
+        steps of the round's time (None before any plain step was measured)."""
+        if not self.relative:
+            if len(self.plain_rounds) >= self.min_rounds:  # a stall counts as `stall` mean plain rounds
+                seconds = min(seconds, self.stall * self._sums[False][1] / len(self.plain_rounds))
+            return seconds
+        if not drafted:
+            self.recent_steps.append(seconds)
+            del self.recent_steps[: -self.step_window]
+        if not self.recent_steps:
+            return None
+        step = sorted(self.recent_steps)[len(self.recent_steps) // 2]
+        return min(seconds / step, self.stall) if step > 0 else None
 
     def budget_wait(self, ratio: float, tokens: float = 1.0) -> int:
         """Plain rounds to wait after drafting rounds measured at `ratio` of plain steps' tokens a second, `tokens`
