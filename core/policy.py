@@ -32,6 +32,7 @@ from core.sampling import SamplingConfig
 EMPTY = Draft(torch.empty(0, dtype=torch.long), None)
 COPIED = ("lookup", "phrasebook", "tail")  # the free sources' round names (Draft.lookup_source)
 COPIED_WINDOW = 64  # rounds of each kind the copied rounds' verdict reads (PolicyState)
+COPIED_CONFIDENT = 16  # copied rounds measured before its verdict may set the budget's long wait (PolicyState)
 
 
 @dataclass
@@ -102,14 +103,8 @@ class MeasuredPays(SkipEmpty):
     # rounds only, so a reply's first few rounds (cold caches, the first forward of each length, a busy moment) cannot
     # switch a source off for a hundred rounds (0: from the first verdict)
     confident_rounds: int = 0
-    # each round's seconds counted in plain steps of its own time (the median of the last `step_window` plain rounds):
-    # where copies are taken nearly every round the plain rounds a verdict reads are spread over a far longer time than
-    # the copied ones. A round before any plain step was measured is not counted. False: raw seconds
-    relative: bool = False
-    step_window: int = 16
     drafted_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent drafting rounds
     plain_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of recent plain rounds
-    recent_steps: list = field(default_factory=list)  # raw seconds of the last step_window plain rounds (relative)
     # per kind: the kept rounds' (tokens, seconds) summed, kept as rounds come and go (not summed anew, 64 rounds
     # twice, each round)
     _sums: dict = field(default_factory=lambda: {True: [0, 0.0], False: [0, 0.0]}, repr=False, compare=False)
@@ -127,9 +122,8 @@ class MeasuredPays(SkipEmpty):
         return not (self.max_skip and plain < self.min_rounds and drafted > plain)
 
     def observe(self, drafted: bool, committed: int, seconds: float) -> None:
-        seconds = self._counted(drafted, seconds)
-        if seconds is None:
-            return
+        if len(self.plain_rounds) >= self.min_rounds:  # a stall counts as `stall` mean plain rounds
+            seconds = min(seconds, self.stall * self._sums[False][1] / len(self.plain_rounds))
         rounds, sums = (self.drafted_rounds if drafted else self.plain_rounds), self._sums[drafted]
         rounds.append((committed, seconds))
         sums[0], sums[1] = sums[0] + committed, sums[1] + seconds
@@ -142,21 +136,6 @@ class MeasuredPays(SkipEmpty):
             if ratio < 1 and len(self.drafted_rounds) >= self.confident_rounds:
                 tokens = sum(c for c, _ in self.drafted_rounds) / len(self.drafted_rounds)
                 self.wait = max(self.wait, min(self.budget_wait(ratio, tokens), self.longest_wait))
-
-    def _counted(self, drafted: bool, seconds: float) -> float | None:
-        """A round's seconds as the verdict counts them: a stall as `stall` plain rounds; with `relative`, in plain
-        steps of the round's time (None before any plain step was measured)."""
-        if not self.relative:
-            if len(self.plain_rounds) >= self.min_rounds:  # a stall counts as `stall` mean plain rounds
-                seconds = min(seconds, self.stall * self._sums[False][1] / len(self.plain_rounds))
-            return seconds
-        if not drafted:
-            self.recent_steps.append(seconds)
-            del self.recent_steps[: -self.step_window]
-        if not self.recent_steps:
-            return None
-        step = sorted(self.recent_steps)[len(self.recent_steps) // 2]
-        return min(seconds / step, self.stall) if step > 0 else None
 
     def budget_wait(self, ratio: float, tokens: float = 1.0) -> int:
         """Plain rounds to wait after drafting rounds measured at `ratio` of plain steps' tokens a second, `tokens`
@@ -368,10 +347,17 @@ class PolicyState:
     rounds' timings on a busy machine often reversed, skipping copies that paid (scripts.copies_window_ab, 24 prompts,
     AVX2 EPYC, 2026-12-03: 64 rounds against 16, chat +1.7% +- 1.6% and math +1.1% +- 1.9% at T = 0, and in earlier
     runs chat +3.3% / +1.7% at T = 0 / 1, math +3.5%; never skipping copies lost on math, -1.0% +- 2.1%). The
-    network's rounds cost 2-3 plain rounds and are rare, so its verdict keeps 16."""
+    network's rounds cost 2-3 plain rounds and are rare, so its verdict keeps 16. At T = 0, until 16 copied rounds
+    were measured a losing verdict only backs off (MeasuredPays.confident_rounds): a first verdict on three cold rounds
+    had set a wait of ~50 rounds, and each later try added one round to a window that still held them, so copies stayed
+    off for replies where they paid; at T > 0, where copies pay by a few percent at most, the first verdict's wait
+    stays (scripts.verdict_ab, docs/engine.md)."""
 
     drafter: MeasuredPays = field(default_factory=MeasuredPays)
     lookup: MeasuredPays = field(default_factory=lambda: MeasuredPays(window=COPIED_WINDOW))
+    # the copied rounds measured before their verdict may set its long wait at T = 0 (DraftPolicy.for_run sets it on
+    # `lookup` for each reply; 0 at T > 0)
+    copied_patience: int = COPIED_CONFIDENT
     rates: LookupRates = field(default_factory=LookupRates)
     sampled: SlotRates = field(default_factory=SlotRates)
     call_cost: CallCost = field(default_factory=CallCost)
@@ -418,6 +404,7 @@ class DraftPolicy:
         state = state or PolicyState()
         for measured in (state.drafter, state.lookup):
             measured.max_skip = gen.max_measured_wait if gen.plain_probe_every else 0
+        state.lookup.confident_rounds = state.copied_patience if gen.sampling.greedy else 0
         charged = gen.draft_cost if gen.charges_draft_cost() else 0.0
         return cls(state.costs.curve(gen.verify_cost), charged, SkipEmpty(gen.max_skip if gen.verify_cost else 0),
                    PlainProbe(gen.plain_probe_every), state, start_cost=gen.verify_cost, copy_tries=gen.copy_tries,

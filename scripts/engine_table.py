@@ -2,7 +2,7 @@
 prompt set, domain and temperature from `python -m app.bench ... --drafter default` files named SET-DOMAIN-tT.json.
 
 python -m scripts.engine_table DIR
-python -m scripts.engine_table --cells DIR
+python -m scripts.engine_table --cells DIR [DIR ...]    (a cell from the first folder that holds it)
 """
 from __future__ import annotations
 
@@ -37,11 +37,18 @@ def cell(path: Path) -> str:
             f"{rounds.get('plain', 0):,}{same})")
 
 
-def cells_table(folder: Path) -> list[str]:
+def first_found(folders: list[Path], name: str) -> Path:
+    """folders[i] / name for the first folder that holds it (the last folder's path where none does)."""
+    return next((folder / name for folder in folders if (folder / name).is_file()), folders[-1] / name)
+
+
+def cells_table(*folders: Path) -> list[str]:
+    """The cells table from bench files named SET-DOMAIN-tT.json, each from the first of `folders` that holds it (a
+    newer version's cells first, an older one's for the cells it did not measure again)."""
     lines = ["| set, T | math | code | chat |", "| --- | --- | --- | --- |"]
     for temperature in ("0", "1"):
         for prompt_set in ("eval", "fresh"):
-            found = [folder / f"{prompt_set}-{domain}-t{temperature}.json" for domain in DOMAINS]
+            found = [first_found(list(folders), f"{prompt_set}-{domain}-t{temperature}.json") for domain in DOMAINS]
             if any(f.is_file() for f in found):
                 lines.append(f"| {prompt_set}, {temperature} | "
                              + " | ".join(cell(f) if f.is_file() else "—" for f in found) + " |")
@@ -51,7 +58,7 @@ def cells_table(folder: Path) -> list[str]:
 def main(argv=None) -> None:
     args = list(argv or sys.argv[1:])
     if args[0] == "--cells":
-        print("\n".join(cells_table(Path(args[1]))))
+        print("\n".join(cells_table(*map(Path, args[1:]))))
         return
     folder = Path(args[0])
     print("| domain | forward | threads | llama.cpp tok/s | plain tok/s (of llama.cpp) | default drafter tok/s (of "

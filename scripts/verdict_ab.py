@@ -1,31 +1,32 @@
-"""How the copied rounds' verdict (core.policy.PolicyState.lookup) counts time, side by side in one process: the
-verdict as it ships, with each round's seconds counted in plain steps of its own time (MeasuredPays.relative), with
-no budget wait before 16 copied rounds were measured (confident_rounds), and with both. Each prompt's plain reply and
-the arms' drafted ones run in rotated order; every arm carries its own PolicyState from prompt to prompt as the app
-does from reply to reply, and all of them start afresh every --restart-every prompts (a new start of the app).
+"""When the copied rounds' verdict (core.policy.PolicyState.lookup) may set its long wait, side by side in one process:
+from its first verdict (three copied and three plain rounds, as in 0.40.0) or, at T = 0, only once 16 copied rounds
+were measured (PolicyState.copied_patience, the default since 0.41.0: before that a losing verdict only backs off 1, 2,
+4 ... rounds). At T > 0 the two arms are the same since 0.41.0 (the T = 1 runs in docs/engine.md were made with the
+patience at every temperature, which lost there). Each prompt's plain reply and the arms' drafted ones run in rotated
+order; every arm carries its own PolicyState from prompt to prompt as the app does from reply to reply, and all of them
+start afresh every --restart-every prompts (a new start of the app: the first replies after one are where a verdict
+read from a few rounds had switched copies off).
 
 python -m scripts.verdict_ab --prompts fresh_math --limit 24 --restart-every 8 --quant q4 \
-    --out docs/results/engine/verdict-ab-trial-math-t0-DATE.json
+    --out docs/results/engine/verdict-ab-math-t0-DATE.json
 
 Each arm's figure is the mean over prompts of its tokens a second over the plain reply's, with the standard error,
-and each arm over the shipped verdict, paired by prompt; also over the first two replies after each start alone. At
+and the default over 0.40.0's verdict, paired by prompt; also over the first two replies after each start alone. At
 T = 0 every reply is checked against plain decoding.
 """
 from __future__ import annotations
 
 from app import bench
 from core.engine import GenerationConfig
-from core.policy import COPIED_WINDOW, MeasuredPays, PolicyState
+from core.policy import PolicyState
 from scripts.copies_window_ab import prepare, run_arms, summary
 from scripts.products_ab import print_and_save, rounded
 
-ARMS = {  # label -> the copied rounds' verdict
-    "shipped": lambda: MeasuredPays(window=COPIED_WINDOW),
-    "relative": lambda: MeasuredPays(window=COPIED_WINDOW, relative=True),
-    "confident 16": lambda: MeasuredPays(window=COPIED_WINDOW, confident_rounds=16),
-    "both": lambda: MeasuredPays(window=COPIED_WINDOW, relative=True, confident_rounds=16),
+ARMS = {  # label -> the policy state it starts from
+    "0.40.0": lambda: PolicyState(copied_patience=0),
+    "confident 16": PolicyState,
 }
-BASE = "shipped"
+BASE = "0.40.0"
 
 
 def add_args(parser) -> None:
@@ -40,7 +41,7 @@ def main(argv=None) -> None:
     rows, sources, states = [], {arm: {} for arm in arms}, {}
     for i, prompt in enumerate(prompts):
         if i % args.restart_every == 0:
-            states = {arm: PolicyState(lookup=ARMS[arm]()) for arm in arms}
+            states = {arm: ARMS[arm]() for arm in arms}
         ids = target.chat_ids([{"role": "user", "content": prompt}])
         gen = runner.generation(GenerationConfig(budget, sampling=sampling, seed=fields["seed"] + i),
                                 curves.for_reply(len(ids), budget))

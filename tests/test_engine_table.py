@@ -26,3 +26,13 @@ def test_the_table_has_a_row_per_set_and_temperature_found(tmp_path):
     lines = engine_table.cells_table(tmp_path)
     assert lines[2].startswith("| eval, 0 | — | **1.40×") and lines[3].startswith("| fresh, 1 | — | — | 0.99×")
     assert len(lines) == 4  # no row for a set and temperature without files
+
+
+def test_a_cell_comes_from_the_first_folder_that_holds_it(tmp_path):
+    new, old = tmp_path / "new", tmp_path / "old"
+    new.mkdir(), old.mkdir()
+    (new / "eval-math-t0.json").write_text(json.dumps(summary(1.3)))
+    (old / "eval-math-t0.json").write_text(json.dumps(summary(1.1)))
+    (old / "eval-math-t1.json").write_text(json.dumps(summary(1.05, temperature=1.0)))
+    lines = engine_table.cells_table(new, old)
+    assert lines[2].startswith("| eval, 0 | **1.30×") and lines[3].startswith("| eval, 1 | 1.05×")

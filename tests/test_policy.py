@@ -386,3 +386,28 @@ def test_a_stall_counts_as_a_few_plain_rounds_not_as_a_verdict_for_a_thousand():
             measured.observe(True, 2, seconds)
         waits[stall] = measured.wait
     assert waits[8.0] == 294 and waits[float("inf")] == MeasuredPays.longest_wait
+
+
+def test_a_verdict_from_the_first_few_rounds_backs_off_without_the_budget_s_long_wait():
+    """Three copied rounds at 2/3 of plain steps' rate: as shipped before, that first verdict waits 100 rounds (the
+    budget's wait); with confident_rounds it backs off one round and measures on, and the long wait comes once 16
+    copied rounds say the same."""
+    def first_wait(measured):
+        for _ in range(3):
+            measured.observe(False, 1, 1.0)
+            measured.observe(True, 1, 1.5)
+        return measured.wait
+
+    assert first_wait(MeasuredPays(window=64, max_skip=32)) == 100
+    patient = MeasuredPays(window=64, max_skip=32, confident_rounds=16)
+    assert first_wait(patient) == 1
+    for _ in range(13):
+        patient.observe(True, 1, 1.5)
+    assert len(patient.drafted_rounds) == 16 and patient.wait == 100
+    from core.policy import PolicyState
+
+    for temperature, patience in ((0.0, 16), (1.0, 0)):  # the app's replies: patient at T = 0 only
+        state = PolicyState()
+        DraftPolicy.for_run(GenerationConfig(sampling=SamplingConfig(temperature)), state)
+        assert state.lookup.confident_rounds == patience and state.drafter.confident_rounds == 0
+
