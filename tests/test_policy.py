@@ -389,7 +389,7 @@ def test_a_stall_counts_as_a_few_plain_rounds_not_as_a_verdict_for_a_thousand():
 
 
 def test_a_verdict_from_the_first_few_rounds_backs_off_without_the_budget_s_long_wait():
-    """Three copied rounds at 2/3 of plain steps' rate: as shipped before, that first verdict waits 100 rounds (the
+    """Three copied rounds at 2/3 of plain steps' rate: as in 0.40.0, that first verdict waits 100 rounds (the
     budget's wait); with confident_rounds it backs off one round and measures on, and the long wait comes once 16
     copied rounds say the same."""
     def first_wait(measured):
@@ -410,4 +410,3 @@ def test_a_verdict_from_the_first_few_rounds_backs_off_without_the_budget_s_long
         state = PolicyState()
         DraftPolicy.for_run(GenerationConfig(sampling=SamplingConfig(temperature)), state)
         assert state.lookup.confident_rounds == patience and state.drafter.confident_rounds == 0
-
