@@ -7,7 +7,7 @@ order; every arm carries its own PolicyState from prompt to prompt as the app do
 start afresh every --restart-every prompts (a new start of the app: the first replies after one are where a verdict
 read from a few rounds had switched copies off).
 
-python -m scripts.verdict_ab --prompts fresh_math --limit 24 --restart-every 8 --quant q4 \
+python -m scripts.verdict_ab --prompts fresh_math --limit 24 --restart-every 8 [--patience 8 16 32] --quant q4 \
     --out docs/results/engine/verdict-ab-math-t0-DATE.json
 
 Each arm's figure is the mean over prompts of its tokens a second over the plain reply's, with the standard error,
@@ -18,30 +18,35 @@ from __future__ import annotations
 
 from app import bench
 from core.engine import GenerationConfig
-from core.policy import PolicyState
+from core.policy import COPIED_CONFIDENT, PolicyState
 from scripts.copies_window_ab import prepare, run_arms, summary
 from scripts.products_ab import print_and_save, rounded
 
-ARMS = {  # label -> the policy state it starts from
-    "0.40.0": lambda: PolicyState(copied_patience=0),
-    "confident 16": PolicyState,
-}
-BASE = "0.40.0"
+BASE = "0.40.0"  # the verdict's long wait from its first reading
+
+
+def arms_for(patience: list[int]) -> dict:
+    """label -> the policy state an arm starts from: 0.40.0's verdict, and the patient one for each count given."""
+    return {BASE: lambda: PolicyState(copied_patience=0),
+            **{f"confident {n}": (lambda n=n: PolicyState(copied_patience=n)) for n in patience}}
 
 
 def add_args(parser) -> None:
     parser.add_argument("--restart-every", type=int, default=8, help="prompts between fresh starts of every arm")
+    parser.add_argument("--patience", type=int, nargs="+", default=[COPIED_CONFIDENT],
+                        help="copied rounds before the long wait, one arm each (default: the app's)")
 
 
 def main(argv=None) -> None:
     args, fields, target, curves, runner = prepare(__doc__, argv, add_args)
-    arms = list(ARMS)
+    make = arms_for(args.patience)
+    arms = list(make)
     sampling, budget = fields["sampling"], fields["max_new_tokens"]
     prompts = [prompt for path in fields["prompts"] for prompt in bench.read_prompts(path, fields["limit"])]
     rows, sources, states = [], {arm: {} for arm in arms}, {}
     for i, prompt in enumerate(prompts):
         if i % args.restart_every == 0:
-            states = {arm: ARMS[arm]() for arm in arms}
+            states = {arm: make[arm]() for arm in arms}
         ids = target.chat_ids([{"role": "user", "content": prompt}])
         gen = runner.generation(GenerationConfig(budget, sampling=sampling, seed=fields["seed"] + i),
                                 curves.for_reply(len(ids), budget))
