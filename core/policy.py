@@ -32,7 +32,7 @@ from core.sampling import SamplingConfig
 EMPTY = Draft(torch.empty(0, dtype=torch.long), None)
 COPIED = ("lookup", "phrasebook", "tail")  # the free sources' round names (Draft.lookup_source)
 COPIED_WINDOW = 64  # rounds of each kind the copied rounds' verdict reads (PolicyState)
-COPIED_CONFIDENT = 16  # copied rounds measured before its verdict may set the budget's long wait (PolicyState)
+COPIED_PATIENCE = 16  # copied rounds measured before its verdict may set the budget's long wait (PolicyState)
 
 
 @dataclass
@@ -357,7 +357,7 @@ class PolicyState:
     lookup: MeasuredPays = field(default_factory=lambda: MeasuredPays(window=COPIED_WINDOW))
     # the copied rounds measured before their verdict may set its long wait at T = 0 (DraftPolicy.for_run sets it on
     # `lookup` for each reply; 0 at T > 0)
-    copied_patience: int = COPIED_CONFIDENT
+    copied_patience: int = COPIED_PATIENCE
     rates: LookupRates = field(default_factory=LookupRates)
     sampled: SlotRates = field(default_factory=SlotRates)
     call_cost: CallCost = field(default_factory=CallCost)

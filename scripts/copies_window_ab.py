@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -96,13 +97,17 @@ def prepare(doc: str, argv=None, add_args=None):
 
 
 def run_prompts(fields: dict, target, curves, runner, arms: list[str], states: dict,
-                drafters: dict | None = None) -> tuple[list[dict], dict]:
+                drafters: dict | None = None, restart_every: int = 0,
+                fresh_states: Callable[[], dict] | None = None) -> tuple[list[dict], dict]:
     """Every prompt of the run through run_arms, every arm with the same generation settings (the app's, with the cost
-    curve after the prompt's context) -> (tokens a second by arm and "plain" per prompt, rounds by source per arm)."""
+    curve after the prompt's context) -> (tokens a second by arm and "plain" per prompt, rounds by source per arm).
+    With restart_every, the arms start afresh from fresh_states() every that many prompts (a new start of the app)."""
     sampling, budget = fields["sampling"], fields["max_new_tokens"]
     rows, sources = [], {arm: {} for arm in arms}
     prompts = [prompt for path in fields["prompts"] for prompt in bench.read_prompts(path, fields["limit"])]
     for i, prompt in enumerate(prompts):
+        if restart_every and i and i % restart_every == 0:
+            states = fresh_states()
         ids = target.chat_ids([{"role": "user", "content": prompt}])
         gen = runner.generation(GenerationConfig(budget, sampling=sampling, seed=fields["seed"] + i),
                                 curves.for_reply(len(ids), budget))

@@ -16,10 +16,8 @@ T = 0 every reply is checked against plain decoding.
 """
 from __future__ import annotations
 
-from app import bench
-from core.engine import GenerationConfig
-from core.policy import COPIED_CONFIDENT, PolicyState
-from scripts.copies_window_ab import prepare, run_arms, summary
+from core.policy import COPIED_PATIENCE, PolicyState
+from scripts.copies_window_ab import prepare, run_prompts, summary
 from scripts.products_ab import print_and_save, rounded
 
 BASE = "0.40.0"  # the verdict's long wait from its first reading
@@ -33,7 +31,7 @@ def arms_for(patience: list[int]) -> dict:
 
 def add_args(parser) -> None:
     parser.add_argument("--restart-every", type=int, default=8, help="prompts between fresh starts of every arm")
-    parser.add_argument("--patience", type=int, nargs="+", default=[COPIED_CONFIDENT],
+    parser.add_argument("--patience", type=int, nargs="+", default=[COPIED_PATIENCE],
                         help="copied rounds before the long wait, one arm each (default: the app's)")
 
 
@@ -41,19 +39,15 @@ def main(argv=None) -> None:
     args, fields, target, curves, runner = prepare(__doc__, argv, add_args)
     make = arms_for(args.patience)
     arms = list(make)
-    sampling, budget = fields["sampling"], fields["max_new_tokens"]
-    prompts = [prompt for path in fields["prompts"] for prompt in bench.read_prompts(path, fields["limit"])]
-    rows, sources, states = [], {arm: {} for arm in arms}, {}
-    for i, prompt in enumerate(prompts):
-        if i % args.restart_every == 0:
-            states = {arm: make[arm]() for arm in arms}
-        ids = target.chat_ids([{"role": "user", "content": prompt}])
-        gen = runner.generation(GenerationConfig(budget, sampling=sampling, seed=fields["seed"] + i),
-                                curves.for_reply(len(ids), budget))
-        rows.append(run_arms(target, runner, ids, i, arms, lambda arm: gen, states, sources, sampling.greedy))
+
+    def fresh_states() -> dict:
+        return {arm: new() for arm, new in make.items()}
+
+    rows, sources = run_prompts(fields, target, curves, runner, arms, fresh_states(),
+                                restart_every=args.restart_every, fresh_states=fresh_states)
     first = [row for i, row in enumerate(rows) if i % args.restart_every < 2]
     result = {"prompts": list(fields["prompts"]), "limit": fields["limit"], "restart_every": args.restart_every,
-              "temperature": sampling.temperature, "max_new_tokens": budget,
+              "temperature": fields["sampling"].temperature, "max_new_tokens": fields["max_new_tokens"],
               "summary": summary(rows, BASE, arms), "first_two_after_a_start": summary(first, BASE, arms),
               "rounds_by_source": sources, "per_prompt": rows}
     print_and_save(rounded(result), args.out)
