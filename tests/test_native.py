@@ -97,6 +97,36 @@ def lane_build_flags(lanes: str) -> tuple[str, ...]:
     return flags
 
 
+def rounding_probe() -> torch.Tensor:
+    """fp32 values whose bf16 rounding is easy to get wrong: ties to even both ways, NaN, infinities, signed zeros,
+    denormals, the largest finite floats (which round to infinity), and random values of every magnitude; 37 of them
+    so that the last vector is partial."""
+    ties = torch.tensor([0x3F808000, 0x3F818000, 0xBF808000, 0x3F807FFF, 0x3F808001, 0x00008000, 0x7F7FFFFF,
+                         0xFF7FFFFF, 0x00000001, 0x80000001, 0x7FC00001, 0xFFFFFFFF], dtype=torch.int64)
+    special = ties.to(torch.int32).view(torch.float32)  # bit patterns: (wrapping to int32 keeps the bits)
+    named = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0])
+    random = torch.randn(20, generator=torch.Generator().manual_seed(0)) * torch.logspace(-30, 30, 20)
+    return torch.cat([special, named, random])
+
+
+def test_the_steps_bf16_rounding_is_torchs():
+    """Every bf16 result of the step is rounded by simd::store: to the nearest even as torch rounds, NaN to NaN."""
+    module, why = native.load()
+    if module is None:
+        pytest.skip(f"no native step here: {why}")
+    assert_rounds_as_torch(module)
+
+
+def assert_rounds_as_torch(module) -> None:
+    """module.round_bf16 gives torch's bf16 bits for every number of rounding_probe() and a NaN for each NaN (torch's
+    own vector and scalar conversions write NaN with different bits)."""
+    x = rounding_probe()
+    ours, torchs = module.round_bf16(x), x.bfloat16()
+    numbers = ~x.isnan()
+    assert torch.equal(ours[numbers].view(torch.int16), torchs[numbers].view(torch.int16))
+    assert ours[~numbers].isnan().all()
+
+
 def assert_same_integer_products(first, second) -> None:
     """Two builds' q4 and q8 products of the same weights and rows, each packed in its build's layout, are equal."""
     from core.cpu_linear import Int4Linear, Int8Linear
@@ -125,6 +155,7 @@ def test_the_builds_of_other_cpus_are_exact_too(lanes, monkeypatch, tmp_path):
     monkeypatch.setenv("FLASHMAP_NATIVE_DIR", str(tmp_path))
     module, why = native.load()
     assert module is not None, why
+    assert_rounds_as_torch(module)
     if own is not None and own.ACTIVATIONS == module.ACTIVATIONS == "8-bit":
         assert_same_integer_products(own, module)
     for _name, model in models():

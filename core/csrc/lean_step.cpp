@@ -107,7 +107,7 @@ at::Tensor rms_norm(const at::Tensor& residual, const at::Tensor& weight, double
   for (int64_t t = 0; t < rows; ++t) {
     rms_norm_row(residual.data_ptr<float>() + t * width, weight.data_ptr<bf16>(), width, eps, row.data());
     bf16* dst = out.data_ptr<bf16>() + t * width;
-    for (int64_t i = 0; i < width; ++i) dst[i] = bf16(row[i]);
+    for (int64_t i = 0; i < width; i += LANES) store(dst + i, load(row.data() + i, width - i), width - i);
   }
   return out;
 }
@@ -396,13 +396,10 @@ void block_tile(const int32_t* blocks, const Operand* x, const float* sums, cons
       for (int r = 0; r < R; ++r) acc[r] = fma(minimum, splat(sums[(r0 + r) * groups + g]), acc[r]);
     }
   }
-  float values[LANES];
   for (int r = 0; r < R; ++r) {
     V16 result = acc[r];
     if (bias != nullptr) result = result + load(bias + tile * TILE);
-    store(values, result);
-    bf16* dst = out + (r0 + r) * outs + tile * TILE;
-    for (int l = 0; l < LANES; ++l) dst[l] = bf16(values[l]);
+    store(out + (r0 + r) * outs + tile * TILE, result);
   }
 }
 
@@ -457,6 +454,15 @@ struct Linear {  // one product from 4-bit codes (q4_mm's blocks)
   }
 };
 
+// x (N,) fp32 -> bf16 through simd::store, the rounding every bf16 result of the step takes (for its test)
+at::Tensor round_bf16(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 1 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (N,) fp32");
+  auto out = at::empty({x.size(0)}, x.options().dtype(at::kBFloat16));
+  const float* src = x.data_ptr<float>();
+  for (int64_t i = 0, n = x.size(0); i < n; i += LANES) store(out.data_ptr<bf16>() + i, load(src + i, n - i), n - i);
+  return out;
+}
+
 // residual (T, E) fp32 += x (T, E) bf16
 void add_into(at::Tensor& residual, const at::Tensor& x) {
   float* dst = residual.data_ptr<float>();
@@ -468,16 +474,14 @@ void add_into(at::Tensor& residual, const at::Tensor& x) {
 at::Tensor silu_mul(const at::Tensor& gate_up) {
   const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
   auto out = at::empty({rows, width}, gate_up.options());
-  std::vector<float> row(width);
   for (int64_t t = 0; t < rows; ++t) {
     const bf16* gate = gate_up.data_ptr<bf16>() + t * 2 * width;
     const bf16* up = gate + width;
+    bf16* dst = out.data_ptr<bf16>() + t * width;
     for (int64_t i = 0; i < width; i += LANES) {
       const V16 g = load(gate + i, width - i);
-      store(row.data() + i, g / (splat(1.0f) + exp(zeros() - g)) * load(up + i, width - i), width - i);
+      store(dst + i, g / (splat(1.0f) + exp(zeros() - g)) * load(up + i, width - i), width - i);
     }
-    bf16* dst = out.data_ptr<bf16>() + t * width;
-    for (int64_t i = 0; i < width; ++i) dst[i] = bf16(row[i]);
   }
   return out;
 }
@@ -492,11 +496,16 @@ struct Shape {
 // x * cos + roll(x, D/2) * signed_sin, times `scale`
 void rotate(const bf16* src, const at::Tensor& norm, double eps, const float* cos, const float* sin, int64_t dim,
             float scale, float* out) {
-  std::vector<float> x(dim);
-  for (int64_t d = 0; d < dim; ++d) x[d] = static_cast<float>(src[d]);
-  if (norm.numel()) rms_norm_row(x.data(), norm.data_ptr<bf16>(), dim, eps, x.data());
+  float x[LANES * MAX_CHUNKS], rolled[LANES * MAX_CHUNKS];  // x and roll(x, D/2): element d holds x[(d + D/2) % D]
+  for (int64_t d = 0; d < dim; d += LANES) store(x + d, load(src + d, dim - d), dim - d);
+  if (norm.numel()) rms_norm_row(x, norm.data_ptr<bf16>(), dim, eps, x);
   const int64_t half = dim / 2;
-  for (int64_t d = 0; d < dim; ++d) out[d] = fma_(x[(d + half) % dim], sin[d], x[d] * cos[d]) * scale;
+  std::memcpy(rolled, x + half, static_cast<size_t>(dim - half) * sizeof(float));
+  std::memcpy(rolled + dim - half, x, static_cast<size_t>(half) * sizeof(float));
+  for (int64_t d = 0; d < dim; d += LANES) {
+    const int64_t n = dim - d;
+    store(out + d, fma(load(rolled + d, n), load(sin + d, n), load(x + d, n) * load(cos + d, n)) * splat(scale), n);
+  }
 }
 
 // attention of fed row t's query heads h0 .. h0 + HEADS - 1 (all of one key/value head, g = h0 / R) over its visible
@@ -568,10 +577,8 @@ void attend_heads(int64_t h0, int64_t t, const Shape& s, const std::vector<float
     for (int h = 0; h < HEADS; ++h) {
       bf16* dst = out + (t * s.heads + h0 + h) * dim;
       for (int i = 0; i < SPAN && i0 + i < CHUNKS; ++i) {
-        float lanes[LANES];
-        store(lanes, mix(mixed[h][i] / total[h]));
         const int64_t d0 = (i0 + i) * LANES;
-        for (int64_t l = 0; l < std::min<int64_t>(LANES, dim - d0); ++l) dst[d0 + l] = bf16(lanes[l]);
+        store(dst + d0, mix(mixed[h][i] / total[h]), dim - d0);
       }
     }
   }
@@ -603,10 +610,8 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
       bf16* kdst = keys.data_ptr<bf16>() + g * keys.stride(0) + (s.past + t) * keys.stride(1);
       bf16* vdst = values.data_ptr<bf16>() + g * values.stride(0) + (s.past + t) * values.stride(1);
       const bf16* vsrc = row + (s.heads + s.kv_heads + g) * dim;
-      for (int64_t d = 0; d < dim; ++d) {
-        kdst[d] = bf16(key[d]);
-        vdst[d] = vsrc[d];
-      }
+      for (int64_t d = 0; d < dim; d += LANES) store(kdst + d, load(key.data() + d, dim - d), dim - d);
+      std::memcpy(vdst, vsrc, static_cast<size_t>(dim) * sizeof(bf16));
     }
   }
   auto out = at::empty({s.fed, s.heads * dim}, qkv.options());
@@ -772,6 +777,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(0: none), for the comparison that measures it (scripts.prefetch_ab)");
   m.def("keep_rows", &keep_rows, "move a tree round's kept positions into place in every layer's keys and values");
   m.def("q4_mm", &q4_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 4-bit codes -> (N, O) bf16");
+  m.def("round_bf16", &round_bf16, "x (N,) fp32 -> bf16 as the step rounds its bf16 results (to the nearest even)");
   m.def("q8_mm", &q8_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 8-bit codes -> (N, O) bf16");
   m.attr("SLOTS") = SLOTS;
   m.attr("MAX_HEAD_DIM") = LANES * MAX_CHUNKS;  // the attention holds a head in registers

@@ -40,6 +40,14 @@ inline V16 load(const bf16* p, int64_t n = LANES) {  // bf16 -> fp32 is the 16 b
   return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16))};
 }
 inline void store(float* p, V16 x, int64_t n = LANES) { _mm512_mask_storeu_ps(p, first(n), x.v); }
+// fp32 -> bf16 rounded to the nearest even, NaN as 0x7FC0: c10::BFloat16(float)'s bits, sixteen lanes at a time
+inline void store(bf16* p, V16 x, int64_t n = LANES) {
+  const __m512i bits = _mm512_castps_si512(x.v), one = _mm512_set1_epi32(1);
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(bits, 16), one), _mm512_set1_epi32(0x7FFF));
+  const __m512i rounded = _mm512_mask_mov_epi32(_mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16),
+                                                _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_mask_storeu_epi16(p, first(n), _mm512_cvtepi32_epi16(rounded));
+}
 // the attention's lane order (load_mixed, mix; AVX2 below): here the natural one
 inline V16 load_mixed(const bf16* p, int64_t n = LANES) { return load(p, n); }
 inline V16 mix(V16 a) { return a; }
@@ -108,6 +116,23 @@ inline void store(float* p, V16 x, int64_t n = LANES) {
   _mm256_maskstore_ps(p, half_mask(n), x.lo);
   _mm256_maskstore_ps(p + 8, half_mask(n - 8), x.hi);
 }
+inline __m256i bf16_bits(__m256 x) {  // eight fp32 -> their bf16 bits in 32-bit lanes, as store(bf16*) below
+  const __m256i bits = _mm256_castps_si256(x), one = _mm256_set1_epi32(1);
+  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 16), one), _mm256_set1_epi32(0x7FFF));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, bias), 16);
+  return _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+}
+// fp32 -> bf16 rounded to the nearest even, NaN as 0x7FC0: c10::BFloat16(float)'s bits, sixteen lanes at a time
+inline void store(bf16* p, V16 x, int64_t n = LANES) {
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_bits(x.lo), bf16_bits(x.hi)), 0xD8);
+  if (n >= LANES) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), packed);
+    return;
+  }
+  alignas(32) uint16_t part[LANES];  // fewer than 16: the lanes there are, through a copy
+  _mm256_store_si256(reinterpret_cast<__m256i*>(part), packed);
+  if (n > 0) std::memcpy(p, part, static_cast<size_t>(n) * sizeof(bf16));
+}
 // Sixteen bf16 -> fp32 in the lane order two unpacks give (dimensions 0-3, 8-11 | 4-7, 12-15): one instruction a half
 // where the natural order takes three. The attention reads its cached keys and values this way, with its queries
 // brought to the same order by mix() (and its results back by mix() again: the order is its own inverse), so lane-wise
@@ -167,6 +192,7 @@ inline V16 load(const float* p, int64_t n = LANES) { V16 r{}; for (int64_t l = 0
 inline V16 load(const bf16* p, int64_t n = LANES) { V16 r{}; for (int64_t l = 0; l < n && l < LANES; ++l) r.v[l] = static_cast<float>(p[l]); return r; }
 inline V16 load_or(const float* p, int64_t n, float fill) { V16 r = splat(fill); for (int64_t l = 0; l < n && l < LANES; ++l) r.v[l] = p[l]; return r; }
 inline void store(float* p, V16 x, int64_t n = LANES) { for (int64_t l = 0; l < n && l < LANES; ++l) p[l] = x.v[l]; }
+inline void store(bf16* p, V16 x, int64_t n = LANES) { for (int64_t l = 0; l < n && l < LANES; ++l) p[l] = bf16(x.v[l]); }
 inline V16 load_mixed(const bf16* p, int64_t n = LANES) { return load(p, n); }  // the attention's lane order: natural here
 inline V16 mix(V16 a) { return a; }
 #define LANEWISE(expr) V16 r; for (int l = 0; l < LANES; ++l) r.v[l] = (expr); return r
