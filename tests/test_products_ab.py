@@ -1,5 +1,7 @@
 from types import SimpleNamespace
 
+import pytest
+
 from scripts.products_ab import summary
 
 
@@ -20,3 +22,20 @@ def test_a_result_is_printed_and_written_as_one_compact_json_line(tmp_path, caps
     print_and_save({"ms": {1: 4.0}}, str(out))
     assert out.read_text() == '{"ms":{"1":4.0}}\n'
     assert json.loads(capsys.readouterr().out) == {"ms": {"1": 4.0}}
+
+
+@pytest.mark.slow
+def test_a_commits_step_is_built_from_that_commits_sources(tmp_path):
+    """--commit builds the step from the files a commit holds under core/csrc/ (here HEAD's), every one of them."""
+    import subprocess
+
+    from scripts.products_ab import commit_step
+
+    module = commit_step("HEAD", tmp_path)
+    names = subprocess.run(["git", "ls-tree", "--name-only", "HEAD", "core/csrc/"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n.split("/")[-1] for n in names)
+    for name in names:
+        shown = subprocess.run(["git", "show", f"HEAD:{name}"], capture_output=True, check=True).stdout
+        assert (tmp_path / name.split("/")[-1]).read_bytes() == shown
+    assert module.LAYOUT in ("quads", "bytes", "pairs") and callable(module.step)
