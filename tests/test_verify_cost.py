@@ -63,3 +63,21 @@ def test_cached_curves_round_trip_and_an_older_single_curve_file_is_measured_aga
     data = json.loads(path.read_text())
     path.write_text(json.dumps({"key": data["key"], "curve": [1.0, 1.2], "measured_at": 1.0}))
     assert load_cached(tmp_path, target) is None
+
+
+def test_interleaved_passes_open_each_round_one_key_later_and_report_every_key():
+    from core.verify_cost import interleaved
+
+    opened = []
+
+    def passes(key):
+        times = {1: []}
+        while True:
+            opened.append(key)
+            times[1].append(float(len(opened)))
+            yield times
+
+    medians = list(interleaved({key: passes(key) for key in "abc"}, 4))
+    assert opened == list("abc" "bca" "cab" "abc")
+    assert [list(m) for m in medians] == [list("abc")] * 4  # each round's medians keyed in the callers' order
+    assert medians[-1]["a"] == {1: 7.0}  # a opened the 1st, 6th, 8th and 10th pass: the median of all of them
