@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from core import native
+from core.exactness import probe_prompt
 from core.forward import target_forward
 from core.target import TargetConfig, load_target
 from core.verify_cost import interleaved_costs
@@ -67,13 +68,14 @@ def load_through(module):
 
 
 def same_logits(first, second) -> bool:
-    """Whether two targets' logits of a 100-token prompt and the 5 positions fed after it are the same bits."""
+    """Whether two targets' logits of a 100-token probe prompt (core.exactness.probe_prompt) and the 5 positions fed
+    after it are the same bits."""
+    ids = probe_prompt(first.vocab_size, 105)
     logits = []
     with torch.inference_mode():
         for target in (first, second):
             cache = target.new_cache(128)
-            logits.append([target_forward(target, ids, cache, ())[0] for ids in (list(range(3000, 3100)),
-                                                                               list(range(500, 505)))])
+            logits.append([target_forward(target, part, cache, ())[0] for part in (ids[:100], ids[100:])])
     return all(torch.equal(a, b) for a, b in zip(*logits))
 
 
