@@ -16,6 +16,8 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from scripts.results import read_json
+
 DOMAINS = ("all", "math", "code", "chat")
 
 
@@ -76,14 +78,14 @@ def compact(run: dict, pairs: list[dict], command: str | None) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", type=Path, help="a drafter.evaluate --out file")
+    parser.add_argument("run", type=Path, help="a drafter.evaluate --out file (.json, or .json.gz)")
     parser.add_argument("--pairs", type=int, nargs="+", required=True, help="variant indices: base candidate ...")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--command", help="the evaluate command that made the run, kept in the compact copy")
     args = parser.parse_args(argv)
     if len(args.pairs) % 2:
         parser.error("--pairs takes indices two by two (base, candidate)")
-    run = json.loads(args.run.read_text())
+    run = read_json(args.run)
     results = run["results"]
     pairs = [pair(run, results[a], results[b]) for a, b in zip(args.pairs[::2], args.pairs[1::2])]
     for row in pairs:

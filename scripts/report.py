@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from drafter.spec import DrafterSpec  # noqa: E402
+from scripts.results import read_json  # noqa: E402
 
 DOMAINS = ("math", "code", "chat")
 MAIN_ORDER = ("ngram", "hf-prompt-lookup", "dflash", "flashmap,steps=1", "flashmap,steps=2",
@@ -35,9 +36,11 @@ SHUFFLE_RUNS = (
 
 
 def load(folder: Path, name: str) -> dict | None:
-    """The newest run of this name: docs/results/NAME-YYYY-MM-DD.json (bench_report.sh dates every run it writes)."""
-    runs = sorted(folder.glob(f"{name}-20[0-9][0-9]-[0-9][0-9]-[0-9][0-9].json"))
-    return json.loads(runs[-1].read_text()) if runs else None
+    """The newest run of this name: docs/results/NAME-YYYY-MM-DD.json (bench_report.sh dates every run it writes), or
+    the same gzipped (.json.gz: the large per-position runs, kept compressed within the repository's budget)."""
+    pattern = f"{name}-20[0-9][0-9]-[0-9][0-9]-[0-9][0-9].json"
+    runs = sorted([*folder.glob(pattern), *folder.glob(pattern + ".gz")], key=lambda path: path.name.split(".")[0])
+    return read_json(runs[-1]) if runs else None
 
 
 def fmt(value, digits=2) -> str:

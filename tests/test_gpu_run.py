@@ -81,7 +81,7 @@ def test_dry_run_sizes_count_tracked_untracked_and_carried(tmp_path):
     assert size["tracked"] < 20 * 2**20  # without the three checkpoints and docs/ the tree is small
     weights = sum((transfer.ROOT / p).stat().st_size for p in transfer.CHECKPOINTS)
     assert weights > 40 * 2**20  # the checkpoints are what must stay behind
-    assert transfer.is_withheld("docs/results/offline-walk-2026-12-01.json") and not transfer.is_withheld("docsx/a")
+    assert transfer.is_withheld("docs/results/offline-walk-2026-12-01.json.gz") and not transfer.is_withheld("docsx/a")
     assert transfer.transfer_size([".git/HEAD"])["carried"] == (transfer.ROOT / ".git/HEAD").stat().st_size
 
 

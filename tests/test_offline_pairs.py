@@ -1,4 +1,5 @@
 """scripts.offline_pairs: paired differences between two variants of one drafter.evaluate run."""
+import gzip
 import json
 import math
 
@@ -56,3 +57,7 @@ def test_the_compact_copy_keeps_the_pairs_and_drops_the_rounds(tmp_path):
     assert kept["paired"][0]["candidate"] == "candidate" and kept["command"] == "evaluate ..."
     with pytest.raises(SystemExit):
         offline_pairs.main([str(source), "--pairs", "0"])
+    zipped = tmp_path / "run.json.gz"  # docs/results keeps the large runs gzipped
+    zipped.write_bytes(gzip.compress(source.read_bytes()))
+    offline_pairs.main([str(zipped), "--pairs", "0", "1", "--out", str(out)])
+    assert json.loads(out.read_text())["paired"] == kept["paired"]
