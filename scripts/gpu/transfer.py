@@ -165,8 +165,9 @@ CHECKPOINTS = tuple(f"weights/smollm2-135m-instruct/{name}/model.safetensors"
 # out of the index for the run: the checkpoints (the run trains its own), the published-layout drafters in training
 # (20 MiB, read by nothing there), the embedded default's phrasebook (5.6 MiB; drafting goes on without it where it is
 # absent), docs/ (the measurement records, 7 MiB by 2026-12-01, read by nothing there; with them the two GGUF halves
-# no longer fit) and the response folders the run does not train on (train.CPU_DATA names those it does; 2.6 MiB)
-NOT_TRAINED_THERE = ("data/smollm2-magpie", "data/smollm2-magpie-2", "data/smollm2-responses-4")
+# no longer fit) and the response folders the run does not train on (train.CPU_DATA names those it does; 3.7 MiB)
+NOT_TRAINED_THERE = ("data/smollm2-magpie", "data/smollm2-magpie-2", "data/smollm2-magpie-3",
+                     "data/smollm2-responses-4")
 WITHHELD = (*CHECKPOINTS, "weights/smollm2-135m-instruct/zlab", "weights/smollm2-135m-instruct/phrasebook", "docs",
             *NOT_TRAINED_THERE)
 
