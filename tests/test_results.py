@@ -1,3 +1,4 @@
+"""scripts.results: a results file reads the same plain or gzipped, and the report finds either."""
 import gzip
 import json
 
