@@ -34,8 +34,9 @@ class Draft:
     # further drafts from independent noise draws (paper App. D), target ids each; the engine merges them with
     # `tokens` into a trie and verifies it as a tree, exactly at every temperature (core.tree.walk)
     alternatives: tuple[tuple[int, ...], ...] = ()
-    # a copied draft (LookupHybrid.propose_lookups): the length of the matched suffix it copies after, which the
-    # policy's measured acceptance is kept by (core.policy.LookupRates); 0 for every other draft
+    # a copied draft (LookupHybrid.propose_lookups): the key the policy's measured acceptance is kept by
+    # (core.policy.LookupRates; Copy.key: the matched suffix's length, or a phrasebook copy's grade); 0 for every
+    # other draft
     lookup_match: int = 0
     # where a copied draft comes from: "lookup" (earlier in the conversation) or "phrasebook" (the target's own
     # replies to other prompts, core.phrasebook); the round's source in its event
@@ -57,12 +58,19 @@ class Copy:
     Python, since most are cut to nothing and a Draft's tensors cost more than deciding (~0.1 ms a round in a reply)."""
 
     tokens: list[int]  # (<=K,) target ids
-    matched: int  # the length of the matched suffix it copies after (Draft.lookup_match)
+    matched: int  # the length of the matched suffix it copies after (the tail's: its first slot's confidence, 1..5)
     source: str = "lookup"  # "lookup" (the conversation) or "phrasebook" (Draft.lookup_source)
+    prior: tuple[float, ...] = ()  # each slot's expected acceptance before this conversation measures it, if known
+    grade: int | None = None  # what its acceptance is measured by where more than `matched` (core.phrasebook.grade)
+
+    @property
+    def key(self) -> int:
+        """The key its acceptance is measured by (core.policy.LookupRates; Draft.lookup_match)."""
+        return self.matched if self.grade is None else self.grade
 
     def draft(self, n: int) -> Draft:
         """Its first n tokens as the round's draft, a list (no confidence: the policy keeps its measured rates)."""
-        return Draft(self.tokens[:n], None, lookup_match=self.matched, lookup_source=self.source)  # (n,)
+        return Draft(self.tokens[:n], None, lookup_match=self.key, lookup_source=self.source)  # (n,)
 
 
 class Drafter(Protocol):
@@ -226,9 +234,12 @@ class LookupHybrid:
         return self.phrasebook.lookup(recent + [anchor], block_size)
 
     def propose_phrase(self, anchor: int, block_size: int) -> Copy | None:
-        """The phrasebook's copy (phrase); None without one."""
-        copied, matched = self.phrase(anchor, block_size)
-        return Copy(copied, matched, "phrasebook") if copied else None
+        """The phrasebook's copy (phrase), keyed by its grade and carrying the book's calibration; None without one."""
+        if self.phrasebook is None:
+            return None
+        recent = self.ngram.history[-self.phrasebook.config.max_ngram :]  # (<=n,) all a lookup reads
+        copied, matched, graded = self.phrasebook.graded(recent + [anchor], block_size)
+        return Copy(copied, matched, "phrasebook", self.phrasebook.prior(graded), graded) if copied else None
 
     def propose_lookups(self, anchor: int, block_size: int) -> tuple[Copy, ...]:
         """Every free source's copy for this round (the conversation's first, then the phrasebook's and the network's

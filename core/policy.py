@@ -170,15 +170,17 @@ def count_slots(reached: list, accepted: list, n_verified: int, n_accepted: int)
 
 @dataclass
 class LookupRates:
-    """How often a copied token was accepted once verified, per source, length of the matched suffix (prompt lookup's
-    1..3 tokens, the phrasebook's n-grams; longer matches copy more reliably) and depth in the copy: slot k's tokens
-    accepted over those verified with every earlier slot accepted, Beta-smoothed towards slot k - 1's rate (slot 1's
-    towards prior_rate), so a depth not measured yet reads as the one before it. These serve as the slots' confidence
-    for the adaptive cut. Deeper copied tokens are kept more often than the first: once a copy is on its track it
-    tends to stay there (the phrasebook's 4-token matches on held-out replies kept 0.58 of first tokens, 0.78 of
-    fourth and 0.89 of eighth, given the earlier ones: `python -m drafter.phrasebook_check`), which one rate for all
-    slots missed. Measured on this conversation's own rounds, so it is a policy input like the timings: exact at
-    every temperature (at T > 0 it measures the acceptance p(token) of the copied tokens)."""
+    """How often a copied token was accepted once verified, per source, key (prompt lookup's matched suffix of 1..3
+    tokens, longer matches copying more reliably; the phrasebook's grade, its match length and agreement class; the
+    block tail's confidence) and depth in the copy: slot k's tokens accepted over those verified with every earlier slot
+    accepted, Beta-smoothed towards slot k - 1's rate (slot 1's towards prior_rate), so a depth not measured yet reads
+    as the one before it, or towards the copy's own prior where its source knows one (the phrasebook's calibration).
+    These serve as the slots' confidence for the adaptive cut. Deeper copied tokens are kept more often than the
+    first: once a copy is on its track it tends to stay there (the phrasebook's 4-token matches on held-out replies
+    kept 0.58 of first tokens, 0.78 of fourth and 0.89 of eighth, given the earlier ones: `python -m
+    drafter.phrasebook_check`), which one rate for all slots missed. Measured on this conversation's own rounds, so
+    it is a policy input like the timings: exact at every temperature (at T > 0 it measures the acceptance p(token)
+    of the copied tokens)."""
 
     prior_rate: float = 0.7
     prior_weight: float = 2.0
@@ -199,19 +201,22 @@ class LookupRates:
         key = (source, min(matched, LOOKUP_STRONG) if source == "lookup" else matched)
         return (*key, "beside") if beside else key
 
-    def rates(self, matched: int, source: str = "lookup", n: int = 1, beside: bool = False) -> list[float]:
+    def rates(self, matched: int, source: str = "lookup", n: int = 1, beside: bool = False,
+              prior: tuple[float, ...] = ()) -> list[float]:
         """The first n slots' acceptance, each given the earlier ones accepted (beside: as a copy try's second
-        branch)."""
+        branch). prior: the slots' expected acceptance where the source knows it (a phrasebook's calibration for the
+        copy's grade), which each slot is smoothed towards instead of the slot before it."""
         key = self.key(matched, source, beside)
         known = self._rates.get(key, [])
         if len(known) >= n:
             return known[:n]
         reached, accepted = self.reached.get(key, []), self.accepted.get(key, [])
-        out, prior = [], self.beside_prior if beside else self.prior_rate
+        out, rate = [], self.beside_prior if beside else self.prior_rate
         for k in range(n):
             seen = reached[k] if k < len(reached) else 0.0
-            prior = smoothed_rate(accepted[k] if k < len(accepted) else 0.0, seen, prior, self.prior_weight)
-            out.append(prior)
+            start = prior[k] if k < len(prior) and not beside else rate
+            rate = smoothed_rate(accepted[k] if k < len(accepted) else 0.0, seen, start, self.prior_weight)
+            out.append(rate)
         self._rates[key] = out
         return out[:n]
 
@@ -478,16 +483,17 @@ class DraftPolicy:
             n = max(n, 1)
             if n >= k:
                 continue
-            expected = expected_tokens(self.state.rates.rates(main.matched, main.source, n), self.try_cost)[-1]
+            expected = expected_tokens(self.state.rates.rates(main.key, main.source, n, prior=main.prior),
+                                       self.try_cost)[-1]
             for other in copies:
                 if other.tokens[0] == main.tokens[0]:
                     continue
-                rates = self.state.rates.rates(other.matched, other.source, min(len(other.tokens), k - n), True)
+                rates = self.state.rates.rates(other.key, other.source, min(len(other.tokens), k - n), True)
                 m, value = extend_cut(expected, 1 + n, rates, self.try_cost)
                 if m and value > best_value:
                     best, best_value = Draft(main.tokens[:n], None, alternatives=(tuple(other.tokens[:m]),),
-                                             lookup_match=main.matched, lookup_source=main.source,
-                                             beside=(other.source, other.matched)), value
+                                             lookup_match=main.key, lookup_source=main.source,
+                                             beside=(other.source, other.key)), value
         return best, best_value
 
     def cut_lookup(self, copy: Copy | None, k: int) -> Draft:
@@ -505,7 +511,8 @@ class DraftPolicy:
         if not self.verify_cost:
             alone, _ = lookup_plan(copy.tokens, copy.matched)
             return (min(len(copy.tokens), k) if alone else 0), 1.0
-        return best_cut(self.state.rates.rates(copy.matched, copy.source, min(len(copy.tokens), k)), self.verify_cost)
+        rates = self.state.rates.rates(copy.key, copy.source, min(len(copy.tokens), k), prior=copy.prior)
+        return best_cut(rates, self.verify_cost)
 
     def observe(self, draft: Draft, n_accepted: int, n_committed: int, seconds: float,
                 draft_seconds: float = 0.0, accepted: list[int] | None = None) -> None:

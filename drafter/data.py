@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -457,7 +457,16 @@ def build_phrasebook(args) -> None:
     book = phrasebook.build(tqdm(replies, desc="phrasebook", unit="reply"), config)
     built_from = {"data": list(args.data), "replies": len(replies), "tokens": sum(map(len, replies)),
                   "date": time.strftime("%Y-%m-%d")}
-    print(phrasebook.save(args.out, book, targets[0], built_from), f"{len(book)} n-grams")
+    calibrated_on = None
+    if args.held:  # each grade's acceptance on replies the book was not built from: the policy's starting point
+        if set(args.held) & set(args.data):
+            raise SystemExit("--held folders must not be among --data (the calibration would read its own replies)")
+        held = [(seq.tokens, seq.prompt_len) for folder in args.held for seq in load_sequences(folder)]
+        rates, reached = phrasebook.calibrate(book, tqdm(held, desc="calibration", unit="reply"))
+        book = replace(book, calibration=rates)
+        calibrated_on = {"held": list(args.held), "replies": len(held),
+                         "reached": {str(graded): counts for graded, counts in reached.items()}}
+    print(phrasebook.save(args.out, book, targets[0], built_from, calibrated_on), f"{len(book)} n-grams")
 
 
 def main(argv=None) -> None:
@@ -501,6 +510,8 @@ def main(argv=None) -> None:
     book.add_argument("--data", nargs="+", required=True, help="data folders written by generate / follow-up "
                       "(replies to training prompts only, never to eval or check prompts)")
     book.add_argument("--out", required=True, help="e.g. weights/smollm2-135m-instruct/phrasebook")
+    book.add_argument("--held", nargs="*", default=[], help="held-out data folders (replies to check prompts) to "
+                      "calibrate each grade's acceptance on (core.phrasebook.calibrate)")
     defaults = phrasebook.PhrasebookConfig()
     book.add_argument("--min-ngram", type=int, default=defaults.min_ngram)
     book.add_argument("--max-ngram", type=int, default=defaults.max_ngram)

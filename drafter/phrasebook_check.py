@@ -31,25 +31,10 @@ DEPTH = 16  # slots reported per copy
 def copy_acceptance(book: phrasebook.Phrasebook, replies: list[tuple[list[int], int]]) -> dict:
     """replies: (tokens, prompt length) each. -> {"positions", "hit", "kept_per_position", "by_match": {n: {"rate":
     [per slot], "reached": [per slot]}}}"""
-    positions = hits = kept = 0
-    reached: dict[int, list[int]] = {}
-    accepted: dict[int, list[int]] = {}
-    for tokens, prompt_len in replies:
-        for at in range(prompt_len + 1, len(tokens)):
-            positions += 1
-            copy, matched = book.lookup(tokens[max(0, at - book.config.max_ngram):at], DEPTH)
-            if not copy:
-                continue
-            hits += 1
-            reach, accept = reached.setdefault(matched, [0] * DEPTH), accepted.setdefault(matched, [0] * DEPTH)
-            for depth, token in enumerate(copy[: len(tokens) - at]):
-                reach[depth] += 1
-                if token != tokens[at + depth]:
-                    break
-                accept[depth] += 1
-                kept += 1
+    positions, reached, accepted = phrasebook.copy_counts(book, replies, graded=False, depth=DEPTH)
+    hits, kept = sum(reach[0] for reach in reached.values()), sum(map(sum, accepted.values()))
     by_match = {n: {"rate": [round(a / r, 4) if r else None for a, r in zip(accepted[n], reach)], "reached": reach}
-                for n, reach in sorted(reached.items())}
+                for n, reach in reached.items()}
     return {"positions": positions, "hit": hits / max(positions, 1), "kept_per_position": kept / max(positions, 1),
             "by_match": by_match}
 

@@ -557,3 +557,29 @@ def test_magpie_requests_come_from_the_user_turn_opening_and_resume(tmp_path, mo
     data_mod.main([*args[:2], "12", *args[3:]])
     rows = read_jsonl(out) + read_jsonl(check)
     assert len(rows) == 12 and len({r["prompt"] for r in rows}) == 12 and len({r["id"] for r in rows}) == 12
+
+
+def test_the_phrasebook_command_calibrates_on_held_out_folders_only(tmp_path):
+    """drafter.data phrasebook --held: the book carries each grade's acceptance on the held-out replies and says what
+    it was measured on; a held-out folder that is also built from is refused."""
+    import json
+
+    from core import phrasebook
+    from drafter.data import main as data_main
+    from drafter.data import write_shard
+
+    target = {"name": "tiny", "model_type": "llama", "vocab_size": 64, "hidden_size": 8, "num_hidden_layers": 2}
+    for name, responses in (("train", [[3, 4, 5, 6]] * 4), ("held", [[3, 4, 5, 9]] * 30)):
+        (tmp_path / name).mkdir()
+        write_shard(tmp_path / name / "shard-00000.safetensors", [[1, 2]] * len(responses), responses)
+        (tmp_path / name / "meta.json").write_text(json.dumps({"target": target}))
+    out = tmp_path / "book"
+    data_main(["phrasebook", "--data", str(tmp_path / "train"), "--out", str(out), "--held", str(tmp_path / "held")])
+    book = phrasebook.load(out, target)
+    graded = book.graded([1, 2, 3], 8)[2]  # "1 2 3" -> 4 5 6: on the held-out replies 4 and 5 kept, 6 not
+    assert book.prior(graded) == (1.0, 1.0, 0.0)
+    measured = json.loads((out / "config.json").read_text())["calibration"]["measured"]
+    assert measured["held"] == [str(tmp_path / "held")] and measured["replies"] == 30
+    with pytest.raises(SystemExit, match="must not be among --data"):
+        data_main(["phrasebook", "--data", str(tmp_path / "train"), "--out", str(out), "--held",
+                   str(tmp_path / "train")])

@@ -440,18 +440,20 @@ def test_the_phrasebook_offers_its_copy_beside_prompt_lookup_and_the_policy_take
     hybrid.extend([5, 6, 3, 4, 40, 41, 42, 43, 3], None)
     conversation, phrase = hybrid.propose_lookups(4, 6)
     assert conversation.tokens == [40, 41, 42, 43, 3, 4] and conversation.source == "lookup"
-    assert phrase.tokens == [50, 51, 52] and phrase.matched == 2 and phrase.source == "phrasebook"
+    graded = phrasebook.grade(2, phrasebook.agreement_class(1.0, 2))  # "3 4": both occurrences went on with 50
+    assert phrase.tokens == [50, 51, 52] and (phrase.matched, phrase.key) == (2, graded)
+    assert phrase.source == "phrasebook"
     curve = (1.0, 1.1, 1.2, 1.5, 1.8, 2.0, 2.2)
     rates = LookupRates()
     for _ in range(20):  # in this conversation the phrasebook's copies were kept, prompt lookup's two-token ones not
-        rates.record(2, 3, 3, "phrasebook")
+        rates.record(graded, 3, 3, "phrasebook")
         rates.record(2, 3, 0)
     policy = DraftPolicy.for_run(GenerationConfig(verify_cost=curve), PolicyState(rates=rates))
     chosen = policy.best_lookup((conversation, phrase), 6)
-    assert chosen.ids == [50, 51, 52] and chosen.lookup_match == 2 and round_source(chosen) == "phrasebook"
+    assert chosen.ids == [50, 51, 52] and chosen.lookup_match == graded and round_source(chosen) == "phrasebook"
     rates = LookupRates()
     for _ in range(20):  # the other way round
-        rates.record(2, 3, 0, "phrasebook")
+        rates.record(graded, 3, 0, "phrasebook")
         rates.record(2, 3, 3)
     policy = DraftPolicy.for_run(GenerationConfig(verify_cost=curve), PolicyState(rates=rates))
     assert policy.best_lookup((conversation, phrase), 6).lookup_source == "lookup"

@@ -1,7 +1,9 @@
+import dataclasses
 import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from core import phrasebook
 from core.phrasebook import Phrasebook, PhrasebookConfig, PhrasebookError, majority_continuation, ngram_key
@@ -104,3 +106,47 @@ def test_the_registry_loads_the_targets_phrasebook_and_drafts_on_without_a_broke
     with caplog.at_level("WARNING"):
         assert registry.with_lookup(NgramDrafter(), tiny_target).phrasebook is None
     assert "drafting without the phrasebook" in caplog.text and "corrupt" in caplog.text
+
+
+def test_each_ngram_carries_its_agreement_class_and_a_lookup_its_grade():
+    assert [phrasebook.agreement_class(share, support) for share, support in
+            ((0.1, 2), (0.1, 4), (0.1, 16), (0.5, 3), (1.0, 2), (1.0, 100))] == [0, 1, 2, 6, 12, 14]
+    assert phrasebook.grade(3, None) == 3 and phrasebook.grade(3, 7) == 3 * phrasebook.CLASSES + 7
+    # "1 2" went on with 3 in two of its three occurrences, "2 3" with 4 in both of its
+    book = book_of([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 9]], min_ngram=2, max_ngram=2, length=2)
+    two_thirds, whole = phrasebook.agreement_class(2 / 3, 3), phrasebook.agreement_class(1.0, 2)
+    assert book.graded([1, 2], 8) == ([3, 4], 2, phrasebook.grade(2, two_thirds))
+    assert book.lookup([1, 2], 8) == ([3, 4], 2)
+    assert book.graded([2, 3], 8) == ([4], 2, phrasebook.grade(2, whole)) and book.graded([7, 7], 8) == ([], 0, 0)
+    ungraded = Phrasebook(book.config, book.keys, book.offsets, book.tokens)  # a format /2 book: the match length
+    assert ungraded.graded([1, 2], 8) == ([3, 4], 2, 2) and ungraded.prior(2) == ()
+
+
+def test_a_calibration_measures_each_grades_slots_on_held_out_replies_and_travels_with_the_book(tmp_path):
+    # "1 2" -> 3 4 5 (two of its three occurrences: a grade of its own), "2 3" -> 4 5 and "3 4" -> 5 (both of two)
+    book = book_of([[1, 2, 3, 4, 5]] * 2 + [[1, 2, 7]], min_ngram=2, max_ngram=2, length=3)
+    held = [([0, 1, 2, 3, 4, 6], 1)] * 20 + [([0, 1, 2, 8], 1)] * 20  # after "1 2": 3 4 then 6, or 8 at once
+    rates, reached = phrasebook.calibrate(book, held, min_reached=20)
+    one_two = book.graded([1, 2], 1)[2]
+    assert reached[one_two][:3] == [40, 20, 20] and rates[one_two] == (0.5, 1.0, 0.0)  # slot 3's 5 never kept
+    assert phrasebook.calibrate(book, held, min_reached=21)[0][one_two] == (0.5,)  # slots reached too rarely dropped
+    calibrated = dataclasses.replace(book, calibration=rates)
+    folder = phrasebook.save(tmp_path / "book", calibrated, TARGET, {}, {"held": ["test"]})
+    loaded = phrasebook.load(folder, TARGET)
+    assert loaded.classes == book.classes and loaded.prior(one_two) == (0.5, 1.0, 0.0)
+    assert loaded.graded([1, 2], 8) == book.graded([1, 2], 8)
+    meta = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**meta, "format": phrasebook.UNGRADED}))
+    old = phrasebook.load(folder, TARGET)  # a format /2 book is still read, by match length alone
+    assert old.classes is None and old.graded([1, 2], 8) == ([3, 4, 5], 2, 2)
+    (folder / "config.json").write_text(json.dumps({**meta, "calibration": {"rates": {"x": [0.5]}}}))
+    with pytest.raises(PhrasebookError, match="invalid calibration"):
+        phrasebook.load(folder, TARGET)
+    index = load_file(str(folder / "index.safetensors"))
+    too_high = torch.full_like(index["classes"], phrasebook.CLASSES)
+    save_file({**index, "classes": too_high}, str(folder / "index.safetensors"))
+    (folder / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(PhrasebookError, match="agreement classes"):
+        phrasebook.load(folder, TARGET)
+    with pytest.raises(ValueError, match="agreement classes"):
+        phrasebook.save(tmp_path / "old", old, TARGET, {})

@@ -265,6 +265,32 @@ def test_copied_drafts_are_cut_on_their_acceptance_measured_per_depth():
     assert rates.rates(3, "phrasebook", 9) == pytest.approx([0.7] * 9)  # a longer read than the kept one: computed
 
 
+def test_a_copy_with_a_calibrated_prior_is_cut_on_it_until_the_conversation_measures_its_own():
+    """A phrasebook copy carries its grade's calibrated acceptance: each slot starts from it (not from 0.7, nor from the
+    slot before), so a grade that was rarely kept is not verified and one nearly always kept is verified long; rounds
+    of this conversation then move each slot towards what they measured."""
+    from core.policy import LookupRates, PolicyState
+
+    rates = LookupRates()
+    assert rates.rates(50, "phrasebook", 3, prior=(0.1, 0.5)) == pytest.approx([0.1, 0.5, 0.5])  # the last carried
+    assert rates.rates(50, "phrasebook", 2, beside=True, prior=(0.9, 0.9)) == pytest.approx([0.15, 0.15])  # not beside
+    for _ in range(4):
+        rates.record(50, n_verified=2, n_accepted=2, source="phrasebook")
+    first, second = rates.rates(50, "phrasebook", 2, prior=(0.1, 0.5))
+    assert first == pytest.approx((4 + 0.1 * 2) / (4 + 2)) and second == pytest.approx((4 + 0.5 * 2) / (4 + 2))
+    curve = (1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2)
+    policy = DraftPolicy.for_run(GenerationConfig(verify_cost=curve), PolicyState())
+    rare = Copy(list(range(6)), matched=2, source="phrasebook", prior=(0.05,) * 6, grade=40)
+    sure = Copy(list(range(6)), matched=2, source="phrasebook", prior=(0.95,) * 6, grade=41)
+    unknown = Copy(list(range(6)), matched=2, source="phrasebook", grade=42)
+    assert len(policy.cut_lookup(rare, 6).tokens) == 0
+    assert len(policy.cut_lookup(sure, 6).tokens) == 6 > len(policy.cut_lookup(unknown, 6).tokens)
+    assert policy.cut_lookup(sure, 6).lookup_match == 41  # measured by its grade
+    policy = DraftPolicy.for_run(GenerationConfig(), PolicyState())  # no cost curve: the match length decides
+    assert len(policy.cut_lookup(sure, 6).tokens) == 0
+    assert len(policy.cut_lookup(replace(sure, matched=3), 6).tokens) == 6
+
+
 def test_round_costs_replace_the_lengths_they_measured_within_physical_bounds():
     from core.policy import RoundCosts
 
