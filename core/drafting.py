@@ -110,19 +110,14 @@ class NgramDrafter:
         self.history: list[int] = []
         # n -> n-gram -> start of its latest occurrence followed by a token in history
         self.latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
-        # n -> n-gram -> how often each token followed it (lookup_class)
-        self.followers: dict[int, dict[tuple[int, ...], dict[int, int]]] = {n: {} for n in self.latest}
 
     def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
         for token in token_ids:
-            token, end = int(token), len(self.history)  # the new token's position: each n-gram ending before it
+            end = len(self.history)  # the new token's position: every n-gram ending just before it is followed
             for n, index in self.latest.items():
                 if end >= n:
-                    ngram = tuple(self.history[end - n:end])
-                    index[ngram] = end - n
-                    counts = self.followers[n].setdefault(ngram, {})
-                    counts[token] = counts.get(token, 0) + 1
-            self.history.append(token)
+                    index[tuple(self.history[end - n:end])] = end - n
+            self.history.append(int(token))
 
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         return Draft(torch.as_tensor(self.lookup(anchor, block_size)[0], dtype=torch.long), None)
@@ -130,11 +125,6 @@ class NgramDrafter:
     def lookup(self, anchor: int, block_size: int) -> tuple[list[int], int]:
         """(what followed the latest earlier occurrence of the longest matching suffix, at most block_size
         tokens; the length of that suffix), ([], 0) when nothing matches."""
-        copied, n, _ = self.graded_lookup(anchor, block_size)
-        return copied, n
-
-    def graded_lookup(self, anchor: int, block_size: int) -> tuple[list[int], int, int]:
-        """lookup's (copy, suffix length) with its grade (the length and lookup_class), ([], 0, 0) for none."""
         history, end = self.history, len(self.history)  # the sequence read is history + [anchor], never copied:
         # a copy of the whole conversation every round grew with it
         for n in range(min(self.max_ngram, end), self.min_ngram - 1, -1):
@@ -146,31 +136,8 @@ class NgramDrafter:
                 copied = history[start + n : start + n + block_size]  # (<=K,)
                 if start + n + block_size > end:  # the copy runs up to the anchor itself
                     copied.append(anchor)
-                return copied, n, n * LOOKUP_CLASSES + lookup_class(self.followers[n].get(suffix, {}), copied[0])
-        return [], 0, 0
-
-
-# How far a conversation copy can be trusted: whether the matched suffix's earlier occurrences agreed on what came
-# next. On held-out replies the first copied token after a 3-token match was kept 0.95-0.99 of the time where several
-# earlier occurrences all went on with it, 0.74-0.79 after a single one, 0.32-0.39 where at most half did (`python -m
-# drafter.phrasebook_check --held data/smollm2-val data/smollm2-magpie-check --lookup`), where one rate for all
-# 3-token matches read ~0.8. The policy measures a copy's acceptance per grade (its length and class, grade = length
-# * LOOKUP_CLASSES + class), its first slot starting from LOOKUP_PRIORS: the two sets' rates pooled.
-LOOKUP_CLASSES = 4
-FEW, MOST, ONE, ALL = range(LOOKUP_CLASSES)
-LOOKUP_PRIORS = {4: 0.14, 5: 0.42, 6: 0.28, 7: 0.58, 8: 0.28, 9: 0.6, 10: 0.54, 11: 0.8, 12: 0.35, 13: 0.78,
-                 14: 0.76, 15: 0.97}
-
-
-def lookup_class(followers: dict[int, int], first: int) -> int:
-    """The class of a conversation copy whose first token is `first`, from how often each token followed the matched
-    suffix before (none counted: the copy runs up to the anchor itself, a repeat of one token): ONE earlier
-    occurrence, ALL of several went on with `first`, MOST (over half) or FEW."""
-    total = sum(followers.values())
-    if total <= 1:
-        return ONE
-    share = followers.get(first, 0) / total
-    return ALL if share == 1.0 else MOST if share > 0.5 else FEW
+                return copied, n
+        return [], 0
 
 
 # without a cost curve: a suffix of LOOKUP_STRONG tokens matched with LOOKUP_BRANCH to copy is verified alone; a
@@ -255,10 +222,8 @@ class LookupHybrid:
     def propose_lookup(self, anchor: int, block_size: int) -> Copy | None:
         """What followed the latest earlier occurrence of the conversation's longest matching suffix (up to
         block_size tokens), with the match's length; None when nothing matches."""
-        copied, matched, graded = self.ngram.graded_lookup(anchor, block_size)
-        if not copied:
-            return None
-        return Copy(copied, matched, prior=(LOOKUP_PRIORS[graded],) if graded in LOOKUP_PRIORS else (), grade=graded)
+        copied, matched = self.ngram.lookup(anchor, block_size)
+        return Copy(copied, matched) if copied else None
 
     def phrase(self, anchor: int, block_size: int) -> tuple[list[int], int]:
         """(the phrasebook's continuation of the conversation's longest kept suffix, up to block_size tokens; the

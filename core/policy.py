@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from core.drafting import Copy, Draft, Drafter, lookup_plan
+from core.drafting import LOOKUP_STRONG, Copy, Draft, Drafter, lookup_plan
 from core.prefix import common_prefix
 from core.sampling import SamplingConfig
 
@@ -198,7 +198,8 @@ class LookupRates:
 
     @staticmethod
     def key(matched: int, source: str = "lookup", beside: bool = False) -> tuple:
-        return (source, matched, "beside") if beside else (source, matched)
+        key = (source, min(matched, LOOKUP_STRONG) if source == "lookup" else matched)
+        return (*key, "beside") if beside else key
 
     def rates(self, matched: int, source: str = "lookup", n: int = 1, beside: bool = False,
               prior: tuple[float, ...] = ()) -> list[float]:

@@ -9,11 +9,9 @@ acceptance given the earlier slots accepted (what core.policy.LookupRates measur
 copies that reached it.
 
 python -m drafter.phrasebook_check --held data/smollm2-val data/smollm2-magpie-check \\
-    [--book weights/smollm2-135m-instruct/phrasebook | --data DIR ... --length 16] [--tries] [--lookup] \\
-    [--out FILE.json]
+    [--book weights/smollm2-135m-instruct/phrasebook | --data DIR ... --length 16] [--tries] [--out FILE.json]
 
---lookup also scores prompt lookup's copies per grade (core.drafting.lookup_class); --tries also scores copy tries
-(core.policy.DraftPolicy.best_try): where the conversation's copy and the phrasebook's
+--tries also scores copy tries (core.policy.DraftPolicy.best_try): where the conversation's copy and the phrasebook's
 differ at their first token, how often each first token is the target's.
 """
 from __future__ import annotations
@@ -23,12 +21,11 @@ import json
 from pathlib import Path
 
 from core import phrasebook
-from core.drafting import LOOKUP_CLASSES, NgramDrafter
+from core.drafting import NgramDrafter
 from drafter.data import load_sequences
 from drafter.runtime import default_weights
 
 DEPTH = 16  # slots reported per copy
-CLASS_NAMES = ("few", "most", "one", "all")  # core.drafting.lookup_class's FEW, MOST, ONE, ALL
 
 
 def copy_acceptance(book: phrasebook.Phrasebook, replies: list[tuple[list[int], int]]) -> dict:
@@ -40,36 +37,6 @@ def copy_acceptance(book: phrasebook.Phrasebook, replies: list[tuple[list[int], 
                 for n, reach in reached.items()}
     return {"positions": positions, "hit": hits / max(positions, 1), "kept_per_position": kept / max(positions, 1),
             "by_match": by_match}
-
-
-def lookup_acceptance(replies: list[tuple[list[int], int]]) -> dict:
-    """Prompt lookup's copies on held-out replies (tokens, prompt length) at T = 0, as the engine makes them: at each
-    position the conversation before it (prompt and reply so far) is looked up; per grade (core.drafting.NgramDrafter:
-    the match length and lookup_class), each slot's acceptance given the earlier ones kept, with the copies that
-    reached it.
-    -> {"positions", "by_grade": {grade: {"matched", "class", "rate": [per slot], "reached": [per slot]}}}"""
-    positions = 0
-    reached: dict[int, list[int]] = {}
-    accepted: dict[int, list[int]] = {}
-    for tokens, prompt_len in replies:
-        lookup = NgramDrafter()
-        lookup.extend(tokens[:prompt_len], None)
-        for at in range(prompt_len, len(tokens) - 1):  # the anchor at `at`; its copy proposes tokens[at + 1 ..]
-            copied, _, graded = lookup.graded_lookup(tokens[at], DEPTH)
-            lookup.extend([tokens[at]], None)
-            positions += 1
-            if not copied:
-                continue
-            reach, accept = reached.setdefault(graded, [0] * DEPTH), accepted.setdefault(graded, [0] * DEPTH)
-            for slot, token in enumerate(copied[: len(tokens) - at - 1]):
-                reach[slot] += 1
-                if token != tokens[at + 1 + slot]:
-                    break
-                accept[slot] += 1
-    return {"positions": positions, "by_grade": {
-        graded: {"matched": graded // LOOKUP_CLASSES, "class": CLASS_NAMES[graded % LOOKUP_CLASSES],
-                 "rate": [round(a / r, 4) if r else None for a, r in zip(accepted[graded], reach)], "reached": reach}
-        for graded, reach in sorted(reached.items())}}
 
 
 def try_acceptance(book: phrasebook.Phrasebook, replies: list[tuple[list[int], int]]) -> dict:
@@ -125,8 +92,6 @@ def main(argv=None) -> None:
                         help="with --data: continuation tokens kept per n-gram")
     parser.add_argument("--tries", action="store_true", help="also score copy tries: where the conversation's copy "
                         "and the phrasebook's differ at their first token, how often each is the target's")
-    parser.add_argument("--lookup", action="store_true", help="also score prompt lookup's copies per grade (the "
-                        "match length and whether the suffix's earlier occurrences agreed on the next token)")
     parser.add_argument("--out", default=None, help="where the JSON results are written")
     args = parser.parse_args(argv)
     identity = json.loads((Path(args.held[0]) / "meta.json").read_text())["target"]
@@ -137,11 +102,6 @@ def main(argv=None) -> None:
         results["held"][folder] = copy_acceptance(book, replies)
         found = results["held"][folder]
         print(f"{folder}: hit {found['hit']:.3f}, kept per position {found['kept_per_position']:.3f}")
-        if args.lookup:
-            graded = found["lookup"] = lookup_acceptance(replies)
-            for row in graded["by_grade"].values():
-                print(f"  lookup, {row['matched']} matched, {row['class']}: first token kept {row['rate'][0]:.3f} of "
-                      f"{row['reached'][0]}")
         if args.tries:
             tries = found["tries"] = try_acceptance(book, replies)
             print(f"  copies differing at their first token at {tries['differ']:.3f} of positions: the lookup's first "

@@ -25,16 +25,3 @@ def test_copy_tries_count_where_the_two_copies_differ_and_which_first_token_was_
     assert found["positions"] == 5  # anchors at 1..5, each proposing the token after it
     assert found["differ"] == round(1 / 5, 4) and found["lookup_first"] == 0.0 and found["book_first"] == 1.0
     assert found["by_lookup_match"] == {2: {"share": round(1 / 5, 4), "lookup_first": 0.0, "book_first": 1.0}}
-
-
-def test_prompt_lookups_are_scored_per_grade_as_the_engine_makes_them():
-    """A reply repeating its prompt "5 6 7": each anchor's copy is what followed the suffix's single earlier
-    occurrence (class "one"); the 3-token matches keep 5 6 where the reply turns to 8."""
-    from drafter.phrasebook_check import lookup_acceptance
-
-    found = lookup_acceptance([([5, 6, 7, 5, 6, 7, 5, 6, 8], 3)])
-    assert found["positions"] == 5
-    three = found["by_grade"][3 * 4 + 2]
-    assert (three["matched"], three["class"]) == (3, "one") and three["reached"][:3] == [3, 2, 1]
-    assert three["rate"][:3] == pytest.approx([2 / 3, 1 / 2, 0.0], abs=1e-4)
-    assert found["by_grade"][2 * 4 + 2]["rate"][:3] == [1.0, 1.0, 1.0]
