@@ -225,20 +225,17 @@ class LookupHybrid:
         copied, matched = self.ngram.lookup(anchor, block_size)
         return Copy(copied, matched) if copied else None
 
-    def phrase(self, anchor: int, block_size: int) -> tuple[list[int], int]:
+    def phrase(self, anchor: int, block_size: int) -> tuple[list[int], int, int]:
         """(the phrasebook's continuation of the conversation's longest kept suffix, up to block_size tokens; the
-        suffix's length), ([], 0) without a phrasebook or a match."""
+        suffix's length; the copy's grade, core.phrasebook.grade), ([], 0, 0) without a phrasebook or a match."""
         if self.phrasebook is None:
-            return [], 0
+            return [], 0, 0
         recent = self.ngram.history[-self.phrasebook.config.max_ngram :]  # (<=n,) all a lookup reads
-        return self.phrasebook.lookup(recent + [anchor], block_size)
+        return self.phrasebook.graded(recent + [anchor], block_size)
 
     def propose_phrase(self, anchor: int, block_size: int) -> Copy | None:
         """The phrasebook's copy (phrase), keyed by its grade and carrying the book's calibration; None without one."""
-        if self.phrasebook is None:
-            return None
-        recent = self.ngram.history[-self.phrasebook.config.max_ngram :]  # (<=n,) all a lookup reads
-        copied, matched, graded = self.phrasebook.graded(recent + [anchor], block_size)
+        copied, matched, graded = self.phrase(anchor, block_size)
         return Copy(copied, matched, "phrasebook", self.phrasebook.prior(graded), graded) if copied else None
 
     def propose_lookups(self, anchor: int, block_size: int) -> tuple[Copy, ...]:
