@@ -8,7 +8,7 @@ prompts ("Here are some tips", "def is_prime(n):", "= 2 * 3 ="), so what most of
 is a draft that costs no network call. Each kept n-gram (2 to 4 tokens) maps to its majority continuation: the token
 that most often came next, then the one that most often came after that among those occurrences, and so on while
 at least `min_support` occurrences agree (up to `length` tokens). The policy verifies such a draft as it verifies a
-conversation lookup (core.policy: measured acceptance per source and match length, the cut under the verify cost),
+conversation lookup (core.policy: measured acceptance per source and grade, the cut under the verify cost),
 so the output stays exact whatever the phrasebook holds.
 
 How far a copy can be trusted varies with the n-gram more than with its length: where few of its occurrences went on

@@ -205,7 +205,8 @@ class LookupRates:
               prior: tuple[float, ...] = ()) -> list[float]:
         """The first n slots' acceptance, each given the earlier ones accepted (beside: as a copy try's second
         branch). prior: the slots' expected acceptance where the source knows it (a phrasebook's calibration for the
-        copy's grade), which each slot is smoothed towards instead of the slot before it."""
+        copy's grade), which each slot is smoothed towards instead of the slot before it. The rates are kept per key
+        until it records again, so a key is always read with the same prior (a grade's calibration is fixed)."""
         key = self.key(matched, source, beside)
         known = self._rates.get(key, [])
         if len(known) >= n:
