@@ -556,3 +556,104 @@ def test_the_tail_of_a_cut_block_is_verified_free_and_the_output_stays_exact(tin
     assert_sampled_distribution_exact(target, hybrid, prompt=(4, 3, 2, 4, 3), verify_cost=(1.0, 1.05, 1.6, 2.4, 3.0),
                                       tokens=6, block_size=4, n=1200)
     assert sum(verified) > 20  # tail rounds at T = 1 among the runs the test counted
+
+
+class GuessingHead:
+    """A next-token head (core.drafting.NextTokenHead) that guesses the greedy reply's token after the anchor where
+    `right` says so, else a wrong one, always at the same confidence; it counts the feature rows it was shown."""
+
+    def __init__(self, hybrid, prompt_len: int, reply: list[int], right: float, vocab: int, seed: int = 0):
+        self.hybrid, self.prompt_len, self.reply, self.right, self.vocab = hybrid, prompt_len, reply, right, vocab
+        self.rng = np.random.default_rng(seed)
+        self.shown = []
+
+    def propose(self, features, anchor):
+        self.shown.append(tuple(features.shape))
+        at = len(self.hybrid.ngram.history) + 1 - self.prompt_len  # the reply index after the anchor
+        token = self.reply[at] if at < len(self.reply) else 0
+        if self.rng.random() >= self.right:
+            token = (token + 1 + int(self.rng.integers(self.vocab - 1))) % self.vocab  # anything but the right one
+        return token, 0.9
+
+    def bucket(self, confidence):
+        return 5
+
+    def prior(self, bucket):
+        return (self.right,)
+
+
+class NeverDrafts:
+    """A network drafter whose every block is empty: only the free sources and the head draft."""
+
+    name = "never"
+    max_block_size = MAX_BLOCK_SIZE
+
+    def __init__(self, feature_layers=(1, 2)):
+        self.feature_layers = feature_layers
+
+    def reset(self):
+        pass
+
+    def extend(self, token_ids, features):
+        pass
+
+    def propose(self, anchor, block_size, sampling, generator):
+        return Draft(torch.empty(0, dtype=torch.long), None, torch.empty(0))
+
+
+def test_the_head_guesses_where_no_copy_pays_and_the_output_stays_plain_decoding(tiny_target):
+    from core.drafting import LookupHybrid
+
+    prompt = [5, 9, 13, 17, 21, 25]  # no repeats: nothing for prompt lookup to copy at first
+    plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=40))
+    curve = (1.0, 1.05, 1.6, 2.4, 3.0, 3.6, 4.2)
+    rounds = {}
+    for right in (1.0, 0.0):
+        hybrid = LookupHybrid(NeverDrafts(), branch=0)
+        hybrid.head = GuessingHead(hybrid, len(prompt), plain, right, vocab=64)
+        gen = GenerationConfig(max_new_tokens=40, block_size=8, verify_cost=curve, plain_probe_every=16)
+        out, events = generate_all(tiny_target, prompt, gen, hybrid)
+        assert out == plain
+        assert set(hybrid.head.shown) == {(64,)}  # one row of the drafter's features: the last committed position's
+        rounds[right] = [ev for ev in events[1:] if ev.source == "head"]
+    assert rounds[1.0] and all(ev.n_accepted == len(ev.drafted) == 1 for ev in rounds[1.0])
+    assert len(rounds[0.0]) < len(rounds[1.0]) / 2  # wrong guesses: measured, then cut to nothing
+    assert all(ev.n_accepted == 0 for ev in rounds[0.0])
+
+
+def test_without_features_or_a_head_there_is_no_guess():
+    from core.drafting import LookupHybrid
+
+    hybrid = LookupHybrid(NeverDrafts(), branch=0)
+    assert hybrid.propose_head(3, 4) is None  # no head
+    hybrid.head = GuessingHead(hybrid, 0, [5, 6, 7, 8], 1.0, vocab=64)  # anchor 3 is reply token 2
+    assert hybrid.propose_head(3, 4) is None  # no features yet
+    hybrid.extend([1, 2], torch.zeros(2, 64))
+    copy = hybrid.propose_head(3, 4)
+    assert copy.tokens == [8] and copy.source == "head" and copy.key == 5 and copy.prior == (1.0,)
+    hybrid.reset()
+    assert hybrid.propose_head(3, 4) is None
+
+
+def test_drafting_with_the_head_keeps_the_t1_distribution():
+    from core.drafting import LookupHybrid
+
+    target = make_target(tiny_llama(vocab_size=5, layers=1, seed=3, scale=8.0))
+
+    class Featureless(LookupHybrid):  # the drafter captures no features here: the head reads a stand-in row
+        def reset(self):
+            super().reset()
+            self.last_features = torch.zeros(1)
+
+    class Fixed:  # always guesses token 2: right as often as the target draws it
+        def propose(self, features, anchor):
+            return 2, 0.9
+
+        def bucket(self, confidence):
+            return 5
+
+        def prior(self, bucket):
+            return (0.9,)
+
+    hybrid = Featureless(NeverDrafts(feature_layers=()), branch=0, head=Fixed())
+    assert_sampled_distribution_exact(target, hybrid, prompt=(4, 3, 2, 4, 3), verify_cost=(1.0, 1.05, 1.6, 2.4))
