@@ -69,7 +69,6 @@ COPY_MARKS = {  # round source -> (its mark in the panel, what the mark's title 
                                    "with, no drafter call"),
     "tail": ("⧉ block tail", "the rest of the network&#39;s last block, which foresaw the tokens kept since, "
                              "no drafter call"),
-    "head": ("⧉ head", "the next-token head&#39;s guess from the last round&#39;s hidden states, no drafter call"),
 }
 
 
@@ -163,7 +162,7 @@ def render_stats(stats: AcceptanceStats, speed: ReplySpeed | None, drafter: str,
 
 SOURCE_WORDS = {"drafter": "drafted by the network", "lookup": "copied by prompt lookup",
                 "phrasebook": "copied from the phrasebook", "tail": "from the network's last block",
-                "head": "guessed by the next-token head", "plain": "plain steps"}
+                "plain": "plain steps"}
 
 
 def source_counts(sources: dict[str, int]) -> str:

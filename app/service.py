@@ -155,10 +155,9 @@ class ChatService:
             self._drafters[key] = build_drafter(key, self.target, self.allow_download)
         if not spec.lookup:
             return self._drafters[key]
-        # the same network, free sources beside it
-        hybrid = replace(key, lookup=True, phrasebook=spec.phrasebook, head=spec.head)
+        hybrid = replace(key, lookup=True, phrasebook=spec.phrasebook)  # the same network, free sources beside it
         if hybrid not in self._drafters:
-            self._drafters[hybrid] = with_lookup(self._drafters[key], self.target, spec.phrasebook, spec.head)
+            self._drafters[hybrid] = with_lookup(self._drafters[key], self.target, spec.phrasebook)
         return self._drafters[hybrid]
 
     def max_block_size(self, name: str) -> int:

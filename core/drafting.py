@@ -88,20 +88,6 @@ class Drafter(Protocol):
         """A block of up to `block_size` tokens that would follow `anchor`; may be empty."""
 
 
-class NextTokenHead(Protocol):
-    """A guess at the token after the anchor from the features of the position whose logits gave it
-    (drafter.head.FrozenHead)."""
-
-    def propose(self, features: torch.Tensor, anchor: int) -> tuple[int, float] | None:
-        """features (F,) -> (a target token id, the guess's confidence in [0, 1]), or None (no guess)."""
-
-    def bucket(self, confidence: float) -> int:
-        """The key (>= 1) the guess's acceptance is measured by."""
-
-    def prior(self, bucket: int) -> tuple[float, ...]:
-        """The bucket's expected acceptance before a conversation measures it, () where unknown."""
-
-
 class NgramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the current suffix, copy what followed.
 
@@ -214,30 +200,24 @@ class LookupHybrid:
     trie is not exact, the network's block goes alone. Every choice depends on committed tokens and past rounds only,
     never on the token being sampled, so the output stays exact."""
 
-    def __init__(self, main: Drafter, branch: int = LOOKUP_BRANCH, phrasebook: Phrasebook | None = None,
-                 head: NextTokenHead | None = None):
-        self.main, self.branch, self.phrasebook, self.head = main, branch, phrasebook, head
+    def __init__(self, main: Drafter, branch: int = LOOKUP_BRANCH, phrasebook: Phrasebook | None = None):
+        self.main, self.branch, self.phrasebook = main, branch, phrasebook
         self.ngram = NgramDrafter()
         self.tail = BlockTail()
         self.use_tail = True  # False: no tail copies (the comparisons that measure what they bring)
-        self.name = f"{main.name}+lookup" + ("+phrasebook" if phrasebook is not None else "") + (
-            "+head" if head is not None else "")
+        self.name = f"{main.name}+lookup" + ("+phrasebook" if phrasebook is not None else "")
         self.feature_layers = main.feature_layers
         self.max_block_size = main.max_block_size
-        self.last_features: torch.Tensor | None = None  # (F,) the latest committed position's, which the head reads
 
     def reset(self) -> None:
         self.main.reset()
         self.ngram.reset()
         self.tail = BlockTail()
-        self.last_features = None
 
     def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
         self.main.extend(token_ids, features)
         self.ngram.extend(token_ids, None)
         self.tail.extend(token_ids)
-        if features is not None and len(features):
-            self.last_features = features[-1]  # (F,) the position whose logits gave the next anchor
 
     def propose_lookup(self, anchor: int, block_size: int) -> Copy | None:
         """What followed the latest earlier occurrence of the conversation's longest matching suffix (up to
@@ -264,19 +244,6 @@ class LookupHybrid:
         copies = (self.propose_lookup(anchor, block_size), self.propose_phrase(anchor, block_size),
                   self.tail.copy(anchor, block_size) if self.use_tail else None)
         return tuple(copy for copy in copies if copy is not None)
-
-    def propose_head(self, anchor: int, block_size: int) -> Copy | None:
-        """The next-token head's guess at the token after `anchor` as a one-token copy, keyed by its confidence in
-        fifths and carrying the head's calibration for that fifth; None without a head, before any features, or where
-        its guess is outside its vocabulary. Not free (a few small products, ~0.1 ms): the policy asks for it only in
-        a round where no free copy pays."""
-        if self.head is None or self.last_features is None or block_size < 1:
-            return None
-        guess = self.head.propose(self.last_features, anchor)
-        if guess is None:
-            return None
-        bucket = self.head.bucket(guess[1])
-        return Copy([guess[0]], bucket, "head", self.head.prior(bucket))
 
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         draft = self.main.propose(anchor, block_size, sampling, generator)

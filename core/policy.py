@@ -30,10 +30,9 @@ from core.prefix import common_prefix
 from core.sampling import SamplingConfig
 
 EMPTY = Draft(torch.empty(0, dtype=torch.long), None)
-COPIED = ("lookup", "phrasebook", "tail", "head")  # copied rounds (Draft.lookup_source): no network call
+COPIED = ("lookup", "phrasebook", "tail")  # the free sources' round names (Draft.lookup_source)
 COPIED_WINDOW = 64  # rounds of each kind the copied rounds' verdict reads (PolicyState)
 COPIED_PATIENCE = 16  # copied rounds measured before its verdict may set the budget's long wait (PolicyState)
-HEAD_MAX_SKIP = 8  # the most rounds the next-token head is not asked after guesses that did not pay (PolicyState)
 
 
 @dataclass
@@ -373,14 +372,11 @@ class PolicyState:
     # of its length (1.5 plain rounds for three positions at T = 1 where the start-up curve read ~1.25; docs/engine.md),
     # so the start-up curve weighs as 4 of its rounds, not 16
     tries: RoundCosts = field(default_factory=lambda: RoundCosts(prior_weight=4.0))
-    # the next-token head is asked only where no free copy pays, and costs ~0.2 ms (~6% of a plain step here) a guess:
-    # after guesses the cut left nothing of, it is not asked for 1, 2, 4 ... HEAD_MAX_SKIP rounds
-    head: SkipEmpty = field(default_factory=lambda: SkipEmpty(HEAD_MAX_SKIP))
 
 
 def round_source(draft: Draft) -> str:
-    """What a round verified: "plain" (nothing), "lookup", "phrasebook", "tail" or "head" (a copied draft or the
-    next-token head's guess, no network call) or "drafter"."""
+    """What a round verified: "plain" (nothing), "lookup", "phrasebook" or "tail" (a copied draft, no network call) or
+    "drafter"."""
     if len(draft.tokens) == 0:
         return "plain"
     return draft.lookup_source if draft.lookup_match else "drafter"
@@ -433,11 +429,6 @@ class DraftPolicy:
         propose_lookups = getattr(drafter, "propose_lookups", None)  # drafters with free sources (LookupHybrid)
         if lookup_now and propose_lookups is not None:
             lookup = self.best_lookup(propose_lookups(anchor, k), k)
-            propose_head = getattr(drafter, "propose_head", None)  # a next-token head (LookupHybrid.head)
-            if not len(lookup.tokens) and propose_head is not None and self.state.head.draft_now():
-                guess = propose_head(anchor, k)  # no free copy pays: the head's guess, where it pays
-                lookup = lookup if guess is None else self.best_lookup((guess,), k)
-                self.state.head.drafted(paid=len(lookup.tokens) > 0)
             if len(lookup.tokens):
                 self.probe.record(plain=False)
                 return lookup

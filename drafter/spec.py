@@ -21,8 +21,6 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
                network; at T > 0 a round takes one of the two
   phrasebook=0 with lookup: without the target's phrasebook (core.phrasebook), the second free source that copies
                what the target's own replies most often continue the latest tokens with
-  head=0       with lookup: without the target's next-token head (drafter.head), which guesses the token after the
-               anchor from the round's features where no copy pays
   tries=1      with lookup: two copies that differ at their first token may be verified together as a trie where
                the pair pays (core.policy.DraftPolicy.best_try), at every temperature; off by default: on the CPUs
                measured they did not pay (docs/engine.md)
@@ -49,7 +47,7 @@ LABELS = {"flashmap": "FlashMap", "flashmap-teacher": "FlashMap teacher", "dflas
 # text key -> field; the order is the canonical text's
 KEYS = {"steps": "steps", "noise": "noise", "best_of": "best_of", "tree": "tree", "scale": "noise_scale",
         "k": "block_size", "adaptive": "adaptive", "skip": "max_skip", "calibrated": "calibrated", "lookup": "lookup",
-        "phrasebook": "phrasebook", "head": "head", "tries": "copy_tries", "weights": "weights"}
+        "phrasebook": "phrasebook", "tries": "copy_tries", "weights": "weights"}
 
 
 class SpecError(ValueError):
@@ -70,7 +68,6 @@ class DrafterSpec:
     calibrated: bool = True
     lookup: bool = False
     phrasebook: bool = True  # with lookup: the target's phrasebook beside prompt lookup, where it has one
-    head: bool = True  # with lookup: the target's next-token head where no copy pays, where it has one
     copy_tries: bool = False  # with lookup: two copies that differ at their first token verified together
     weights: str | None = None
 
@@ -102,8 +99,6 @@ class DrafterSpec:
             return f"calibrated applies to the network drafters ({', '.join(NET_DRAFTERS)}) only"
         if not self.phrasebook and not self.lookup:
             return "phrasebook=0 turns off a part of lookup; it needs lookup=1"
-        if not self.head and not self.lookup:
-            return "head=0 turns off a part of lookup; it needs lookup=1"
         if self.copy_tries and not self.lookup:
             return "tries=1 verifies two copies together; it needs lookup=1"
         if self.lookup and name not in NET_DRAFTERS:
@@ -141,9 +136,7 @@ class DrafterSpec:
                        else " (drafter skipped after drafts that did not pay)")
         words += [f"adaptive K{every_round}"] if self.adaptive else []
         words += ["raw confidence"] if not self.calibrated else []
-        sources = ["prompt lookup"] + ["the phrasebook"] * self.phrasebook + ["the next-token head"] * self.head
-        words += [f"with {', '.join(sources[:-1])} and {sources[-1]}" if len(sources) > 1 else "with prompt lookup"
-                  ] if self.lookup else []
+        words += [f"with prompt lookup{' and the phrasebook' if self.phrasebook else ''}"] if self.lookup else []
         words += ["copy tries"] if self.copy_tries else []
         words += [f"{Path(self.weights).parent.name} checkpoint"] if self.weights else []
         return ", ".join(words)
@@ -200,7 +193,7 @@ def _cast(field: str, raw: str, text: str):
             return raw
         if field == "noise_scale":
             return float(raw)
-        if field in ("adaptive", "calibrated", "lookup", "phrasebook", "head", "copy_tries"):
+        if field in ("adaptive", "calibrated", "lookup", "phrasebook", "copy_tries"):
             return bool(int(raw))
         return int(raw)
     except ValueError as err:

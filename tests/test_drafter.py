@@ -435,7 +435,7 @@ def test_tree_of_flow_drafts_is_lossless_at_t0_and_refused_where_it_cannot_be(se
     spec = DrafterSpec.parse("flashmap,lookup=1,phrasebook=0")
     assert spec.text() == "flashmap,lookup=1,phrasebook=0" and not spec.phrasebook
     assert "with prompt lookup" in spec.describe() and "phrasebook" not in spec.describe()
-    assert "the phrasebook" in DrafterSpec("flashmap", lookup=True).describe()
+    assert "and the phrasebook" in DrafterSpec("flashmap", lookup=True).describe()
 
 
 def test_frozen_matrices_are_cached_at_inference_and_follow_parameter_updates(setup, tiny_target):
