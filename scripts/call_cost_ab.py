@@ -8,7 +8,6 @@ python -m scripts.call_cost_ab --prompts eval_math --limit 24 --quant q4 --out F
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from dataclasses import replace
 
@@ -16,7 +15,7 @@ from app import bench
 from core.engine import GenerationConfig, generate
 from core.policy import PolicyState
 from scripts.copies_window_ab import prepare
-from scripts.long_chat_ab import rotated
+from scripts.long_chat_ab import mean_se, rotated
 
 FRACTIONS = (1.0, 0.5, 0.25)
 
@@ -67,8 +66,7 @@ def main(argv=None) -> None:
         rows.append(row)
         print(i, {f: round(row[str(f)] / row["plain"], 3) for f in FRACTIONS}, flush=True)
     for f in FRACTIONS:
-        ratios = [row[str(f)] / row["plain"] for row in rows]
-        print(f, f"mean {statistics.mean(ratios):.3f} se {statistics.stdev(ratios) / len(ratios) ** 0.5:.3f}",
+        print(f, mean_se([row[str(f)] / row["plain"] for row in rows]),
               "network rounds", sum(row[f"net{f}"] for row in rows))
     with open(args.out, "w") as out:
         json.dump(rows, out)
