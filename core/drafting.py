@@ -77,12 +77,17 @@ class Drafter(Protocol):
     name: str
     feature_layers: tuple[int, ...]  # indices into the target's hidden_states tuple (0 = embeddings)
     max_block_size: int  # the largest block it can propose (K it was trained for); the engine never asks for more
+    # optional: the committed positions before the anchor whose features a proposal reads (a network's context
+    # window); the engine may skip capturing features while the policy cannot call the network within that many
+    # rounds (core.engine.captures). Absent or None: every position's features are captured
+    context_window: int | None
 
     def reset(self) -> None:
         """Forget the previous generation."""
 
     def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
-        """Committed tokens (N,) whose target hidden states are known, with features (N, F) or None."""
+        """Committed tokens (N,) whose target hidden states are known, with the features (M, F) of the last M of them
+        (M = N but where the engine captured none for earlier positions), or None where it captured none."""
 
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         """A block of up to `block_size` tokens that would follow `anchor`; may be empty."""
@@ -208,6 +213,7 @@ class LookupHybrid:
         self.name = f"{main.name}+lookup" + ("+phrasebook" if phrasebook is not None else "")
         self.feature_layers = main.feature_layers
         self.max_block_size = main.max_block_size
+        self.context_window = getattr(main, "context_window", None)
 
     def reset(self) -> None:
         self.main.reset()

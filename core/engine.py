@@ -191,6 +191,17 @@ def kept_rows(features: torch.Tensor, kept_at: list[int]) -> torch.Tensor:
     return features[:n] if kept_at[-1] == n - 1 else features[kept_at]
 
 
+def captures(policy: DraftPolicy, drafter: Drafter | None, layers: tuple[int, ...],
+             prefill: bool = False) -> tuple[int, ...]:
+    """The feature layers this forward (the prompt's prefill, or a round's) captures: the drafter's, where the policy
+    wants them (DraftPolicy.captures: for a network that reads a window of them, the prompt and the rounds around
+    those that could call it), else none. A policy choice only: the logits are the same either way, and a drafter
+    told of positions without features starts its context after them."""
+    if not layers or policy.captures(getattr(drafter, "context_window", None), prefill):
+        return layers
+    return ()
+
+
 def _commit(state: _State, target: Target, tokens: list[int], gen: GenerationConfig) -> tuple[list[int], str | None]:
     """Append tokens to the output, cutting at EOS, the length budget or a stop string."""
     kept = target.until_eos(tokens)
@@ -254,20 +265,25 @@ class _Run:
 
 @dataclass
 class Cached:
-    """The positions a generation's cache holds (everything committed but the anchor) and their drafter features,
-    for core.prefix.PrefixCache."""
+    """The positions a generation's cache holds (everything committed but the anchor) and the drafter features of the
+    last of them, for core.prefix.PrefixCache."""
 
     ids: list[int]
-    features: list[torch.Tensor]  # (N_i, F) each, in order
+    features: list[torch.Tensor]  # (N_i, F) each, in order: the features of the last sum(N_i) positions
     keep_features: bool = True  # False: ids only (no prefix cache will take them; a long reply's features add up)
 
     def add(self, ids: list[int], features: torch.Tensor | None) -> None:
+        """Positions and their features (N, F) of the last N of them (all: a forward's), or None where none were
+        captured (core.engine.captures), which leaves only the positions after them with features."""
         self.ids += ids
+        if features is None or features.shape[0] < len(ids):
+            self.features = []
         if features is not None and self.keep_features:
             self.features.append(features)
 
     def all_features(self) -> torch.Tensor | None:
-        return torch.cat(self.features) if self.features else None  # (P, F)
+        return torch.cat(self.features) if self.features else None  # (M, F): the last M positions'
+
 
 
 def _generate(target: Target, prompt_ids: list[int], reused: int, gen: GenerationConfig, drafter: Drafter | None,
@@ -278,10 +294,12 @@ def _generate(target: Target, prompt_ids: list[int], reused: int, gen: Generatio
     policy, cache, layers = run.policy, run.cache, run.layers
     with torch.inference_mode():
         t0 = clock()
-        logits, features = target_forward(target, prompt_ids[reused:], cache, layers, keep=1)
+        logits, features = target_forward(target, prompt_ids[reused:], cache, captures(policy, drafter, layers, True),
+                                          keep=1)
+        reused_features = cached.all_features()  # (R, F): the last R reused positions', or None
         cached.add(prompt_ids[reused:], features)
-        if reused and features is not None:
-            features = torch.cat([cached.features[0], features])  # (P, F): the reused positions', then the new ones
+        if reused_features is not None and features is not None:
+            features = torch.cat([reused_features, features])  # (R + N, F): the reused positions', then the new ones
         no_draft = Draft(torch.empty(0, dtype=torch.long), None)
         anchor = _verify(no_draft, logits[-1:], gen.sampling, run.verify_gen).next_token
         verify_s = clock() - t0
@@ -304,7 +322,7 @@ def _generate(target: Target, prompt_ids: list[int], reused: int, gen: Generatio
             trie = round_trie(draft, k)
             t1 = clock()
             block = [anchor, *trie.tokens]  # (T,) = (K+1,) for a full chain
-            logits, features = target_forward(target, block, cache, layers, trie=trie)
+            logits, features = target_forward(target, block, cache, captures(policy, drafter, layers), trie=trie)
             kept_at, anchor = verify_round(draft, trie, logits, gen.sampling, run.verify_gen)
             keep_positions(cache, len(block), kept_at)
             kept = [block[i] for i in kept_at]  # anchor + accepted drafts now have hidden states

@@ -57,6 +57,39 @@ class SkipEmpty:
 
 
 @dataclass
+class FeatureCapture:
+    """When the engine captures the drafter's features (core.engine.captures) and when its network has enough of them
+    to be called. The network is asked only in rounds where no copy pays, ~1 in 10-20 on math and code, and capturing
+    its features in every forward cost ~1.5-2.5% of a reply (about 50 us of Python a round and ~1% of each forward;
+    `python -m scripts.capture_ab`): so the prompt's prefill captures (the network starts with its context), then only
+    the `armed` forwards after a round that wanted the network do, and after a gap the network is called only once
+    `ready` forwards in a row captured its context again. A drafter that is all network wants it every round and so
+    captures every forward, as before. A policy only: the logits are the same either way."""
+
+    armed: int = 32
+    ready: int = 8
+    since_wanted: int = 1 << 30  # forwards since a round wanted the network (none yet)
+    run: int = 0  # forwards in a row that captured (the prompt's prefill counts as `ready` of them)
+
+    def wanted(self) -> None:
+        """This round found no copy that pays: the network is what could draft here."""
+        self.since_wanted = 0
+
+    def captures(self, may_call: bool, prefill: bool = False) -> bool:
+        """Whether this forward captures (asked once a forward, before it): the prompt's prefill, and a round within
+        `armed` forwards of one that wanted the network; each only where the network's waits let it be called while
+        these positions are in its window."""
+        capture = may_call and (prefill or self.since_wanted < self.armed)
+        if not prefill:
+            self.since_wanted += 1
+        self.run = (self.ready if prefill else self.run + 1) if capture else 0
+        return capture
+
+    def is_ready(self) -> bool:
+        return self.run >= self.ready
+
+
+@dataclass
 class PlainProbe:
     """When to make a round a plain step without calling the drafter: after `every` rounds in a row that all
     drafted something (0: never). A policy only: a plain round verifies an empty draft, so the output stays exact;
@@ -403,6 +436,8 @@ class DraftPolicy:
     start_cost: tuple[float, ...] = ()  # the start-up curve the measured lengths replace (RoundCosts.curve)
     copy_tries: bool = False  # two copies that differ at their first token may be verified together (best_try)
     try_cost: tuple[float, ...] = ()  # what a copy try over 1, 2, ... positions costs (PolicyState.tries' curve)
+    # for a drafter with a context window: which forwards capture its features, and whether its network has them
+    capture: FeatureCapture | None = None
 
     @classmethod
     def for_run(cls, gen, state: PolicyState | None = None) -> "DraftPolicy":
@@ -432,6 +467,10 @@ class DraftPolicy:
             if len(lookup.tokens):
                 self.probe.record(plain=False)
                 return lookup
+        capture = self.feature_capture(getattr(drafter, "context_window", None))
+        if capture is not None:  # a network that reads a window of features: called once it has them
+            capture.wanted()
+            network_now = network_now and capture.is_ready()
         if network_now and not sampling.greedy and self.sampled_cut_is_empty(k):
             network_now = False  # its draft would be cut to nothing: the call is not made, the skips back off as then
             self.skip.drafted(paid=False)
@@ -440,6 +479,26 @@ class DraftPolicy:
         if proposal is not None and not sampling.greedy and proposal.confidence is not None:
             proposal = replace(proposal, confidence=self.state.sampled.rates(len(proposal.tokens)))  # (K,) measured
         return self.cut(proposal, k)
+
+    def may_call_within(self, rounds: int) -> bool:
+        """Whether the network may be called in one of the next `rounds` rounds: its measured verdict's wait and the
+        skips' run down one after the other (draft asks the second only once the first is over), so the earliest
+        call is their sum of rounds away; a round that called it counts too (its verdict may reset the waits). A
+        feature captured earlier lies outside the network's context window by its next call and is never read."""
+        return self.called or self.state.drafter.wait + self.skip.wait < rounds
+
+    def captures(self, window: int | None, prefill: bool = False) -> bool:
+        """Whether this forward (the prompt's prefill, or a round's) captures the drafter's features, for a drafter
+        whose network reads the last `window` positions' (None: every forward captures; FeatureCapture)."""
+        capture = self.feature_capture(window)
+        return capture is None or capture.captures(self.may_call_within(window), prefill)
+
+    def feature_capture(self, window: int | None) -> FeatureCapture | None:
+        """This reply's FeatureCapture for a drafter whose network reads `window` positions' features; None for one
+        without a window (its features are captured in every forward, and it is called whenever the policy asks)."""
+        if window is not None and self.capture is None:
+            self.capture = FeatureCapture()
+        return None if window is None else self.capture
 
     def sampled_cut_is_empty(self, k: int) -> bool:
         """At T > 0 the network's draft is cut on its slots' measured acceptance (SlotRates), which is known before the

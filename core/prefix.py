@@ -11,7 +11,7 @@ keys, values and hidden states are the same whether it was computed in a prefill
 reused prefix is exactly what prefilling it again would give. Elsewhere (the op-by-op prefill's kernels pick their
 order by shape) nothing is reused.
 
-Shape letters: P = reused positions, F = drafter feature width.
+Shape letters: R = reused positions with features, M = kept positions with features, F = drafter feature width.
 """
 from __future__ import annotations
 
@@ -61,9 +61,17 @@ class PrefixCache:
             for new, old in zip(dst, src):  # (G, S, D) each layer
                 new[:, :reused] = old[:, :reused]
         cache.length = reused
-        return cache, reused, self.features[:reused] if layers and self.features is not None else None
+        return cache, reused, self.reused_features(reused) if layers else None
+
+    def reused_features(self, reused: int) -> torch.Tensor | None:
+        """The features of the first `reused` positions that were kept, up to the last of them: (R, F), those of
+        positions reused - R .. reused - 1; None where the kept ones all lie after them (or none were kept)."""
+        if self.features is None:
+            return None
+        start = len(self.ids) - self.features.shape[0]  # the first position with features
+        return self.features[: reused - start] if reused > start else None
 
     def keep(self, ids: list[int], cache, features: torch.Tensor | None, layers: tuple[int, ...]) -> None:
         """After a generation: `ids` are the positions its cache holds (prompt and committed tokens but the last),
-        `features` (P, F) theirs."""
+        `features` (M, F) those of the last M of them (core.engine.captures may have skipped earlier ones)."""
         self.ids, self.cache, self.features, self.layers = ids, cache, features, layers

@@ -101,6 +101,7 @@ class FlowDrafter:
         self.name = mode if mode != "flowmap" else f"flashmap-{steps}step"
         self.feature_layers = net.cfg.feature_layers
         self.max_block_size = net.cfg.block_size  # the block it was trained for: the engine never asks for more
+        self.context_window = net.cfg.context_window  # the positions before the anchor it reads
         self.vocab_ids = vocab_ids  # (V,) target id per draft id, -1 for "other"
         self.target_vocab = target.vocab_size
         self.input_embeddings = target.model.get_input_embeddings().weight.detach()  # (V_t, D_t)
@@ -115,7 +116,12 @@ class FlowDrafter:
     def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
         """Keep the new positions' features (N, F); they are projected (ctx_in, row by row) when the drafter next
         proposes, the last W at most, in one call: rounds in which the engine does not draft (a policy skip, a plain
-        probe) cost no projection."""
+        probe) cost no projection. Positions without features (the engine captured none while the policy could not
+        call the network, core.engine.captures) end the context: it starts again after them."""
+        if features is None or features.shape[0] < len(token_ids):
+            self.reset()
+        if features is None:
+            return
         window = self.net.cfg.context_window
         self.pending.append(features)
         self.pending_rows += features.shape[0]

@@ -257,12 +257,17 @@ class ZLabDFlashDrafter:
 
     @torch.inference_mode()
     def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
+        missing = len(token_ids) - (0 if features is None else features.shape[0])
+        if missing:  # positions without features (it reads all, so the engine captures all; a reused prefix may lack
+            self.ctx_kv, self.n_ctx = [], self.n_ctx + missing  # them): the context starts again after them
+        if features is None:
+            return
         dtype = next(self.net.parameters()).dtype
-        positions = torch.arange(self.n_ctx, self.n_ctx + len(token_ids), device=self.device)  # (N,)
+        positions = torch.arange(self.n_ctx, self.n_ctx + features.shape[0], device=self.device)  # (M,)
         new = self.net.context_kv(features.to(self.device, dtype), positions)
         self.ctx_kv = new if not self.ctx_kv else [
             (torch.cat([k, nk], dim=1), torch.cat([v, nv], dim=1)) for (k, v), (nk, nv) in zip(self.ctx_kv, new)]
-        self.n_ctx += len(token_ids)
+        self.n_ctx += features.shape[0]
 
     @torch.inference_mode()
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:

@@ -583,3 +583,23 @@ def test_the_phrasebook_command_calibrates_on_held_out_folders_only(tmp_path):
     with pytest.raises(SystemExit, match="must not be among --data"):
         data_main(["phrasebook", "--data", str(tmp_path / "train"), "--out", str(out), "--held",
                    str(tmp_path / "train")])
+
+
+def test_positions_without_features_end_the_context_and_it_starts_again_after_them(setup, tiny_target):
+    """The engine captures no features while the policy cannot call the network within its window
+    (core.engine.captures): told of such positions, the drafter drafts from the ones after them alone."""
+    _seqs, vocab_ids, _blocks = setup
+    greedy = SamplingConfig(0.0)
+    feats = torch.randn(12, 2 * tiny_target.model.config.hidden_size)
+    gapped, fresh = (flow_drafters(tiny_target, vocab_ids, products="fp32")[-1] for _ in range(2))
+    gapped.extend(list(range(4)), feats[:4])
+    gapped.propose(7, 4, greedy, torch.Generator().manual_seed(0))  # what it had projected goes too
+    gapped.extend([4, 5], None)
+    gapped.extend([6, 7, 8], feats[6:9])
+    fresh.extend([6, 7, 8], feats[6:9])
+    for _ in range(2):
+        ours, theirs = (d.propose(7, 4, greedy, torch.Generator().manual_seed(0)) for d in (gapped, fresh))
+        assert ours.tokens.tolist() == theirs.tokens.tolist() and torch.equal(ours.confidence, theirs.confidence)
+        gapped.extend([9, 10, 11], feats[10:12])  # features for the last two of three positions: a gap before them
+        fresh.reset()
+        fresh.extend([10, 11], feats[10:12])

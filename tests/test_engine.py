@@ -399,18 +399,78 @@ class Clock:
         return self.now
 
 
+def slow_reply(target, drafter: SlowDrafter, prompt: list[int], temperature: float, max_new_tokens: int) -> list:
+    """A reply with a slow drafter (its clock) and plain probes, checked against plain decoding at T = 0 -> events."""
+    gen = GenerationConfig(max_new_tokens=max_new_tokens, block_size=4, sampling=SamplingConfig(temperature), seed=3,
+                           plain_probe_every=16)
+    plain, _ = generate_all(target, prompt, replace(gen, plain_probe_every=0))
+    events = list(generate(target, prompt, gen, drafter, clock=drafter.clock))
+    if temperature == 0:  # at T > 0 exactness is the distribution's (test_sampled_output_distribution_...)
+        assert [t for ev in events for t in ev.committed] == plain
+    return events
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_drafter_that_costs_more_than_it_brings_is_mostly_skipped_and_the_output_stays_exact(tiny_target,
                                                                                                 temperature):
-    clock = Clock()
-    drafter = SlowDrafter(clock)
-    gen = GenerationConfig(max_new_tokens=60, block_size=4, sampling=SamplingConfig(temperature), seed=3,
-                           plain_probe_every=16)
-    plain, _ = generate_all(tiny_target, [5, 6, 7], replace(gen, plain_probe_every=0))
-    events = list(generate(tiny_target, [5, 6, 7], gen, drafter, clock=clock))
-    if temperature == 0:  # at T > 0 exactness is the distribution's (test_sampled_output_distribution_...)
-        assert [t for ev in events for t in ev.committed] == plain
+    drafter = SlowDrafter(Clock())
+    events = slow_reply(tiny_target, drafter, [5, 6, 7], temperature, 60)
     assert drafter.calls <= 12 and len(events) > 40  # of ~60 rounds
+
+
+class WindowedSlowDrafter(SlowDrafter):
+    """A slow network that reads the features of the last `context_window` positions: every call must find them."""
+
+    feature_layers, context_window = (1, 2), 4
+
+    def reset(self):
+        self.positions = self.featured = self.skipped = 0  # positions told of; of the last ones, those with features
+
+    def extend(self, token_ids, features):
+        self.positions += len(token_ids)
+        if features is None or len(features) < len(token_ids):  # a gap: the context starts again after it
+            self.featured, self.skipped = 0, self.skipped + (features is None)
+        self.featured += 0 if features is None else len(features)
+
+    def propose(self, anchor, block_size, sampling, generator):
+        assert self.featured >= min(self.context_window, self.positions)
+        return super().propose(anchor, block_size, sampling, generator)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_features_are_captured_only_where_the_network_may_read_them_and_the_output_stays_exact(tiny_target,
+                                                                                               temperature):
+    drafter = WindowedSlowDrafter(Clock())
+    events = slow_reply(tiny_target, drafter, [5, 6, 7, 8, 9, 10], temperature, 80)
+    assert drafter.calls >= 2 and drafter.skipped > len(events) / 2  # measured slow: most rounds capture nothing
+
+
+def test_features_are_captured_after_a_round_that_wanted_the_network_while_its_waits_allow_a_call():
+    from core.engine import captures
+    from core.policy import DraftPolicy
+
+    policy = DraftPolicy.for_run(GenerationConfig(max_new_tokens=8, verify_cost=(1.0, 1.1), plain_probe_every=16))
+    windowed = WindowedSlowDrafter(Clock())
+    assert captures(policy, AlwaysDrafts(), (1, 2)) == (1, 2)  # no context_window: every forward captures
+    assert captures(policy, windowed, (1, 2), prefill=True) == (1, 2)  # the prompt's
+    assert captures(policy, windowed, (1, 2)) == ()  # no round has wanted the network yet
+    policy.capture.wanted()
+    assert captures(policy, windowed, (1, 2)) == (1, 2)
+    policy.state.drafter.wait = 100  # measured slow: it cannot be called while these positions are in its window
+    assert captures(policy, windowed, (1, 2)) == ()
+    assert captures(policy, None, ()) == ()
+
+
+def test_cached_positions_keep_the_features_of_their_last_run_without_a_gap():
+    from core.engine import Cached
+
+    cached = Cached([1], [torch.zeros(1, 2)])
+    cached.add([2, 3], torch.ones(2, 2))
+    assert cached.all_features().shape == (3, 2)
+    cached.add([4], None)  # a forward that captured nothing
+    assert cached.all_features() is None
+    cached.add([5, 6], torch.full((2, 2), 2.0))
+    assert cached.ids == [1, 2, 3, 4, 5, 6] and cached.all_features().tolist() == [[2.0, 2.0]] * 2
 
 
 def test_what_drafting_measured_carries_over_to_the_next_reply(tiny_target):

@@ -8,6 +8,7 @@ from core.engine import GenerationConfig
 from core.policy import (
     CallCost,
     DraftPolicy,
+    FeatureCapture,
     MeasuredPays,
     RoundCosts,
     SkipEmpty,
@@ -436,3 +437,49 @@ def test_a_verdict_from_the_first_few_rounds_backs_off_without_the_budget_s_long
         state = PolicyState()
         DraftPolicy.for_run(GenerationConfig(sampling=SamplingConfig(temperature)), state)
         assert state.lookup.confident_rounds == patience and state.drafter.confident_rounds == 0
+
+
+def test_the_network_may_be_called_once_its_verdict_s_wait_and_then_the_skips_have_run_down():
+    """may_call_within(n) answers whether draft could call the network in one of the next n rounds: the measured
+    verdict's wait runs down first, then the skips' (draft asks them in that order)."""
+    for wait, skip in ((0, 0), (3, 0), (0, 2), (3, 2)):
+        policy = DraftPolicy.for_run(GenerationConfig(max_new_tokens=8, verify_cost=(1.0, 1.1), plain_probe_every=16))
+        policy.state.drafter.wait, policy.skip.wait = wait, skip
+        policy.state.drafter.plain_rounds = [(1, 1.0)] * 3  # measured: no alternation before the first verdict
+        answers = [policy.may_call_within(n) for n in range(1, 8)]
+        first = next(r for r in range(1, 9) if policy.state.drafter.draft_now() and policy.skip.draft_now())
+        assert answers == [first <= n for n in range(1, 8)]
+    policy.called = True  # a round that called it: its verdict may reset the waits
+    assert policy.may_call_within(1)
+
+
+def test_features_are_captured_for_a_while_after_a_round_that_wanted_the_network_which_waits_for_them():
+    capture = FeatureCapture(armed=3, ready=2)
+    assert capture.captures(may_call=True, prefill=True) and capture.is_ready()  # the prompt: its context at once
+    assert not capture.captures(may_call=True) and not capture.is_ready()  # nothing wanted the network: a gap
+    capture.wanted()
+    assert [capture.captures(may_call=True) for _ in range(4)] == [True, True, True, False]
+    capture.wanted()
+    capture.captures(may_call=True)
+    assert not capture.is_ready()  # one forward's features: not yet its context
+    capture.captures(may_call=True)
+    assert capture.is_ready()
+    assert not capture.captures(may_call=False) and not capture.is_ready()  # its waits outlast the window: a gap
+
+
+def test_a_round_without_a_copy_that_pays_calls_the_network_only_once_it_has_its_features():
+    class Network:
+        calls, context_window = 0, 4
+
+        def propose(self, anchor, k, sampling, generator):
+            Network.calls += 1
+            return Draft([5, 6], None, torch.tensor([0.9, 0.9]))
+
+    policy = DraftPolicy.for_run(GenerationConfig(max_new_tokens=8, verify_cost=(1.0, 1.1, 1.2)))
+    network, greedy = Network(), SamplingConfig(0.0)
+    policy.captures(network.context_window, prefill=True)
+    policy.captures(network.context_window)  # a round whose copy paid: no features, so a gap in the network's context
+    for forward in range(FeatureCapture.ready + 1):
+        draft = policy.draft(network, 3, 2, greedy, None)
+        assert (Network.calls, len(draft.tokens) > 0) == ((1, True) if forward == FeatureCapture.ready else (0, False))
+        assert policy.captures(network.context_window)  # each round wanted it: every forward captures

@@ -22,7 +22,7 @@ class FeatureRecorder:
     def reset(self):
         self.ids, self.features = [], []
 
-    def extend(self, token_ids, features):
+    def extend(self, token_ids, features):  # features of the last len(features) of token_ids
         self.ids += list(token_ids)
         self.features.append(features.clone())
 
@@ -104,3 +104,25 @@ def test_a_stopped_reply_leaves_what_its_cache_holds():
     stream.close()
     assert prefix.ids == prompt + committed[:-1]
     assert run(target, prompt + committed + [3], prefix) == run(target, prompt + committed + [3])
+
+
+def test_features_kept_for_the_last_positions_only_are_reused_where_the_prefix_reaches_them():
+    """A reply that captured no features for a while (core.engine.captures) keeps those of its last positions: a
+    reused prefix hands on the ones it covers, ending at its own last position."""
+    kept = PrefixCache(ids=list(range(10)), features=torch.arange(4.0)[:, None], layers=(1,))  # positions 6 .. 9
+    assert kept.reused_features(6) is None
+    assert kept.reused_features(8).flatten().tolist() == [0.0, 1.0]  # positions 6 and 7
+    assert kept.reused_features(10).flatten().tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert PrefixCache(ids=[1, 2]).reused_features(2) is None
+
+
+def test_a_reused_prefix_with_features_for_its_last_positions_only_gives_the_same_reply():
+    target = native_target()
+    prompt = [5, 9, 12, 7, 30, 31, 2, 8, 4, 4]
+    prefix = PrefixCache()
+    reply, _ = run(target, prompt, prefix, FeatureRecorder())
+    prefix.features = prefix.features[-3:]  # as if the reply had captured only its last three positions' features
+    turn = prompt + reply + [3, 17, 21]
+    recorder = FeatureRecorder()
+    assert run(target, turn, prefix, recorder) == run(target, turn, drafter=FeatureRecorder())
+    assert recorder.features[0].shape[0] == 3 + len(turn) - (len(prompt) + len(reply) - 1)  # kept + newly prefilled

@@ -94,6 +94,22 @@ def test_context_kv_cache_equals_one_pass(zlab_folder, tiny_qwen3_target):
         assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5)
 
 
+def test_positions_without_features_restart_the_context_at_their_own_positions(zlab_folder, tiny_qwen3_target):
+    """It reads every position, so the engine captures them all (no context_window); a reused prefix may still
+    lack the first ones: the context then starts after them, each key at its own position."""
+    drafter = build_drafter(DrafterSpec("dflash", weights=str(zlab_folder)), tiny_qwen3_target)
+    assert getattr(drafter, "context_window", None) is None
+    feats = torch.randn(7, 64)  # (N, F)
+    drafter.reset()
+    drafter.extend(list(range(3)), feats[:3])
+    drafter.extend(list(range(3, 5)), None)
+    drafter.extend(list(range(5, 7)), feats[5:7])
+    whole = drafter.net.context_kv(feats[5:7], torch.arange(5, 7))
+    assert drafter.n_ctx == 7
+    for (k, v), (wk, wv) in zip(drafter.ctx_kv, whole):
+        assert torch.allclose(k, wk, atol=1e-5) and torch.allclose(v, wv, atol=1e-5)
+
+
 def test_rope_matches_transformers_qwen3(tiny_qwen3_target):
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
