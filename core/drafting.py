@@ -78,8 +78,8 @@ class Drafter(Protocol):
     feature_layers: tuple[int, ...]  # indices into the target's hidden_states tuple (0 = embeddings)
     max_block_size: int  # the largest block it can propose (K it was trained for); the engine never asks for more
     # optional: the committed positions before the anchor whose features a proposal reads (a network's context
-    # window); the engine may skip capturing features while the policy cannot call the network within that many
-    # rounds (core.engine.captures). Absent or None: every position's features are captured
+    # window); for such a drafter the engine captures features only around the rounds that could call the network
+    # (core.policy.FeatureCapture). Absent or None: every position's features are captured
     context_window: int | None
 
     def reset(self) -> None:

@@ -285,7 +285,6 @@ class Cached:
         return torch.cat(self.features) if self.features else None  # (M, F): the last M positions'
 
 
-
 def _generate(target: Target, prompt_ids: list[int], reused: int, gen: GenerationConfig, drafter: Drafter | None,
               cancel, clock, run: _Run, cached: Cached) -> Iterator[RoundEvent]:
     """generate's loop, after `reused` prompt positions came from the previous generation's cache (their features

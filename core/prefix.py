@@ -39,7 +39,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 @dataclass
 class PrefixCache:
     """The token ids whose keys and values the last generation left in its cache, with that cache and the drafter
-    features of those positions at `layers` ((P, F), or None without a drafter). One per conversation or run."""
+    features at `layers` of the last M of those positions ((M, F): all of them but where the generation captured none
+    for a while, core.engine.captures; None without a drafter). One per conversation or run."""
 
     ids: list[int] = field(default_factory=list)
     cache: StaticCache | None = None
@@ -49,7 +50,8 @@ class PrefixCache:
     def take(self, target, prompt_ids: list[int], layers: tuple[int, ...],
              capacity: int) -> tuple[StaticCache, int, torch.Tensor | None]:
         """A new cache of `capacity` positions holding the longest reusable prefix of prompt_ids (at least its last
-        token is left to feed: its logits start the reply), the number of positions reused and their features."""
+        token is left to feed: its logits start the reply), the number of positions reused and the features kept for
+        them (reused_features)."""
         cache = target.new_cache(capacity)
         if self.cache is None or not reuses_prefixes(target):  # (a target that reuses has a StaticCache)
             return cache, 0, None
