@@ -191,13 +191,12 @@ def kept_rows(features: torch.Tensor, kept_at: list[int]) -> torch.Tensor:
     return features[:n] if kept_at[-1] == n - 1 else features[kept_at]
 
 
-def captures(policy: DraftPolicy, drafter: Drafter | None, layers: tuple[int, ...],
-             prefill: bool = False) -> tuple[int, ...]:
+def captures(policy: DraftPolicy, layers: tuple[int, ...], prefill: bool = False) -> tuple[int, ...]:
     """The feature layers this forward (the prompt's prefill, or a round's) captures: the drafter's, where the policy
     wants them (DraftPolicy.captures: for a network that reads a window of them, the prompt and the rounds around
     those that could call it), else none. A policy choice only: the logits are the same either way, and a drafter
     told of positions without features starts its context after them."""
-    if not layers or policy.captures(getattr(drafter, "context_window", None), prefill):
+    if not layers or policy.captures(prefill):
         return layers
     return ()
 
@@ -238,7 +237,8 @@ def generate(
     layers = drafter.feature_layers if drafter is not None else ()
     capacity = len(prompt_ids) + gen.max_new_tokens + block_size + 1
     cache, reused, reused_features = (prefix or PrefixCache()).take(target, prompt_ids, layers, capacity)
-    run = _Run(cache, DraftPolicy.for_run(gen, measured), layers, block_size,
+    policy = DraftPolicy.for_run(gen, measured, getattr(drafter, "context_window", None))
+    run = _Run(cache, policy, layers, block_size,
                draft_gen=torch.Generator(device="cpu").manual_seed(gen.seed + 1),  # drafter noise, apart from target's
                verify_gen=torch.Generator(device=target.device).manual_seed(gen.seed))
     kept = prefix is not None and reuses_prefixes(target)  # what this cache holds is handed on only where reusable
@@ -273,10 +273,10 @@ class Cached:
     keep_features: bool = True  # False: ids only (no prefix cache will take them; a long reply's features add up)
 
     def add(self, ids: list[int], features: torch.Tensor | None) -> None:
-        """Positions and their features (N, F) of the last N of them (all: a forward's), or None where none were
-        captured (core.engine.captures), which leaves only the positions after them with features."""
+        """Positions (N,) and their features (N, F), or None where none were captured (core.engine.captures), which
+        leaves only the positions after them with features."""
         self.ids += ids
-        if features is None or features.shape[0] < len(ids):
+        if features is None:
             self.features = []
         if features is not None and self.keep_features:
             self.features.append(features)
@@ -293,8 +293,7 @@ def _generate(target: Target, prompt_ids: list[int], reused: int, gen: Generatio
     policy, cache, layers = run.policy, run.cache, run.layers
     with torch.inference_mode():
         t0 = clock()
-        logits, features = target_forward(target, prompt_ids[reused:], cache, captures(policy, drafter, layers, True),
-                                          keep=1)
+        logits, features = target_forward(target, prompt_ids[reused:], cache, captures(policy, layers, True), keep=1)
         reused_features = cached.all_features()  # (R, F): the last R reused positions', or None
         cached.add(prompt_ids[reused:], features)
         if reused_features is not None and features is not None:
@@ -321,7 +320,7 @@ def _generate(target: Target, prompt_ids: list[int], reused: int, gen: Generatio
             trie = round_trie(draft, k)
             t1 = clock()
             block = [anchor, *trie.tokens]  # (T,) = (K+1,) for a full chain
-            logits, features = target_forward(target, block, cache, captures(policy, drafter, layers), trie=trie)
+            logits, features = target_forward(target, block, cache, captures(policy, layers), trie=trie)
             kept_at, anchor = verify_round(draft, trie, logits, gen.sampling, run.verify_gen)
             keep_positions(cache, len(block), kept_at)
             kept = [block[i] for i in kept_at]  # anchor + accepted drafts now have hidden states

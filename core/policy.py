@@ -67,6 +67,7 @@ class FeatureCapture:
     again. A drafter that is all network wants it every round and so captures every forward, as before. A policy
     only: the logits are the same either way."""
 
+    window: int  # the positions before the anchor whose features the network reads (Drafter.context_window)
     armed: int = 32
     ready: int = 8
     since_wanted: int = 1 << 30  # forwards since a round wanted the network (none yet)
@@ -437,12 +438,14 @@ class DraftPolicy:
     start_cost: tuple[float, ...] = ()  # the start-up curve the measured lengths replace (RoundCosts.curve)
     copy_tries: bool = False  # two copies that differ at their first token may be verified together (best_try)
     try_cost: tuple[float, ...] = ()  # what a copy try over 1, 2, ... positions costs (PolicyState.tries' curve)
-    # for a drafter with a context window: which forwards capture its features, and whether its network has them
+    # for a drafter with a context window: which forwards capture its features, and whether its network has them;
+    # None: every forward captures, and the network is called whenever the policy asks
     capture: FeatureCapture | None = None
 
     @classmethod
-    def for_run(cls, gen, state: PolicyState | None = None) -> "DraftPolicy":
-        """The policy of one generation (gen: core.engine.GenerationConfig), from what `state` measured before."""
+    def for_run(cls, gen, state: PolicyState | None = None, window: int | None = None) -> "DraftPolicy":
+        """The policy of one generation (gen: core.engine.GenerationConfig), from what `state` measured before; window:
+        the drafter's context window (Drafter.context_window), for FeatureCapture."""
         state = state or PolicyState()
         for measured in (state.drafter, state.lookup):
             measured.max_skip = gen.max_measured_wait if gen.plain_probe_every else 0
@@ -450,7 +453,8 @@ class DraftPolicy:
         charged = gen.draft_cost if gen.charges_draft_cost() else 0.0
         return cls(state.costs.curve(gen.verify_cost), charged, SkipEmpty(gen.max_skip if gen.verify_cost else 0),
                    PlainProbe(gen.plain_probe_every), state, start_cost=gen.verify_cost, copy_tries=gen.copy_tries,
-                   try_cost=state.tries.curve(gen.verify_cost))
+                   try_cost=state.tries.curve(gen.verify_cost),
+                   capture=None if window is None else FeatureCapture(window))
 
     def draft(self, drafter: Drafter, anchor: int, k: int, sampling: SamplingConfig,
               generator: torch.Generator) -> Draft:
@@ -468,10 +472,9 @@ class DraftPolicy:
             if len(lookup.tokens):
                 self.probe.record(plain=False)
                 return lookup
-        capture = self.feature_capture(getattr(drafter, "context_window", None))
-        if capture is not None:  # a network that reads a window of features: called once it has them
-            capture.wanted()
-            network_now = network_now and capture.is_ready()
+        if self.capture is not None:  # a network that reads a window of features: called once it has them
+            self.capture.wanted()
+            network_now = network_now and self.capture.is_ready()
         if network_now and not sampling.greedy and self.sampled_cut_is_empty(k):
             network_now = False  # its draft would be cut to nothing: the call is not made, the skips back off as then
             self.skip.drafted(paid=False)
@@ -488,18 +491,11 @@ class DraftPolicy:
         feature captured earlier lies outside the network's context window by its next call and is never read."""
         return self.called or self.state.drafter.wait + self.skip.wait < rounds
 
-    def captures(self, window: int | None, prefill: bool = False) -> bool:
-        """Whether this forward (the prompt's prefill, or a round's) captures the drafter's features, for a drafter
-        whose network reads the last `window` positions' (None: every forward captures; FeatureCapture)."""
-        capture = self.feature_capture(window)
-        return capture is None or capture.captures(self.may_call_within(window), prefill)
-
-    def feature_capture(self, window: int | None) -> FeatureCapture | None:
-        """This reply's FeatureCapture for a drafter whose network reads `window` positions' features; None for one
-        without a window (its features are captured in every forward, and it is called whenever the policy asks)."""
-        if window is not None and self.capture is None:
-            self.capture = FeatureCapture()
-        return None if window is None else self.capture
+    def captures(self, prefill: bool = False) -> bool:
+        """Whether this forward (the prompt's prefill, or a round's) captures the drafter's features (FeatureCapture;
+        every forward without one)."""
+        capture = self.capture
+        return capture is None or capture.captures(self.may_call_within(capture.window), prefill)
 
     def sampled_cut_is_empty(self, k: int) -> bool:
         """At T > 0 the network's draft is cut on its slots' measured acceptance (SlotRates), which is known before the

@@ -449,16 +449,16 @@ def test_features_are_captured_after_a_round_that_wanted_the_network_while_its_w
     from core.engine import captures
     from core.policy import DraftPolicy
 
-    policy = DraftPolicy.for_run(GenerationConfig(max_new_tokens=8, verify_cost=(1.0, 1.1), plain_probe_every=16))
-    windowed = WindowedSlowDrafter(Clock())
-    assert captures(policy, AlwaysDrafts(), (1, 2)) == (1, 2)  # no context_window: every forward captures
-    assert captures(policy, windowed, (1, 2), prefill=True) == (1, 2)  # the prompt's
-    assert captures(policy, windowed, (1, 2)) == ()  # no round has wanted the network yet
+    gen = GenerationConfig(max_new_tokens=8, verify_cost=(1.0, 1.1), plain_probe_every=16)
+    assert captures(DraftPolicy.for_run(gen), (1, 2)) == (1, 2)  # no context_window: every forward captures
+    policy = DraftPolicy.for_run(gen, window=WindowedSlowDrafter.context_window)
+    assert captures(policy, (1, 2), prefill=True) == (1, 2)  # the prompt's
+    assert captures(policy, (1, 2)) == ()  # no round has wanted the network yet
     policy.capture.wanted()
-    assert captures(policy, windowed, (1, 2)) == (1, 2)
+    assert captures(policy, (1, 2)) == (1, 2)
     policy.state.drafter.wait = 100  # measured slow: it cannot be called while these positions are in its window
-    assert captures(policy, windowed, (1, 2)) == ()
-    assert captures(policy, None, ()) == ()
+    assert captures(policy, (1, 2)) == ()
+    assert captures(policy, ()) == ()
 
 
 def test_cached_positions_keep_the_features_of_their_last_run_without_a_gap():

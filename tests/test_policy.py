@@ -454,7 +454,7 @@ def test_the_network_may_be_called_once_its_verdict_s_wait_and_then_the_skips_ha
 
 
 def test_features_are_captured_for_a_while_after_a_round_that_wanted_the_network_which_waits_for_them():
-    capture = FeatureCapture(armed=3, ready=2)
+    capture = FeatureCapture(window=4, armed=3, ready=2)
     assert capture.captures(may_call=True, prefill=True) and capture.is_ready()  # the prompt: its context at once
     assert not capture.captures(may_call=True) and not capture.is_ready()  # nothing wanted the network: a gap
     capture.wanted()
@@ -475,11 +475,12 @@ def test_a_round_without_a_copy_that_pays_calls_the_network_only_once_it_has_its
             Network.calls += 1
             return Draft([5, 6], None, torch.tensor([0.9, 0.9]))
 
-    policy = DraftPolicy.for_run(GenerationConfig(max_new_tokens=8, verify_cost=(1.0, 1.1, 1.2)))
     network, greedy = Network(), SamplingConfig(0.0)
-    policy.captures(network.context_window, prefill=True)
-    policy.captures(network.context_window)  # a round whose copy paid: no features, so a gap in the network's context
+    policy = DraftPolicy.for_run(GenerationConfig(max_new_tokens=8, verify_cost=(1.0, 1.1, 1.2)),
+                                 window=network.context_window)
+    policy.captures(prefill=True)
+    policy.captures()  # a round whose copy paid: no features, so a gap in the network's context
     for forward in range(FeatureCapture.ready + 1):
         draft = policy.draft(network, 3, 2, greedy, None)
         assert (Network.calls, len(draft.tokens) > 0) == ((1, True) if forward == FeatureCapture.ready else (0, False))
-        assert policy.captures(network.context_window)  # each round wanted it: every forward captures
+        assert policy.captures()  # each round wanted it: every forward captures
