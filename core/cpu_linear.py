@@ -19,6 +19,8 @@ Shape letters: N = rows (batch x positions), I = in features, O = out features.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -31,6 +33,13 @@ PACK_HINT_ROWS = 17  # oneDNN picks its weight layout for this many rows (K + 1 
 # (measured on AVX512-BF16: 1,024 invariant, 1,536 not, from 2 rows on); wider weights are split into equal slices
 # along it, each multiplied on its own, and the slices' products summed in fp32 in a fixed order
 INVARIANT_INNER = 1024
+
+
+def amx_products(flags: frozenset[str] | None = None) -> bool:
+    """Whether oneDNN may multiply bf16 with AMX here: the CPU has it and the ISA cap (core/__init__.py sets one below
+    AMX unless the environment chose another) allows it. Its products are not batch-invariant (core.exactness)."""
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    return "amx_bf16" in (cpu_flags() if flags is None else flags) and any(w in isa for w in ("AMX", "ALL", "DEFAULT"))
 
 
 def inner_slices(in_features: int, limit: int = INVARIANT_INNER) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -110,9 +111,11 @@ def probe_prompt(vocab: int, length: int = 24) -> list[int]:
 
 
 def probe_key(target) -> str:
-    """What batch invariance depends on: the CPU (its kernels), torch's build, the threads, the model and dtype."""
+    """What batch invariance depends on: the CPU (its kernels, and the ISA oneDNN is capped at: core/__init__.py),
+    torch's build, the threads, the model and dtype."""
     flags = " ".join(sorted(cpu_flags()))
     return "|".join([platform.machine(), platform.processor(), hashlib.sha1(flags.encode()).hexdigest()[:12],
+                     os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
                      torch.__version__, str(torch.get_num_threads()), target.identity["name"],
                      str(target.model.dtype), str(target.device),
                      f"lean={target.lean.weights if target.lean else None}",

@@ -114,6 +114,21 @@ def assert_sampled_distribution_exact(target: Target, drafter, prompt=(4, 3), n:
     assert chisquare(observed, expected).pvalue > 1e-3, getattr(drafter, "name", drafter)
 
 
+def load_or_refused(cfg):
+    """load_target for a low precision this CPU may refuse: the target, or None where the check found it not
+    batch-invariant, which is allowed only where oneDNN multiplies bf16 with AMX (core.cpu_linear.amx_products);
+    anywhere else a refusal fails the test."""
+    from core.cpu_linear import amx_products
+    from core.target import TargetLoadError, load_target
+
+    try:
+        return load_target(cfg)
+    except TargetLoadError as err:
+        if "not batch-invariant" not in str(err) or not amx_products():
+            raise
+        return None
+
+
 def event(**fields) -> RoundEvent:
     """A RoundEvent for tests: a round that drafted nothing, with `fields` overriding."""
     base = dict(kind="round", drafted=(), n_accepted=0, target_token=0, committed=(), text="", draft_s=0.0,

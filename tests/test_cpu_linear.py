@@ -11,7 +11,7 @@ from core.cpu_linear import PackedLinear, pack_linears
 from core.drafting import NgramDrafter
 from core.engine import GenerationConfig, generate_all
 from core.target import TargetConfig, load_target
-from core.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3, tiny_tokenizer
+from core.testing import QWEN3_TEMPLATE, load_or_refused, make_target, tiny_llama, tiny_qwen3, tiny_tokenizer
 from core.threads import cpu_flags
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="this torch has no oneDNN")
@@ -90,8 +90,10 @@ def test_load_target_packs_on_the_cpu_unless_asked_not_to_or_short_of_memory(tmp
     tiny_qwen3().save_pretrained(tmp_path)
     tiny_tokenizer(64, QWEN3_TEMPLATE).save_pretrained(tmp_path)
     assert load_target(TargetConfig(str(tmp_path), device="cpu", dtype="fp32")).extra["packed_linears"] > 0
-    bf16_packed = load_target(TargetConfig(str(tmp_path), device="cpu", dtype="bf16")).extra.get("packed_linears", 0)
-    assert (bf16_packed > 0) == (torch.bfloat16 in cpu_linear.packed_dtypes(cpu_flags()))
+    bf16 = load_or_refused(TargetConfig(str(tmp_path), device="cpu", dtype="bf16"))  # None: refused with AMX
+    if bf16 is not None:
+        bf16_packed = bf16.extra.get("packed_linears", 0)
+        assert (bf16_packed > 0) == (torch.bfloat16 in cpu_linear.packed_dtypes(cpu_flags()))
     unpacked = load_target(TargetConfig(str(tmp_path), device="cpu", cpu_linear="torch"))
     assert "packed_linears" not in unpacked.extra
     monkeypatch.setattr(target_mod, "free_memory_bytes", lambda device: 2 * 10**4)  # room for no second copy
@@ -224,3 +226,18 @@ def test_the_native_q8_product_is_the_codes_weight_for_any_rows_and_each_row_alo
         for rows in range(1, 17):
             assert torch.equal(q8(x[:rows]), full[:rows])
         assert all(torch.equal(q8(x[t : t + 1]), full[t : t + 1]) for t in range(17))
+
+
+def test_onednn_is_kept_off_amx_unless_the_environment_chose_otherwise(monkeypatch):
+    """AMX's bf16 products are not batch-invariant: core caps oneDNN below them (core/__init__.py), and a test or the
+    app may excuse a bf16 refusal only where the cap lets AMX through on a CPU that has it."""
+    import os
+
+    assert os.environ.get("ONEDNN_MAX_CPU_ISA")
+    amx, avx512 = frozenset({"amx_bf16", "avx512_bf16"}), frozenset({"avx512_bf16"})
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    assert not cpu_linear.amx_products(amx)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    assert cpu_linear.amx_products(amx) and not cpu_linear.amx_products(avx512)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert cpu_linear.amx_products(amx)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from core import native
-from core.cpu_linear import pack_linears
+from core.cpu_linear import amx_products, pack_linears
 from core.engine import GenerationConfig, generate_all
 from core.exactness import check_invariance, probe_prompt
 from core.forward import keep_positions, target_forward
@@ -121,6 +121,8 @@ def test_offered_low_precisions_are_batch_invariant(label, model, weights):
     skip_unless_offered(weights)
     target = lean_target(model, weights, torch.bfloat16)
     report = check_invariance(target, probe_prompt(target.vocab_size, 70), steps=80)  # crosses a key block
+    if not report.exact and weights != "q4-native" and amx_products():
+        pytest.skip(f"oneDNN multiplies bf16 with AMX here, which the app refuses: {report.describe()}")
     assert report.exact, report.describe()
 
 
@@ -177,7 +179,9 @@ def test_the_drafter_tools_keep_the_reference_forward_on_a_cpu(tmp_path):
     assert reference.model.dtype == torch.float32 and reference.lean is None
     fastest = load_target(TargetConfig(str(tmp_path), device="cpu", cache_dir=""))
     assert fastest.lean is not None
-    assert fastest.model.dtype == (torch.bfloat16 if NATIVE_BF16 else torch.float32)
+    bf16_exact = fastest.extra["invariance"].exact if fastest.model.dtype == torch.bfloat16 else False
+    assert fastest.model.dtype == (torch.bfloat16 if NATIVE_BF16 and (bf16_exact or not amx_products())
+                                   else torch.float32)
 
 
 def test_a_precision_that_fails_the_check_is_refused_when_asked_and_replaced_under_auto(tmp_path, monkeypatch):
