@@ -1,7 +1,8 @@
 """Benchmark CLI: plain decoding against a drafter, prompt by prompt, alternating, same settings.
 
 python -m app.bench --prompts FILE.jsonl [--limit N] --drafter SPEC [--steps 1|2] [--block-size K]
-    [--temperature T] [--max-new-tokens N] [--target ID] [--seed S] [--vs llama.cpp] [--conversation] --out FILE.json
+    [--temperature T] [--max-new-tokens N] [--target ID] [--seed S] [--vs llama.cpp|flashmap-reference]
+    [--conversation] --out FILE.json
 
 SPEC is a drafter name or its text form with options (drafter/spec.py), e.g. `flashmap,steps=2,tree=4`;
 the flags --steps, --noise, --block-size, --best-of, --tree, --adaptive, --max-skip and --weights set the
@@ -61,7 +62,9 @@ class RunConfig:
 @dataclass(frozen=True, kw_only=True)
 class BenchConfig(RunConfig):
     spec: DrafterSpec
-    vs: str | None = None  # "llama.cpp": also run llama.cpp on the same GGUF, prompts and budget (app/llamacpp.py)
+    # "llama.cpp": also run llama.cpp on the same GGUF, prompts and budget (app/llamacpp.py); "flashmap-reference":
+    # the FlashMap authors' own loop with the same released-format drafter (app/flashmap_reference.py)
+    vs: str | None = None
     threads: int | None = None  # torch threads; None: the app's policy on this machine (core.threads)
     # the prompts as the turns of one conversation: each turn's prompt holds the earlier turns and plain decoding's
     # replies to them, so the context grows turn by turn (each side reuses its previous turn's cache)
@@ -244,7 +247,7 @@ def bench(cfg: BenchConfig) -> dict:
     warm_up(target)
     curves = cost_curves(target) if cfg.spec.adaptive else None
     runner = runner.with_draft_cost(target)
-    anchor = llama_cpp(cfg, target)
+    anchor = llama_cpp(cfg, target) if cfg.vs == "llama.cpp" else reference(cfg, runner)
     base, spec, anchored = [], [], []
     plain_prefix = PrefixCache()  # plain decoding's own, like each runner's
     used: dict[int, int] = {}  # torch threads -> runs of this engine (and llama.cpp's turns) started with them
@@ -258,7 +261,8 @@ def bench(cfg: BenchConfig) -> dict:
         runs = [lambda: base.append(run_engine(target, ids, gen, None, prefix=plain_prefix)),
                 lambda: spec.append(runner.run(ids, gen))]
         if anchor is not None:
-            runs.append(lambda: anchored.append(anchor.run(ids, cfg.max_new_tokens)))
+            seed = {"seed": cfg.seed + i} if cfg.vs == "flashmap-reference" else {}
+            runs.append(lambda: anchored.append(anchor.run(ids, cfg.max_new_tokens, **seed)))
         for k in range(len(runs)):  # rotate the order so drift on a noisy machine hits every side alike
             threads = threads_now(cfg)  # as the app before each reply (llama.cpp, in its own process, keeps its own)
             used[threads] = used.get(threads, 0) + 1
@@ -271,7 +275,15 @@ def bench(cfg: BenchConfig) -> dict:
     for row, length in zip(result["per_prompt"], lengths):
         row["prompt_tokens"] = length
     result["threads_per_run"] = {str(n): count for n, count in sorted(used.items())}  # torch threads: runs
-    if anchor is not None:
+    if anchor is not None and cfg.vs == "flashmap-reference":
+        from app import flashmap_reference
+
+        plain, drafted = ([target.until_eos(run.tokens) for run in runs] for runs in (base, spec))
+        result["flashmap_reference"] = flashmap_reference.summary(
+            anchored, plain, drafted, result["baseline_tokens_per_s"], result["tokens_per_s"],
+            result["acceptance_length"], cfg.sampling.greedy, anchor.precision)
+        result["flashmap_reference"]["per_prompt"] = [{"tokens": len(run.tokens), "s": run.seconds} for run in anchored]
+    elif anchor is not None:
         from app.llamacpp import summary
 
         anchor.close()
@@ -280,6 +292,23 @@ def bench(cfg: BenchConfig) -> dict:
                                       anchor.threads)
         result["llama_cpp"]["per_prompt"] = [{"tokens": run.tokens, "s": run.seconds} for run in anchored]
     return result
+
+
+def reference(cfg: BenchConfig, runner: Runner):
+    """The FlashMap authors' loop with the runner's drafter when --vs flashmap-reference asks for it (SystemExit
+    saying why when it cannot run), else None."""
+    if cfg.vs != "flashmap-reference":
+        return None
+    from app.flashmap_reference import FlashMapReference, ReferenceUnavailable
+    from drafter.flashmap_release import ReleaseDrafter
+
+    if not isinstance(runner.drafter, ReleaseDrafter) or runner.drafter.folder is None:
+        raise SystemExit("--vs flashmap-reference runs the same drafter in both loops: give --drafter flashmap a "
+                         "released-format folder (--weights DIR), without lookup")
+    try:
+        return FlashMapReference(runner.drafter.folder, cfg.target, cfg.sampling, runner.drafter.steps)
+    except ReferenceUnavailable as err:
+        raise SystemExit(f"--vs flashmap-reference: {err}") from err
 
 
 def llama_cpp(cfg: BenchConfig, target: Target):
@@ -369,9 +398,11 @@ def parse_args(argv=None) -> tuple[BenchConfig, str]:
                              "options, e.g. flashmap,steps=2 (a bare name: that drafter's plain settings)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: the app's thread policy on this machine, core.threads)")
-    parser.add_argument("--vs", default=None, choices=["llama.cpp"],
-                        help="also run llama.cpp (llama-cpp-python, an optional extra) on the same GGUF, prompt "
-                             "tokens, threads and budget, in turn with this engine's runs; its tokens/s beside ours")
+    parser.add_argument("--vs", default=None, choices=["llama.cpp", "flashmap-reference"],
+                        help="llama.cpp: also run llama.cpp (llama-cpp-python, an optional extra) on the same GGUF, "
+                             "prompt tokens, threads and budget, in turn with this engine's runs; its tokens/s beside "
+                             "ours. flashmap-reference: the FlashMap authors' spec_generate with the same released-"
+                             "format drafter (--drafter flashmap --weights DIR), target in fp32, same prompt tokens")
     parser.add_argument("--conversation", action="store_true",
                         help="the prompts as the turns of one conversation (each turn's prompt holds the earlier "
                              "turns and plain decoding's replies), so the context grows turn by turn")

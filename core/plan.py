@@ -21,6 +21,9 @@ QWEN3_FACTS = {
     "Qwen/Qwen3-14B": dict(hidden_size=5120, num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=8,
                            head_dim=128, intermediate_size=17408, vocab_size=151936, tie_word_embeddings=False),
 }
+# The FlashMap authors' released drafters (j-shen/FlashMap-Qwen3-8B / -4B, flashmap 0.1.0): a DiT of 6 layers, width
+# 2048 (16 heads), MLP 8192, time conditioning 256, reading 5 target layers; bf16 weights
+RELEASED_FLASHMAP_DIT = dict(layers=6, width=2048, heads=16, mlp=8192, cond=256, time=256, feature_layers=5)
 SPEED_ORDER = ("none", "fp8", "8bit")  # fastest first; "none" = bf16 weights
 WORKING_BYTES = int(1.5 * GIB)  # CUDA context, activations, logits over the vocabulary, allocator slack
 
@@ -40,6 +43,22 @@ def estimate_weight_bytes(config, dtype: torch.dtype, quant: str) -> int:
     dense_bytes = torch.finfo(dtype).bits // 8
     layer_bytes = 1 if quant in ("8bit", "fp8") else dense_bytes
     return int(layer_params * layer_bytes + emb_params * dense_bytes)
+
+
+def flashmap_drafter_bytes(target_width: int, context: int, dit: dict = RELEASED_FLASHMAP_DIT,
+                           bytes_per_value: int = 2) -> int:
+    """A released-architecture FlashMap drafter on the GPU: its weights (fc over the feature layers, the anchor,
+    state and output projections, the time MLPs, per layer self- and cross-attention, MLP and three AdaLN maps) and
+    its context's cross-attention keys and values for `context` positions (drafter.flashmap_release). About 1.0 GB
+    of weights for Qwen3-8B's 500M-parameter drafter, and 48 KiB a context position."""
+    d, mlp, cond, time = dit["width"], dit["mlp"], dit["cond"], dit["time"]
+    io = dit["feature_layers"] * target_width * d + 2 * (target_width * d + d) + d * target_width + target_width
+    io += 2 * d + 2 * target_width + 1  # the context's, anchor's, state's and noise's RMSNorms, the noise gate
+    times = 2 * (time * cond + cond + cond * cond + cond)
+    adaln = cond * 3 * d + 3 * d
+    layer = 2 * (4 * d * d + 2 * d // dit["heads"]) + 2 * d * mlp + mlp + d + 3 * adaln  # q/k norms per head
+    params = io + times + dit["layers"] * layer + adaln
+    return params * bytes_per_value + 2 * dit["layers"] * d * context * bytes_per_value
 
 
 @dataclass(frozen=True)
@@ -75,10 +94,13 @@ def kv_cache_bytes(config, context: int, bytes_per_value: int = 2) -> int:
 
 
 def plan_memory(config, free_bytes: int, capability: tuple[int, int], context: int = 8192,
-                drafter_bytes: int = GIB) -> Plan:
-    """Evaluate bf16, FP8 and 8-bit; choose the fastest one that fits in free_bytes."""
+                drafter_bytes: int | None = None) -> Plan:
+    """Evaluate bf16, FP8 and 8-bit; choose the fastest one that fits in free_bytes. drafter_bytes: what the drafter
+    holds (None: a released-architecture FlashMap drafter at this target's width and context)."""
     import torch
 
+    if drafter_bytes is None:
+        drafter_bytes = flashmap_drafter_bytes(config.hidden_size, context)
     fixed = kv_cache_bytes(config, context) + drafter_bytes + WORKING_BYTES
     options = []
     for quant in SPEED_ORDER:

@@ -16,7 +16,7 @@ from core.cpu_linear import pack_linears
 from core.drafting import Draft
 from core.sampling import SamplingConfig
 from drafter import calibration as calib
-from drafter import drafting, zlab_dflash
+from drafter import drafting, flashmap_release, zlab_dflash
 from drafter.checkpoint import CheckpointError, read_checkpoint
 from drafter.config import DrafterConfig, ZLabFlowConfig
 from drafter.frozen import FrozenDraftNet
@@ -192,6 +192,24 @@ PUBLISHED_DFLASH = {  # published drafters in the z-lab format, read from the lo
 }
 
 
+PUBLISHED_FLASHMAP = {  # the FlashMap authors' released drafters (flashmap 0.1.0's format), from the local cache
+    "Qwen/Qwen3-8B": "j-shen/FlashMap-Qwen3-8B",
+    "Qwen/Qwen3-4B": "j-shen/FlashMap-Qwen3-4B",
+}
+
+
+def released_flashmap(target, allow_download: bool = False) -> Path:
+    """The released FlashMap drafter for this target from the local Hugging Face cache, or CheckpointError saying in
+    one line how to get it."""
+    repo = PUBLISHED_FLASHMAP[target.name]
+    try:
+        return resolve_weights(repo, allow_download)
+    except CheckpointError as err:
+        raise CheckpointError(f"the released FlashMap drafter {repo} is not in the local model cache: get it with "
+                              f"`hf download {repo} --include '*.json' '*.safetensors'` (about 1 GB), or pass "
+                              f"--weights FOLDER") from err
+
+
 def resolve_weights(spec: str, allow_download: bool = False) -> Path:
     """A drafter folder from a local path or a hub id (local cache only unless allow_download)."""
     path = Path(spec)
@@ -216,14 +234,33 @@ def load_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False)
     path = resolve_weights(weights, allow_download) if weights else default_weights(target.identity["name"], name)
     if name == "dflash" and not weights and not path.exists() and target.name in PUBLISHED_DFLASH:
         path = resolve_weights(PUBLISHED_DFLASH[target.name], allow_download)
+    if name == "flashmap" and not weights and not path.exists() and target.name in PUBLISHED_FLASHMAP:
+        path = released_flashmap(target, allow_download)
     if name == "dflash" and zlab_dflash.is_zlab_folder(path):
         return zlab_dflash.ZLabDFlashDrafter(zlab_dflash.load_zlab_net(path, target), target)
+    if flashmap_release.is_release_folder(path):
+        return release_drafter(spec, path, target)
     net, vocab_ids = load_named_net(name, path, target)
     # frozen from here on: its linear layers prepacked for oneDNN (core.cpu_linear), a proposal 12.9 -> 7.2 ms here
     pack_linears(net)
     return FlowDrafter(net, vocab_ids, target, DRAFTER_MODES[name], steps=spec.steps, best_of=spec.best_of,
                        tree=spec.tree, shared_noise=spec.noise == "shared", noise_scale=spec.noise_scale,
                        calibration=calibration_for(spec, path), watch_weights=False)
+
+
+def release_drafter(spec: DrafterSpec, folder: Path, target) -> flashmap_release.ReleaseDrafter:
+    """A released FlashMap folder as the engine's drafter; refused for what the release does not draft (a DFlash-style
+    pass, a tree or best-of several noise draws, per-slot shuffled noise) and for a step count without a jump grid."""
+    if spec.name != "flashmap":
+        raise CheckpointError(f"{folder} holds a released FlashMap drafter: use it as flashmap, not {spec.name}")
+    if spec.tree > 1 or spec.best_of > 1 or spec.noise != "shared":
+        raise CheckpointError(f"{folder}: a released FlashMap drafter drafts one block from shared noise; tree, "
+                              "best_of and noise=shuffled apply to the project's own network")
+    net = flashmap_release.load_release_net(folder, target)
+    if spec.steps not in net.c.steps_offered:
+        raise CheckpointError(f"{folder}: steps must be one of {', '.join(map(str, net.c.steps_offered))} (the "
+                              f"drafter's jump_grids), got {spec.steps}")
+    return flashmap_release.ReleaseDrafter(net, target, steps=spec.steps, noise_scale=spec.noise_scale, folder=folder)
 
 
 def calibration_for(spec: DrafterSpec, folder: Path) -> calib.SlotCalibration | None:

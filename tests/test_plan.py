@@ -42,3 +42,23 @@ def test_auto_quant_follows_the_plan_on_a_gpu_and_is_none_on_the_cpu(monkeypatch
     monkeypatch.setattr(target_mod, "free_memory_bytes", lambda device: 6 * GIB)
     with pytest.raises(TargetLoadError, match="nothing fits"):
         resolve_quant(cfg, QWEN3_8B, torch.device("cuda"))
+
+
+def test_the_released_flashmap_drafter_is_counted_as_the_release_builds_it():
+    """Its parameters as the authors' package builds them (a small DiT here), and the released drafters' stated
+    sizes: 500M for Qwen3-8B, 475M for Qwen3-4B; the plan reserves them with their context by default."""
+    from flashmap import FlashMapConfig, FlashMapDraftModel
+
+    from core.plan import flashmap_drafter_bytes
+
+    dit = dict(layers=2, width=64, heads=4, mlp=96, cond=16, time=8, feature_layers=3)
+    model = FlashMapDraftModel(FlashMapConfig(target_hidden_size=48, vocab_size=10, target_layer_ids=[0, 1, 2],
+                                              hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                              intermediate_size=96, cond_dim=16, time_embed_dim=8))
+    assert flashmap_drafter_bytes(48, 0, dit, 1) == sum(p.numel() for p in model.parameters())
+    assert flashmap_drafter_bytes(4096, 0, bytes_per_value=1) == pytest.approx(500e6, rel=1e-3)
+    assert flashmap_drafter_bytes(2560, 0, bytes_per_value=1) == pytest.approx(475e6, rel=1e-3)
+    with_drafter = plan_memory(QWEN3_8B, 24 * GIB, (8, 9), context=8192)
+    without = plan_memory(QWEN3_8B, 24 * GIB, (8, 9), context=8192, drafter_bytes=0)
+    extra = with_drafter.options[0].total - without.options[0].total
+    assert extra == flashmap_drafter_bytes(4096, 8192) and 1.2 * GIB < extra < 1.4 * GIB  # 1.0 GB + its context
