@@ -3,7 +3,8 @@
 Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value]...`, e.g.
 `flashmap,steps=2,tree=4,k=8`. Options:
 
-  steps=N      flow drafters: FlashMap jumps (1 or 2), or the teacher's Euler steps (e.g. 16)
+  steps=N      flow drafters: FlashMap jumps (1 to 4; the project's network is distilled for 1 and 2, a released
+               drafter offers what its jump_grids list), or the teacher's Euler steps (e.g. 16)
   noise=shared|shuffled   shuffled: independent noise per slot (the shuffle test, paper §6.2), each slot's own
                noise the shared draft's (drafting.BlockSampler._shuffled)
   best_of=M    flow drafters: draft M blocks from independent noise, keep the most confident
@@ -37,6 +38,7 @@ from pathlib import Path
 from core.drafting import MAX_BLOCK_SIZE
 from core.sampling import SamplingConfig
 
+FLASHMAP_STEPS = (1, 2, 3, 4)  # jumps of a FlashMap draft: the release's grids (drafter.flashmap_release)
 FLOW_DRAFTERS = ("flashmap", "flashmap-teacher")  # draw noise: steps, noise, best-of and trees apply
 NET_DRAFTERS = FLOW_DRAFTERS + ("dflash",)  # trained networks with a checkpoint
 ENGINE_DRAFTERS = ("none", "ngram") + NET_DRAFTERS
@@ -83,6 +85,9 @@ class DrafterSpec:
             return f"unknown drafter {name!r}; choose from {', '.join(ENGINE_DRAFTERS + HF_BASELINES)}"
         if min(self.steps, self.best_of, self.tree) < 1 or self.max_skip < 0:
             return "steps, best_of and tree must be >= 1, skip >= 0"
+        if name == "flashmap" and self.steps not in FLASHMAP_STEPS:
+            return (f"FlashMap drafts in {', '.join(map(str, FLASHMAP_STEPS))} jumps (a released drafter: the ones its "
+                    f"jump_grids list), got steps={self.steps}; the teacher (flashmap-teacher) takes any number")
         if self.block_size is not None and not 1 <= self.block_size <= MAX_BLOCK_SIZE:
             return f"block size k must be in 1..{MAX_BLOCK_SIZE}, got {self.block_size}"
         if self.noise not in ("shared", "shuffled"):

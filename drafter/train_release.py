@@ -91,8 +91,9 @@ def release_json(cfg: ReleaseConfig, target_identity: dict, training: dict) -> d
     fields = asdict(cfg)
     fields["target_layer_ids"] = list(cfg.target_layer_ids)
     fields["jump_grids"] = {str(n): list(grid) for n, grid in cfg.jump_grids}
-    return {"architectures": ["FlashMapDraftModel"], "model_type": "flashmap", **fields,
-            "time_schedule": "decoding_error", "tie_word_embeddings": False, "dtype": "bfloat16",
+    # speculators_model_type: what the release's vLLM plugin reads a folder as a FlashMap drafter by
+    return {"architectures": ["FlashMapDraftModel"], "model_type": "flashmap", "speculators_model_type": "flashmap",
+            **fields, "time_schedule": "decoding_error", "tie_word_embeddings": False, "dtype": "bfloat16",
             "flashmap_chat": {"target": target_identity, "training": training}}
 
 

@@ -165,3 +165,15 @@ def test_the_apps_default_settings_draft_with_a_release_folder(folder, tiny_qwen
         plain, _ = generate_all(tiny_qwen3_target, prompt, gen)
         out, events = generate_all(tiny_qwen3_target, prompt, gen, drafter)
         assert out == plain
+
+
+def test_each_proposal_sits_at_its_anchors_position_in_the_reply(folder, tiny_qwen3_target, monkeypatch):
+    """The engine tells the drafter every committed position (features or not), so the anchor's rotary position is
+    its index in prompt + reply, as in the reference loop."""
+    drafter = build_drafter(DrafterSpec("flashmap", weights=str(folder)), tiny_qwen3_target)
+    seen, logits = [], drafter.logits
+    monkeypatch.setattr(drafter, "logits", lambda anchor, *a, **k: seen.append((drafter.position, anchor))
+                        or logits(anchor, *a, **k))
+    prompt = [9, 10, 11, 12, 13, 14]
+    out, _ = generate_all(tiny_qwen3_target, prompt, GenerationConfig(max_new_tokens=20), drafter)
+    assert len(seen) > 3 and all((prompt + out)[position] == anchor for position, anchor in seen)

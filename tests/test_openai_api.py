@@ -65,6 +65,8 @@ def test_bad_requests_get_4xx_with_a_message(client):
               openai.BadRequestError, "temperature"),
              (dict(model="tiny-api", messages=[{"role": "user", "content": "hi"}], extra_body={"block_size": 99}),
               openai.BadRequestError, "block size"),
+             (dict(model="tiny-api", messages=[{"role": "user", "content": "hi"}],
+                   extra_body={"drafter": "flashmap", "steps": 7}), openai.BadRequestError, "1, 2, 3, 4 jumps"),
              (dict(model="tiny-api", messages=[{"role": "user", "content": "w9 " * 600}]), openai.BadRequestError,
               "context")]
     for kwargs, error, words in cases:

@@ -21,7 +21,7 @@ def test_kv_cache_for_qwen3_8b():
 ])
 def test_plan_picks_the_fastest_option_that_fits(gib, capability, context, expected):
     free = int(gib * GIB * 0.95)  # the driver and display keep some memory
-    plan = plan_memory(QWEN3_8B, free, capability, context=context, drafter_bytes=2 * GIB)
+    plan = plan_memory(QWEN3_8B, free, capability, context=context)  # with the released FlashMap drafter
     assert plan.quant == expected, plan.describe()
     assert ("nothing fits" in plan.describe()) == (expected is None)
 

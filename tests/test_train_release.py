@@ -50,7 +50,8 @@ def test_the_loss_learns_a_fixed_batch_and_the_saved_folder_reads_alike(tiny_qwe
     assert losses[-1] < 0.7 * losses[0]
     save_release(tmp_path / "release", net, target.identity, {"log": []})
     config = json.loads((tmp_path / "release" / "config.json").read_text())
-    assert config["model_type"] == "flashmap" and config["flashmap_chat"]["target"] == target.identity
+    assert config["model_type"] == config["speculators_model_type"] == "flashmap"  # what the vLLM plugin reads
+    assert config["flashmap_chat"]["target"] == target.identity
     ours = ReleaseDrafter(load_release_net(tmp_path / "release", target), target)
     theirs = FlashMapDraftModel.from_pretrained(str(tmp_path / "release"), dtype=torch.float32).eval()
     assert sum(p.numel() for p in theirs.parameters()) == sum(p.numel() for p in ours.net.parameters())
