@@ -6,7 +6,8 @@ python -m drafter.evaluate --data data/smollm2-val --variants flashmap flashmap,
     flashmap-teacher,steps=16 flashmap,best_of=4 [--stride 2] [--out runs/eval.json]
 
 A variant is a drafter spec (drafter/spec.py): `drafter[,steps=N][,noise=shuffled][,best_of=M][,tree=M][,scale=S]
-[,k=K][,lookup=1][,weights=FOLDER]` with drafter one of flashmap, flashmap-teacher, dflash (scale: the flow drafters'
+[,k=K][,lookup=1][,weights=FOLDER]` with drafter one of flashmap, flashmap-teacher, dflash (a released-format folder,
+drafter.flashmap_release, as flashmap with its steps, k and scale; scale: the flow drafters'
 initial noise scale, 0 = the deterministic draft from x0 = 0 that the app makes at T = 0; tree=M: M drafts from
 independent noise merged into a trie of at most K nodes, App. D; lookup=1: prompt lookup beside the network, as
 core.drafting.LookupHybrid drafts at T = 0 without a cost curve; the engine's second free source, the target's
@@ -42,10 +43,14 @@ from core.drafting import NgramDrafter, lookup_plan
 from core.prompts import read_jsonl
 from core.target import add_target_args, load_target, target_config_from_args
 from core.tree import build_trie, depth_in, followed_branch
+from drafter import flashmap_release
 from drafter.data import blocks_at, load_sequences, target_to_draft_map
 from drafter.drafting import BlockSampler, fold_unused, greedy_block
 from drafter.runtime import DRAFTER_MODES, default_weights, load_named_net
 from drafter.spec import NET_DRAFTERS, DrafterSpec, SpecError
+from drafter.train_release import block_context
+
+RELEASE_WINDOW = 1024  # context positions an offline released-format draft reads (the engine reads every one)
 
 
 @dataclass(frozen=True)
@@ -133,9 +138,53 @@ class Rounds:
 
 
 def load_variant(variant: Variant, target) -> tuple:
-    """(network, vocab_ids) of the variant's checkpoint, refusing one of the other kind."""
+    """(network, vocab_ids) of the variant's checkpoint, refusing one of the other kind; a released-format folder
+    (drafter.flashmap_release) drafts the target's whole vocabulary."""
     folder = variant.spec.weights or default_weights(target.identity["name"], variant.spec.name)
+    if flashmap_release.is_release_folder(folder):
+        spec = variant.spec
+        if spec.name != "flashmap" or spec.tree > 1 or spec.best_of > 1 or spec.lookup or spec.noise != "shared":
+            raise SystemExit(f"variant {variant.label!r}: a released-format drafter is evaluated as flashmap with "
+                             "its steps, k and scale only")
+        return flashmap_release.load_release_net(folder, target), torch.arange(target.vocab_size)
     return load_named_net(variant.spec.name, folder, target)
+
+
+@dataclass(frozen=True)
+class ReleaseDrafting:
+    """A released-format network drafting offline blocks at T = 0, batched over anchors, each block's context read as
+    training reads it (drafter.train_release.block_context: the last RELEASE_WINDOW positions, which hold the whole of
+    these responses; the engine reads all)."""
+
+    variant: Variant
+    net: flashmap_release.ReleaseNet
+    target: object
+    generator: torch.Generator
+
+    @property
+    def block_size(self) -> int:
+        return self.variant.block_size(self.net)
+
+    def at(self, seqs, jobs: list[tuple[int, int]]) -> "Rounds":
+        spec, net, k, c = self.variant.spec, self.net, self.block_size, self.net.c
+        grouped = [(i, [a for _, a in group]) for i, group in groupby(jobs, key=lambda job: job[0])]
+        blocks = blocks_at(self.target, [seqs[i] for i, _ in grouped], [anchors for _, anchors in grouped],
+                           c.block_size, RELEASE_WINDOW, c.feature_layers, torch.arange(self.target.vocab_size))
+        context, mask = block_context(net, blocks)
+        embedding = self.target.model.get_input_embeddings().weight.detach().float()  # (V, D_t)
+        head = self.target.model.get_output_embeddings().weight.detach().float()  # (V, D_t)
+        positions = RELEASE_WINDOW + 1 + torch.arange(c.block_size)  # (K,) after the window and the anchor
+        logits = flashmap_release.draft_logits(net, context, positions, embedding, lambda h: h.float() @ head.T,
+                                               c.grid(spec.steps), spec.noise_scale, self.generator, (len(jobs),),
+                                               mask)[:, :k]  # (B, K, V)
+        probs = logits.softmax(-1)
+        truth, valid = blocks.tokens[:, :k], blocks.valid[:, :k]  # (B, K) target ids: the draft vocabulary is all
+        draft = probs.argmax(-1)  # (B, K)
+        accepted = ((draft == truth) & valid).long().cumprod(-1).sum(-1)  # (B,)
+        slot_nll = -probs.gather(-1, truth[..., None])[..., 0].clamp_min(1e-12).log()  # (B, K)
+        index = torch.tensor(jobs, dtype=torch.long).view(-1, 2)  # (B, 2)
+        return Rounds(index[:, 0], index[:, 1], draft, accepted, torch.full((len(jobs),), k), slot_nll,
+                      probs.max(-1).values)
 
 
 @dataclass(frozen=True)
@@ -222,7 +271,10 @@ def draft_rounds(variant: Variant, net, vocab_ids: torch.Tensor, target, seqs, s
                  seed: int = 0, walk: bool = False) -> Rounds:
     """Draft at every stride-th anchor of each sequence (walk: at the anchors the engine's rounds visit), as the
     engine would at T=0."""
-    drafting = Drafting.of(variant, net, vocab_ids, target, seed)
+    if isinstance(net, flashmap_release.ReleaseNet):
+        drafting = ReleaseDrafting(variant, net, target, torch.Generator().manual_seed(seed))
+    else:
+        drafting = Drafting.of(variant, net, vocab_ids, target, seed)
     if walk:
         return concat(list(walk_rounds(drafting, seqs, batch)))
     jobs = [(i, a) for i, seq_anchors in enumerate(anchors_of(seqs, drafting.block_size, stride)) for a in seq_anchors]

@@ -125,6 +125,11 @@ class ReleaseConfig:
         return self.hidden_size // self.num_attention_heads
 
     @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The target's hidden_states it reads (hidden_states[0] is the embeddings, so layer i's output is i + 1)."""
+        return tuple(i + 1 for i in self.target_layer_ids)
+
+    @property
     def steps_offered(self) -> tuple[int, ...]:
         return tuple(steps for steps, _ in self.jump_grids)
 
@@ -294,6 +299,10 @@ class ReleaseNet(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
+    @property
+    def cfg(self) -> ReleaseConfig:
+        return self.c
+
     def norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
         eps = self.c.rms_norm_eps
         return rms_norm(x, getattr(self, name).weight, eps)
@@ -373,6 +382,33 @@ class ReleaseNet(nn.Module):
         for layer, mods, layer_context in zip(self.layers, layer_mods, context):
             h = layer(h, mods, rope, layer_context, mask)
         return self.head(self.final_adaln(h, final_mod)[0])
+
+
+def draft_logits(net: ReleaseNet, context, positions: torch.Tensor, embedding: torch.Tensor, lm_head, grid,
+                 noise_scale: float = 1.0, generator: torch.Generator | None = None, batch: tuple[int, ...] = (),
+                 mask: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """Draft logits (*batch, K, V) of blocks at positions (K,) attending to context (per layer keys, values
+    (*batch, H, N, Hd); mask (*batch, 1, 1, N) False at padding), jumping over `grid`. The starting noise x0 is
+    `noise` (*batch, K, V) where given, else drawn from `generator` and scaled by noise_scale (0: x0 = 0): for one
+    step only its embedding, z @ L^T with z (*batch, K, D_t) ~ N(0, I); for more the whole state. lm_head: the
+    target's, hidden states (..., D_t) -> fp32 logits (..., V)."""
+    k, device = positions.shape[0], positions.device
+    draw_on = generator.device if generator is not None else device
+    uniform, factor = net.noise_factor(embedding)
+    state, inputs = noise, None
+    if state is None and len(grid) == 2 and factor is not None:
+        z = torch.randn((*batch, k, factor.shape[0]), dtype=factor.dtype, generator=generator, device=draw_on)
+        inputs = net.mix_state(uniform, (noise_scale * z.to(device)) @ factor.T, 0.0, grid[1])
+    elif state is None:
+        state = noise_scale * torch.randn((*batch, k, embedding.shape[0]), generator=generator, device=draw_on)
+        state = state.to(device)
+    for s, t in zip(grid[:-1], grid[1:]):
+        if state is not None:
+            inputs = net.state_inputs(state, s, t, embedding)
+        logits = lm_head(net.run(inputs, net.modulations(s, t), positions, context, mask))  # (*batch, K, V)
+        if t < 1.0:
+            state = jump_target(state, logits, s, t)
+    return logits
 
 
 # ---- reading a folder --------------------------------------------------------------------------------------------
@@ -499,7 +535,7 @@ class ReleaseDrafter:
         self.grid = self.c.grid(self.steps)
         self.noise_scale = noise_scale
         self.name = f"flashmap-release-{self.steps}step"
-        self.feature_layers = tuple(i + 1 for i in self.c.target_layer_ids)  # hidden_states[0] = embeddings
+        self.feature_layers = self.c.feature_layers
         self.max_block_size = self.c.block_size
         self.context_window = None  # it reads every committed position
         self.embedding = target.model.get_input_embeddings().weight.detach()  # (V, D_t)
@@ -535,29 +571,13 @@ class ReleaseDrafter:
     @torch.inference_mode()
     def logits(self, anchor: int, generator: torch.Generator | None = None,
                noise: torch.Tensor | None = None) -> torch.Tensor:
-        """The block's draft logits (K, V) after `anchor`, from `noise` x0 (K, V) where given, else drawn: for one
-        step only its embedding, z @ L^T with z (K, D_t) ~ N(0, I); for more the whole (K, V) state."""
-        net, embedding, grid = self.net, self.embedding, self.grid
-        anchor_embed = embedding[anchor][None]  # (1, D_t)
-        context = self.context.with_anchor(net.anchor_rows(anchor_embed, self.position))
+        """The block's draft logits (K, V) after `anchor` (draft_logits), from `noise` x0 (K, V) where given."""
+        anchor_embed = self.embedding[anchor][None]  # (1, D_t)
+        context = self.context.with_anchor(self.net.anchor_rows(anchor_embed, self.position))
         positions = self.position + 1 + torch.arange(self.c.block_size, device=self.device)  # (K,)
-        state, inputs = noise, None
-        uniform, factor = net.noise_factor(embedding)
-        if state is None and self.steps == 1 and factor is not None:
-            z = torch.randn((self.c.block_size, factor.shape[0]), dtype=factor.dtype, generator=generator,
-                            device=generator.device if generator is not None else self.device).to(self.device)
-            inputs = net.mix_state(uniform, (self.noise_scale * z) @ factor.T, 0.0, grid[1])
-        elif state is None:
-            state = self.noise_scale * torch.randn((self.c.block_size, embedding.shape[0]), generator=generator,
-                                                   device=generator.device if generator is not None else self.device)
-            state = state.to(self.device)
-        for s, t in zip(grid[:-1], grid[1:]):
-            if state is not None:
-                inputs = net.state_inputs(state, s, t, embedding)
-            logits = self.lm_head(net(inputs, s, t, positions, context).to(self.head_dtype)).float()  # (K, V)
-            if t < 1.0:
-                state = jump_target(state, logits, s, t)
-        return logits
+        head = lambda hidden: self.lm_head(hidden.to(self.head_dtype)).float()  # noqa: E731
+        return draft_logits(self.net, context, positions, self.embedding, head, self.grid, self.noise_scale,
+                            generator, noise=noise)
 
     @torch.inference_mode()
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:

@@ -168,3 +168,32 @@ def test_offline_prompt_lookup_accepts_what_the_engines_hybrid_accepts(tiny_targ
                 compared += 1
             position += len(ev.committed)
     assert compared >= 4
+
+
+def test_a_released_format_drafter_drafts_offline_what_the_engine_drafts(tiny_qwen3_target, tmp_path):
+    """Offline (batched, each block's window as training reads it) and in the engine (its context grown position by
+    position), a released-format drafter from x0 = 0 proposes the same blocks at the engine's anchors."""
+    from tests.test_flashmap_release import release_model, write_release
+
+    target = tiny_qwen3_target
+    folder = write_release(tmp_path / "release", release_model(target, seed=4))
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]
+    gen = GenerationConfig(max_new_tokens=30, block_size=4)
+    outputs = [generate_all(target, p, gen)[0] for p in prompts]
+    seqs = [Sequence(p + out, len(p)) for p, out in zip(prompts, outputs)]
+    variant = parse_variant(f"flashmap,scale=0,weights={folder}")
+    rounds = draft_rounds(variant, *load_variant(variant, target), target, seqs, batch=8)
+    offline = {(int(i), int(a)): r.tolist() for i, a, r in zip(rounds.seq_index, rounds.anchor, rounds.draft)}
+    drafter = load_engine_drafter(DrafterSpec("flashmap", noise_scale=0.0, weights=str(folder)), target)
+    compared = 0
+    for i, prompt in enumerate(prompts):
+        out, events = generate_all(target, prompt, gen, drafter)
+        position = len(prompt)
+        for ev in events[1:]:
+            if (i, position) in offline and ev.drafted:
+                assert offline[(i, position)][:len(ev.drafted)] == list(ev.drafted)
+                compared += 1
+            position += len(ev.committed)
+    assert compared >= 5
+    with pytest.raises(SystemExit, match="steps, k and scale only"):
+        load_variant(parse_variant(f"flashmap,best_of=2,weights={folder}"), target)

@@ -14,7 +14,7 @@ from core.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make
 from drafter import runtime
 from drafter.flashmap_release import ReleaseConfig, ReleaseDrafter
 from drafter.registry import DrafterUnavailable, build_drafter
-from drafter.spec import DrafterSpec
+from drafter.spec import DrafterSpec, SpecError
 
 BLOCK = 4
 
@@ -134,8 +134,12 @@ def test_refuses_what_does_not_fit_and_never_runs_the_folders_code(reference, fo
                                                                    tmp_path):
     with pytest.raises(DrafterUnavailable, match="target_layer_ids"):  # the tiny Llama has 2 layers, not 4
         build_drafter(DrafterSpec("flashmap", weights=str(folder)), tiny_target)
-    with pytest.raises(DrafterUnavailable, match="steps must be one of 1, 2, 3, 4"):
-        build_drafter(DrafterSpec("flashmap", steps=5, weights=str(folder)), tiny_qwen3_target)
+    with pytest.raises(SpecError, match="1, 2, 3, 4 jumps"):
+        DrafterSpec("flashmap", steps=5, weights=str(folder))
+    two = write_release(tmp_path / "two-grids", release_model(tiny_qwen3_target, jump_grids={"1": [0.0, 1.0],
+                                                                                           "2": [0.0, 0.8, 1.0]}))
+    with pytest.raises(DrafterUnavailable, match="steps must be one of 1, 2 "):
+        build_drafter(DrafterSpec("flashmap", steps=3, weights=str(two)), tiny_qwen3_target)
     with pytest.raises(DrafterUnavailable, match="tree"):
         build_drafter(DrafterSpec("flashmap", tree=2, weights=str(folder)), tiny_qwen3_target)
     with pytest.raises(DrafterUnavailable, match="use it as flashmap"):
