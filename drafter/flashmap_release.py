@@ -452,7 +452,8 @@ def check_target(cfg: ReleaseConfig, target, folder) -> None:
     if max(cfg.target_layer_ids) >= model_cfg.num_hidden_layers - 1 or min(cfg.target_layer_ids) < 0:
         raise CheckpointError(f"{folder}: target_layer_ids {list(cfg.target_layer_ids)} need more than "
                               f"{model_cfg.num_hidden_layers} target layers")
-    if cfg.target_model and cfg.target_model.split("/")[-1] != str(target.name).rstrip("/").split("/")[-1]:
+    trained_for, loaded = (name.rstrip("/").split("/")[-1].lower() for name in (cfg.target_model, str(target.name)))
+    if trained_for and trained_for != loaded:
         warnings.warn(f"the FlashMap drafter at {folder} was trained for {cfg.target_model}, not {target.name}",
                       stacklevel=2)
 
