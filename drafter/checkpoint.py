@@ -59,3 +59,33 @@ def read_checkpoint(folder, target_identity: dict | None = None):
     if vocab_ids is None or vocab_ids.shape != (cfg.draft_vocab,):
         raise CheckpointError(f"{weights_path}: draft vocabulary missing or of the wrong size")
     return cfg, {k: v.float() for k, v in state.items()}, vocab_ids, meta
+
+
+def read_published(folder, parse, what: str) -> tuple[object, dict[str, torch.Tensor]]:
+    """A published drafter folder (another project's format): parse(its config.json) and every tensor
+    (model.safetensors, or the shards its model.safetensors.index.json names), or CheckpointError saying which part
+    is not a `what` drafter's."""
+    folder = Path(folder)
+    try:
+        cfg = parse(json.loads((folder / "config.json").read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{folder}/config.json is not a {what} drafter config: {err}") from err
+    index = folder / "model.safetensors.index.json"
+    try:
+        files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
+                 else ["model.safetensors"])
+        state = {}
+        for name in files:
+            state.update(load_file(str(folder / name)))
+    except (SafetensorError, OSError, ValueError, KeyError) as err:
+        raise CheckpointError(f"{folder}: cannot read the {what} weights: {err}") from err
+    return cfg, state
+
+
+def load_published_state(net: torch.nn.Module, state: dict[str, torch.Tensor], folder) -> torch.nn.Module:
+    """net with a published folder's tensors, or CheckpointError naming the ones that do not match its config."""
+    missing, unexpected = net.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"{folder}: tensors do not match the config (missing {missing[:4]}, "
+                              f"unexpected {unexpected[:4]})")
+    return net

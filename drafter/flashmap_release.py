@@ -36,14 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import nn
 from torch.nn import functional as F
 
 from core.drafting import Draft
 from core.sampling import SamplingConfig, sample_rows
-from drafter.checkpoint import CheckpointError
+from drafter.checkpoint import CheckpointError, load_published_state, read_published
 
 MODEL_TYPE = "flashmap"
 NOISE_GATES = ("jump", "constant")
@@ -423,21 +421,7 @@ def is_release_folder(folder) -> bool:
 
 def read_release(folder) -> tuple[ReleaseConfig, dict[str, torch.Tensor]]:
     """The config and tensors of a release folder (model.safetensors or an index of shards), or CheckpointError."""
-    folder = Path(folder)
-    try:
-        cfg = ReleaseConfig.from_json(json.loads((folder / "config.json").read_text()))
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{folder}/config.json is not a FlashMap release config: {err}") from err
-    index = folder / "model.safetensors.index.json"
-    try:
-        files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
-                 else ["model.safetensors"])
-        state = {}
-        for name in files:
-            state.update(load_file(str(folder / name)))
-    except (SafetensorError, OSError, ValueError, KeyError) as err:
-        raise CheckpointError(f"{folder}: cannot read the FlashMap weights: {err}") from err
-    return cfg, state
+    return read_published(folder, ReleaseConfig.from_json, "FlashMap release")
 
 
 def check_target(cfg: ReleaseConfig, target, folder) -> None:
@@ -463,11 +447,7 @@ def load_release_net(folder, target, dtype: torch.dtype | None = None) -> Releas
     drafter runs in fp32, and the target's floating dtype elsewhere)."""
     cfg, state = read_release(folder)
     check_target(cfg, target, folder)
-    net = ReleaseNet(cfg)
-    missing, unexpected = net.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(f"{folder}: tensors do not match the config (missing {missing[:4]}, "
-                              f"unexpected {unexpected[:4]})")
+    net = load_published_state(ReleaseNet(cfg), state, folder)
     if dtype is None:
         weight_dtype = target.model.get_input_embeddings().weight.dtype
         dtype = torch.float32 if target.device.type == "cpu" or not weight_dtype.is_floating_point else weight_dtype

@@ -19,14 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import nn
 from torch.nn import functional as F
 
 from core.drafting import Draft
 from core.sampling import SamplingConfig, sample_rows
-from drafter.checkpoint import CheckpointError
+from drafter.checkpoint import CheckpointError, load_published_state, read_published
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -189,21 +187,7 @@ class ZLabDFlashNet(nn.Module):
 
 def read_zlab(folder) -> tuple[ZLabConfig, dict[str, torch.Tensor]]:
     """Config and tensors of a z-lab DFlash folder (model.safetensors or an index of shards)."""
-    folder = Path(folder)
-    try:
-        cfg = ZLabConfig.from_json(json.loads((folder / "config.json").read_text()))
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{folder}/config.json is not a DFlash drafter config: {err}") from err
-    index = folder / "model.safetensors.index.json"
-    files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
-             else ["model.safetensors"])
-    state = {}
-    try:
-        for name in files:
-            state.update(load_file(str(folder / name)))
-    except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"{folder}: cannot read the DFlash weights: {err}") from err
-    return cfg, state
+    return read_published(folder, ZLabConfig.from_json, "DFlash")
 
 
 def is_zlab_folder(folder) -> bool:
@@ -229,11 +213,7 @@ def check_target(cfg: ZLabConfig, target, folder) -> None:
 def load_zlab_net(folder, target) -> ZLabDFlashNet:
     cfg, state = read_zlab(folder)
     check_target(cfg, target, folder)
-    net = ZLabDFlashNet(cfg)
-    missing, unexpected = net.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(f"{folder}: tensors do not match the config (missing {missing[:4]}, "
-                              f"unexpected {unexpected[:4]})")
+    net = load_published_state(ZLabDFlashNet(cfg), state, folder)
     dtype = target.model.get_input_embeddings().weight.dtype
     return net.to(device=target.device, dtype=dtype if dtype.is_floating_point else torch.bfloat16).eval()
 
