@@ -1,6 +1,7 @@
-"""Train a FlashMap drafter in the release's architecture (drafter.flashmap_release) for a target, and save it as a
-release folder (config.json with `model_type: "flashmap"`, model.safetensors) that the authors' loader, plugins and
-this engine all read.
+"""Train a FlashMap drafter in the release's architecture (drafter.flashmap_release) for the embedded default target
+(its reference fp32 forward gives the embedding and LM head; `target` is the hub id written as the drafter's
+target_model), and save it as a release folder (config.json with `model_type: "flashmap"`, model.safetensors) that
+the authors' loader, plugins and this engine all read.
 
 Shape letters: B = blocks, K = block size, W = context window, P = pooled positions, F = feature width,
 D = the drafter's width, D_t = target width, V = target vocabulary, H = heads, Hd = head dim.
