@@ -61,9 +61,6 @@ class FlashMapReference:
         tokens = self.target.until_eos(out.sequences[0, len(prompt_ids):].tolist())
         return ReferenceRun(tokens, seconds, list(out.acceptance_lengths))
 
-    def close(self) -> None:
-        pass
-
 
 def summary(runs: list[ReferenceRun], plain: list[list[int]], drafted: list[list[int]], plain_tps: float,
             drafter_tps: float, acceptance_length: float | None, greedy: bool, precision: str) -> dict:

@@ -160,6 +160,15 @@ class ReleaseDrafting:
     net: flashmap_release.ReleaseNet
     target: object
     generator: torch.Generator
+    embedding: torch.Tensor  # (V, D_t) the target's, fp32, read once: its noise factor is cached by it
+    head: torch.Tensor  # (V, D_t) the target's LM head, fp32
+
+    @classmethod
+    def of(cls, variant: Variant, net, target, seed: int = 0) -> "ReleaseDrafting":
+        model = target.model
+        return cls(variant, net, target, torch.Generator().manual_seed(seed),
+                   model.get_input_embeddings().weight.detach().float(),
+                   model.get_output_embeddings().weight.detach().float())
 
     @property
     def block_size(self) -> int:
@@ -171,12 +180,10 @@ class ReleaseDrafting:
         blocks = blocks_at(self.target, [seqs[i] for i, _ in grouped], [anchors for _, anchors in grouped],
                            c.block_size, RELEASE_WINDOW, c.feature_layers, torch.arange(self.target.vocab_size))
         context, mask = block_context(net, blocks)
-        embedding = self.target.model.get_input_embeddings().weight.detach().float()  # (V, D_t)
-        head = self.target.model.get_output_embeddings().weight.detach().float()  # (V, D_t)
         positions = RELEASE_WINDOW + 1 + torch.arange(c.block_size)  # (K,) after the window and the anchor
-        logits = flashmap_release.draft_logits(net, context, positions, embedding, lambda h: h.float() @ head.T,
-                                               c.grid(spec.steps), spec.noise_scale, self.generator, (len(jobs),),
-                                               mask)[:, :k]  # (B, K, V)
+        head = lambda hidden: hidden.float() @ self.head.T  # noqa: E731
+        logits = flashmap_release.draft_logits(net, context, positions, self.embedding, head, c.grid(spec.steps),
+                                               spec.noise_scale, self.generator, (len(jobs),), mask)[:, :k]  # (B, K, V)
         probs = logits.softmax(-1)
         truth, valid = blocks.tokens[:, :k], blocks.valid[:, :k]  # (B, K) target ids: the draft vocabulary is all
         draft = probs.argmax(-1)  # (B, K)
@@ -272,7 +279,7 @@ def draft_rounds(variant: Variant, net, vocab_ids: torch.Tensor, target, seqs, s
     """Draft at every stride-th anchor of each sequence (walk: at the anchors the engine's rounds visit), as the
     engine would at T=0."""
     if isinstance(net, flashmap_release.ReleaseNet):
-        drafting = ReleaseDrafting(variant, net, target, torch.Generator().manual_seed(seed))
+        drafting = ReleaseDrafting.of(variant, net, target, seed)
     else:
         drafting = Drafting.of(variant, net, vocab_ids, target, seed)
     if walk:

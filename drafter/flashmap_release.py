@@ -315,7 +315,8 @@ class ReleaseNet(nn.Module):
 
     @torch.no_grad()
     def modulations(self, s: float, t: float):
-        """conditioning(s, t) for one jump, computed once per pair of times, each (1, D)."""
+        """conditioning(s, t) for one jump, computed once per pair of times, each (1, D): for drafting with weights that
+        no longer change (training reads conditioning)."""
         if (s, t) not in self._modulations:
             layers, final = self.conditioning(s, t)
             self._modulations[(s, t)] = ([[tuple(m[0] for m in mod) for mod in layer] for layer in layers],
@@ -366,12 +367,7 @@ class ReleaseNet(nn.Module):
             posterior_embeds = posterior.to(embedding.dtype) @ embedding
         return self.mix_state(posterior_embeds, state.to(embedding.dtype) @ embedding, s, t)
 
-    def forward(self, inputs: torch.Tensor, s: float, t: float, positions: torch.Tensor, context) -> torch.Tensor:
-        """One jump s -> t of the block's inputs (K, D_t) at positions (K,), attending to context (per layer keys,
-        values (H, N, Hd)) -> hidden states (K, D_t) for the target's LM head."""
-        return self.run(inputs, self.modulations(s, t), positions, context)
-
-    def run(self, inputs: torch.Tensor, modulations, positions: torch.Tensor, context, mask=None) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor, modulations, positions: torch.Tensor, context, mask=None) -> torch.Tensor:
         """The DiT under given modulations (conditioning / modulations): inputs (..., K, D_t) -> (..., K, D_t); mask
         (..., 1, 1, N) False at padded context rows."""
         layer_mods, final_mod = modulations
@@ -403,7 +399,7 @@ def draft_logits(net: ReleaseNet, context, positions: torch.Tensor, embedding: t
     for s, t in zip(grid[:-1], grid[1:]):
         if state is not None:
             inputs = net.state_inputs(state, s, t, embedding)
-        logits = lm_head(net.run(inputs, net.modulations(s, t), positions, context, mask))  # (*batch, K, V)
+        logits = lm_head(net(inputs, net.modulations(s, t), positions, context, mask))  # (*batch, K, V)
         if t < 1.0:
             state = jump_target(state, logits, s, t)
     return logits
@@ -528,7 +524,7 @@ class ReleaseDrafter:
         self.reset()
 
     def reset(self) -> None:
-        self.context = ContextRows(self.c.num_hidden_layers)
+        self.reset_context()
         self.position = 0  # the next committed token's position: the anchor's when proposing
 
     @torch.inference_mode()
@@ -545,9 +541,7 @@ class ReleaseDrafter:
             self.context.append(self.net.context_rows(features.to(self.device), positions))
 
     def reset_context(self) -> None:
-        position = self.position
-        self.reset()
-        self.position = position
+        self.context = ContextRows(self.c.num_hidden_layers)
 
     @torch.inference_mode()
     def logits(self, anchor: int, generator: torch.Generator | None = None,
@@ -562,7 +556,7 @@ class ReleaseDrafter:
 
     @torch.inference_mode()
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
-        logits = self.logits(anchor, generator)[:block_size].float().cpu()  # (K', V)
+        logits = self.logits(anchor, generator)[:block_size].cpu()  # (K', V) fp32
         top, greedy = logits.max(dim=-1)  # (K',) each
         confidence = torch.exp(top - logits.logsumexp(dim=-1))  # (K',) the largest probability: no sampled token read
         if sampling.greedy:

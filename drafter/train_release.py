@@ -174,7 +174,7 @@ def release_loss(net: ReleaseNet, blocks: Blocks, embedding: torch.Tensor, lm_he
     w = blocks.window.shape[1]
     positions = w + 1 + torch.arange(k)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        hidden = net.run(inputs, net.conditioning(s, t), positions, context, mask)  # (B, K, D_t)
+        hidden = net(inputs, net.conditioning(s, t), positions, context, mask)  # (B, K, D_t)
         logits = hidden @ lm_head.T  # (B, K, V)
     ce = F.cross_entropy(logits.float().flatten(0, 1), blocks.tokens.flatten(), reduction="none").view(b, k)
     weights = torch.exp(-torch.arange(k) / cfg.slot_decay)[None] * blocks.valid
@@ -254,7 +254,6 @@ def train(cfg: ReleaseTrainConfig) -> Path:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         opt.step()
-        net._modulations.clear()
         step += 1
         window.append(stats)
         if step % cfg.save_every == 0 or step == cfg.steps:

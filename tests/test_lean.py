@@ -179,9 +179,10 @@ def test_the_drafter_tools_keep_the_reference_forward_on_a_cpu(tmp_path):
     assert reference.model.dtype == torch.float32 and reference.lean is None
     fastest = load_target(TargetConfig(str(tmp_path), device="cpu", cache_dir=""))
     assert fastest.lean is not None
-    bf16_exact = fastest.extra["invariance"].exact if fastest.model.dtype == torch.bfloat16 else False
-    assert fastest.model.dtype == (torch.bfloat16 if NATIVE_BF16 and (bf16_exact or not amx_products())
-                                   else torch.float32)
+    if amx_products():  # bf16 may fail the check there and be replaced by fp32 under auto (core.target._checked)
+        assert fastest.model.dtype in (torch.bfloat16, torch.float32)
+    else:
+        assert fastest.model.dtype == (torch.bfloat16 if NATIVE_BF16 else torch.float32)
 
 
 def test_a_precision_that_fails_the_check_is_refused_when_asked_and_replaced_under_auto(tmp_path, monkeypatch):
