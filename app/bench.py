@@ -36,7 +36,7 @@ from core.engine import (  # noqa: E402
 )
 from core.policy import COPIED, PolicyState  # noqa: E402
 from core.prefix import PrefixCache  # noqa: E402
-from core.prompts import read_prompt_file, resolve_prompt_file  # noqa: E402
+from core.prompts import HeldOutError, read_prompt_file, refuse_held_out, resolve_prompt_file  # noqa: E402
 from core.sampling import SamplingConfig  # noqa: E402
 from core.stats import AcceptanceStats, pooled_rate, speedup, speedup_se  # noqa: E402
 from core.target import Target, TargetConfig, add_target_args, load_target, target_config_from_args  # noqa: E402
@@ -383,9 +383,15 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     add_target_args(parser)
 
 
-def run_fields(args) -> dict:
-    """RunConfig's fields from the flags of add_run_args (the prompt files checked first)."""
+def run_fields(args, tuning: bool = False) -> dict:
+    """RunConfig's fields from the flags of add_run_args (the prompt files checked first). tuning: for a comparison
+    that chooses a setting (scripts/), which never reads a held-out set (core.prompts.ROLES)."""
     check_prompt_files(args.prompts)
+    if tuning:
+        try:
+            refuse_held_out([str(resolve_prompt_file(name)) for name in args.prompts], "a tuning comparison")
+        except HeldOutError as err:
+            raise SystemExit(f"--prompts: {err}") from err
     return dict(prompts=tuple(args.prompts), sampling=sampling_from_args(args), limit=args.limit,
                 max_new_tokens=args.max_new_tokens, seed=args.seed, target=target_config_from_args(args))
 

@@ -23,6 +23,7 @@ import torch
 
 from core.target import add_target_args, load_target, target_config_from_args
 from drafter import calibration as calib
+from drafter.data import refuse_held_out_folders
 from drafter.evaluate import draft_rounds, held_out_sequences, load_variant, parse_variant
 from drafter.runtime import default_weights
 
@@ -73,7 +74,8 @@ def calibrate_variant(text: str, target, folder: Path, stride: int, write: bool,
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, help="held-out responses with cached features (drafter.data)")
+    parser.add_argument("--data", required=True, help="check-set responses with cached features (drafter.data "
+                        "generate --held-apart), never a held-out set's")
     parser.add_argument("--variants", nargs="+", required=True, help="drafter specs, e.g. flashmap,scale=0 dflash")
     parser.add_argument("--stride", type=int, default=16, help="every N-th anchor of each response")
     parser.add_argument("--write", action="store_true", help="store each fit in its checkpoint's calibration.json")
@@ -82,6 +84,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.stride < 1:
         raise SystemExit("--stride must be >= 1")
+    refuse_held_out_folders([args.data], "calibration")
     target = load_target(target_config_from_args(args))
     sequences = functools.lru_cache(maxsize=None)(held_out_sequences)  # read once for variants of the same layers
     results = [calibrate_variant(text, target, Path(args.data), args.stride, args.write, sequences)

@@ -36,20 +36,23 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from core import phrasebook
-from core.prompts import read_jsonl
+from core.prompts import TUNING, HeldOutError, read_jsonl, refuse_held_out, role_of
 from core.target import Target, add_target_args, load_target, target_config_from_args
 from drafter.blocks import Blocks
 
 # ---- stage 1: responses --------------------------------------------------------------------
 
 def read_prompt_rows(paths: list[str], limit: int | None, start: int = 0, check_set: bool = False) -> list[dict]:
-    """Prompts start..start+limit of each file (all from start when limit is None). Benchmark prompts are refused:
-    eval_* always, fresh_* unless for a check set (replies only an offline check reads, never training)."""
+    """Prompts start..start+limit of each file (all from start when limit is None). Replies to train on come from
+    training sets (or files of one's own) only: tuning and held-out sets are refused (core.prompts.ROLES). A check set
+    (replies only offline checks read, never trained on) may answer any set."""
+    if not check_set:
+        refuse_held_out(paths, "training")
+        tuning = [path for path in paths if role_of(path) == TUNING]
+        if tuning:
+            raise ValueError(f"{', '.join(tuning)}: tuning sets (core.prompts.ROLES) are never used for training")
     rows = []
     for path in paths:
-        name = Path(path).name
-        if name.startswith("eval_") or (name.startswith("fresh_") and not check_set):
-            raise ValueError(f"{path}: benchmark prompts (eval_*, fresh_*) are never used for training")
         try:
             rows += read_jsonl(path)[start:start + limit if limit else None]
         except FileNotFoundError as err:
@@ -248,6 +251,23 @@ def held_apart(folder) -> bool:
     """Whether a data folder is a check set (generate --held-apart): read by offline checks, never trained on."""
     meta = Path(folder) / "meta.json"
     return meta.is_file() and bool(json.loads(meta.read_text()).get("held_apart"))
+
+
+def folder_prompt_files(folder) -> list[str]:
+    """The prompt files a data folder's replies answer (a follow-up folder: those of the folder it follows)."""
+    meta = json.loads((Path(folder) / "meta.json").read_text())
+    if "follow_up_of" in meta:
+        return folder_prompt_files(meta["follow_up_of"])
+    return list(meta.get("prompts", []))
+
+
+def refuse_held_out_folders(folders, use: str) -> None:
+    """HeldOutError when any data folder holds replies to a held-out set (core.prompts.refuse_held_out)."""
+    for folder in folders:
+        try:
+            refuse_held_out(folder_prompt_files(folder), use)
+        except HeldOutError as err:
+            raise HeldOutError(f"{folder}: {err}") from err
 
 
 def load_sequences(folder, layers: tuple[int, ...] | None = None) -> list[Sequence]:
@@ -449,6 +469,7 @@ def build_phrasebook(args) -> None:
     """The phrasebook of the replies in some data folders (one target's): each reply with the prompt's last tokens
     before it (the chat template's opening of the assistant turn), so a reply's first words are in it too."""
     config = phrasebook.PhrasebookConfig(args.min_ngram, args.max_ngram, args.length, args.min_support)
+    refuse_held_out_folders(args.data + (args.held or []), "the phrasebook or its calibration")
     targets = [json.loads((Path(folder) / "meta.json").read_text())["target"] for folder in args.data]
     if any(target != targets[0] for target in targets):
         raise SystemExit(f"--data folders were written by different targets: {targets}")
@@ -478,7 +499,8 @@ def main(argv=None) -> None:
     gen.add_argument("--start", type=int, default=0, help="skip the first N prompts of each file")
     gen.add_argument("--limit", type=int, default=None, help="N prompts of each file (from --start)")
     gen.add_argument("--held-apart", action="store_true",
-                     help="a check set: fresh_* prompts allowed, and drafter.train refuses the folder")
+                     help="a check set: tuning and held-out sets allowed (offline checks); training refuses "
+                          "the folder")
     add_generation_args(gen)
     turn2 = sub.add_parser("follow-up", help="the target answers follow-up questions to its own earlier answers")
     turn2.add_argument("--source", required=True, help="a data folder written by generate (its prompts and answers)")

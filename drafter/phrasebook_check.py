@@ -22,7 +22,7 @@ from pathlib import Path
 
 from core import phrasebook
 from core.drafting import NgramDrafter
-from drafter.data import load_sequences
+from drafter.data import load_sequences, refuse_held_out_folders
 from drafter.runtime import default_weights
 
 DEPTH = 16  # slots reported per copy
@@ -75,6 +75,7 @@ def try_acceptance(book: phrasebook.Phrasebook, replies: list[tuple[list[int], i
 def book_from_args(args, identity: dict) -> tuple[phrasebook.Phrasebook, dict]:
     """The phrasebook to check: built in memory from --data (never saved), else loaded from --book."""
     if args.data:
+        refuse_held_out_folders(args.data, "the phrasebook")
         config = phrasebook.PhrasebookConfig(length=args.length)
         replies = [seq.tokens[max(0, seq.prompt_len - config.max_ngram):] for folder in args.data
                    for seq in load_sequences(folder)]

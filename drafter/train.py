@@ -32,7 +32,14 @@ from core.threads import cpu_flags
 from drafter.blocks import Blocks
 from drafter.checkpoint import save_checkpoint
 from drafter.config import MODULATIONS, DrafterConfig, ZLabFlowConfig, spread_layers
-from drafter.data import blocks_from_sequences, draft_vocabulary, held_apart, load_sequences, target_to_draft_map
+from drafter.data import (
+    blocks_from_sequences,
+    draft_vocabulary,
+    held_apart,
+    load_sequences,
+    refuse_held_out_folders,
+    target_to_draft_map,
+)
 from drafter.losses import dflash_loss, distill_loss, teacher_loss
 from drafter.runtime import build_net, load_net, zlab_warm_start
 from drafter.zlab_dflash import assumed_layout, is_zlab_folder
@@ -168,6 +175,7 @@ def training_sequences(folders: tuple[str, ...], layers: tuple[int, ...] | None 
     for folder in folders:
         if held_apart(folder):
             raise SystemExit(f"{folder} is a check set (drafter.data generate --held-apart): never trained on")
+    refuse_held_out_folders(folders, "training")
     return [s for folder in folders for s in load_sequences(folder, layers) if len(s.tokens) - s.prompt_len >= 2]
 
 

@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from core.target import TargetConfig, load_target
 from drafter.blocks import Blocks
-from drafter.data import blocks_from_sequences, held_apart, load_sequences
+from drafter.data import blocks_from_sequences, held_apart, load_sequences, refuse_held_out_folders
 from drafter.flashmap_release import ReleaseConfig, ReleaseNet, rotary, rotate_pairs
 
 # the release's jump grids (the "decoding_error" schedule at Qwen3's vocabulary) for one and two steps
@@ -200,6 +200,7 @@ def training_data(cfg: ReleaseTrainConfig) -> list:
     for folder in cfg.data:
         if held_apart(folder):
             raise SystemExit(f"{folder} is a check set (held apart): it is never trained on")
+    refuse_held_out_folders(cfg.data, "training")
     seqs = [seq for folder in cfg.data for seq in load_sequences(folder, cfg.feature_layers)]
     if not seqs or any(seq.features is None for seq in seqs):
         layers = " ".join(map(str, cfg.feature_layers))

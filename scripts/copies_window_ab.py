@@ -89,7 +89,7 @@ def prepare(doc: str, argv=None, add_args=None):
     if add_args is not None:
         add_args(parser)
     args = parser.parse_args(argv)
-    fields = bench.run_fields(args)
+    fields = bench.run_fields(args, tuning=True)
     torch.set_num_threads(2)
     target = load_target(fields["target"])
     bench.warm_up(target)

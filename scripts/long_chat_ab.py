@@ -68,7 +68,7 @@ def main(argv=None) -> None:
     parser.add_argument("--offset", type=int, default=0, help="prompts of the file skipped first")
     bench.add_run_args(parser)
     args = parser.parse_args(argv)
-    fields = bench.run_fields(args)
+    fields = bench.run_fields(args, tuning=True)
     target = load_target(fields["target"])
     count = args.offset + args.turns * args.conversations
     prompts = [p for path in fields["prompts"] for p in bench.read_prompts(path, count)][args.offset:]

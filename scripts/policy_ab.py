@@ -45,7 +45,7 @@ def main(argv=None) -> None:
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     bench.add_run_args(parser)
     args = parser.parse_args(argv)
-    fields = bench.run_fields(args)
+    fields = bench.run_fields(args, tuning=True)
     target = load_target(fields["target"])
     labels, specs, runners = [], [], []
     for text in args.drafters:

@@ -58,7 +58,7 @@ def main(argv=None) -> None:
     parser.add_argument("--distances", type=int, nargs="+", default=[0, 3, 8])
     parser.add_argument("--reps", type=int, default=300, help="forwards per distance")
     args = parser.parse_args(argv)
-    fields = bench.run_fields(args)
+    fields = bench.run_fields(args, tuning=True)
     distances = sorted(set(args.distances) | {0})
     torch.set_num_threads(2)
     target = load_target(fields["target"])

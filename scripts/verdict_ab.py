@@ -7,7 +7,7 @@ order; every arm carries its own PolicyState from prompt to prompt as the app do
 start afresh every --restart-every prompts (a new start of the app: the first replies after one are where a verdict
 read from a few rounds had switched copies off).
 
-python -m scripts.verdict_ab --prompts fresh_math --limit 24 --restart-every 8 [--patience 8 16 32] --quant q4 \
+python -m scripts.verdict_ab --prompts tuning_math --limit 24 --restart-every 8 [--patience 8 16 32] --quant q4 \
     --out docs/results/engine/verdict-ab-math-t0-DATE.json
 
 Each arm's figure is the mean over prompts of its tokens a second over the plain reply's, with the standard error,

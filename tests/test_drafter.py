@@ -390,14 +390,12 @@ def test_prompt_slices_and_a_folder_resumes_only_with_its_own_settings(tmp_path)
     path.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(10)))
     assert [r["prompt"] for r in read_prompt_rows([str(path)], 3, start=4)] == ["p4", "p5", "p6"]
     assert len(read_prompt_rows([str(path)], None, start=8)) == 2
-    for name in ("eval_math.jsonl", "fresh_code.jsonl"):
+    for name in ("eval_math.jsonl", "tuning_code.jsonl", "heldout_math.jsonl"):  # tuning and held-out sets
         with pytest.raises(ValueError, match="never used for training"):
             read_prompt_rows([str(tmp_path / name)], None)
-    fresh = tmp_path / "fresh_code.jsonl"
-    fresh.write_text(path.read_text())
-    assert len(read_prompt_rows([str(fresh)], None, check_set=True)) == 10  # a check set's replies: allowed
-    with pytest.raises(ValueError, match="never used for training"):
-        read_prompt_rows([str(tmp_path / "eval_math.jsonl")], None, check_set=True)  # evaluation prompts: never
+    for name in ("tuning_code.jsonl", "heldout_code.jsonl"):  # a check set's replies (offline checks): allowed
+        (tmp_path / name).write_text(path.read_text())
+        assert len(read_prompt_rows([str(tmp_path / name)], None, check_set=True)) == 10
     check_meta(tmp_path, {"start": 0, "limit": 3})
     check_meta(tmp_path, {"start": 0, "limit": 3})  # the same settings: resume
     with pytest.raises(SystemExit, match="other settings"):
