@@ -138,10 +138,9 @@ def test_the_native_q4_product_is_the_codes_weight_for_any_rows_and_each_row_alo
     x = torch.randn(17, in_features).bfloat16()
     with torch.no_grad():
         full = q4(x)  # (17, O)
-        # the codes' part multiplies the rows as the product sees them, the minimums the rows' exact block sums
-        want = (torch.nn.functional.linear(as_multiplied(x, module.ACTIVATIONS), steps.reshape(out_features, -1))
-                + torch.nn.functional.linear(x.float(), floors.reshape(out_features, -1),
-                                             None if linear.bias is None else linear.bias.detach().bfloat16().float()))
+        # codes and minimums alike multiply the rows as the product sees them (8-bit codes or bf16)
+        want = torch.nn.functional.linear(as_multiplied(x, module.ACTIVATIONS), want_weight,
+                                          None if linear.bias is None else linear.bias.detach().bfloat16().float())
         assert torch.allclose(full.float(), want, atol=0.05 * want.abs().max().item() / 8, rtol=0.02)
         for rows in range(1, 17):
             assert torch.equal(q4(x[:rows]), full[:rows])

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -375,10 +376,10 @@ struct Q8Blocks {  // pack_q8_blocks: codes, scales
   static void dots(const int32_t* words, const Operand* const* x, V16* dot) { q8_dots<R, 2>(words, x, dot); }
 };
 
-// rows r0 .. r0 + R of x (N, I) times the 16 outputs of tile `tile` -> out (N, O) bf16 (+ bias, in fp32)
-template <typename Kind, int R>
+// rows r0 .. r0 + R of x (N, I) times the 16 outputs of tile `tile` -> out (N, O) bf16 or fp32 (+ bias, in fp32)
+template <typename Kind, int R, typename Out>
 void block_tile(const int32_t* blocks, const Operand* x, const float* sums, const bf16* bias, int64_t in, int64_t outs,
-                int64_t tile, int64_t r0, bf16* out) {
+                int64_t tile, int64_t r0, Out* out) {
   const int64_t groups = in / GROUP;
   V16 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = zeros();
@@ -403,8 +404,23 @@ void block_tile(const int32_t* blocks, const Operand* x, const float* sums, cons
   }
 }
 
-// x (N, I) bf16 times the packed blocks of an (O, I) weight -> (N, O) bf16
-template <typename Kind>
+// Row t's inputs of block g summed as the code products see them, for the q4 minimums: with the integer products the
+// 8-bit codes' sum times their scale (the minimum and the codes then multiply the same inputs, as in llama.cpp's Q4_1
+// x Q8_1 product; the inputs' exact sum beside rounded code products had drifted from the model: 95.6% against 98.0%
+// of greedy tokens agreeing with transformers in fp32, docs/engine.md "Fidelity"), else the bf16 inputs' sum.
+inline float block_sum(const Operand* rows, const bf16* x, int64_t t, int64_t in, int64_t g) {
+#if defined(INTEGER_PRODUCTS)
+  (void)x;
+  const Operand& block = rows[t * (in / GROUP) + g];
+  return block.scale * static_cast<float>(block.code_sum);
+#else
+  (void)rows;
+  return group_sum(x + t * in + g * GROUP);
+#endif
+}
+
+// x (N, I) bf16 times the packed blocks of an (O, I) weight -> (N, O) of Out (bf16, or fp32 for the LM head's logits)
+template <typename Kind, typename Out = bf16>
 at::Tensor blocks_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs, const at::Tensor& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be (N, I) bf16");
   const int64_t n = x.size(0), in = x.size(1), groups = in / GROUP, tiles = outs / TILE;
@@ -413,26 +429,27 @@ at::Tensor blocks_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs
               "blocks must be core.cpu_linear's packed int32 tensor for this shape and kind");
   TORCH_CHECK(!bias.numel() || (bias.scalar_type() == at::kBFloat16 && bias.numel() == outs), "bias must be (O,) bf16");
   const bf16* xs = x.data_ptr<bf16>();
+  std::vector<Operand> storage;
+  const Operand* rows = prepare_rows(xs, n, in, storage);
   std::vector<float> sums;  // (N, I / 32): each row's inputs summed per block, for the minimums
   if constexpr (Kind::MINIMA >= 0) {
     sums.resize(n * groups);
     for (int64_t t = 0; t < n; ++t)
-      for (int64_t g = 0; g < groups; ++g) sums[t * groups + g] = group_sum(xs + t * in + g * GROUP);
+      for (int64_t g = 0; g < groups; ++g) sums[t * groups + g] = block_sum(rows, xs, t, in, g);
   }
-  std::vector<Operand> storage;
-  const Operand* rows = prepare_rows(xs, n, in, storage);
-  auto out = at::empty({n, outs}, x.options());
+  constexpr bool FP32_OUT = std::is_same_v<Out, float>;
+  auto out = at::empty({n, outs}, x.options().dtype(FP32_OUT ? at::kFloat : at::kBFloat16));
   const int32_t* words = blocks.data_ptr<int32_t>();
   const bf16* b = bias.numel() ? bias.data_ptr<bf16>() : nullptr;
-  bf16* dst = out.data_ptr<bf16>();
+  Out* dst = out.data_ptr<Out>();
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     for (int64_t tile = begin; tile < end; ++tile) {
       int64_t r0 = 0;
       for (; r0 + Kind::ROWS <= n; r0 += Kind::ROWS)
-        block_tile<Kind, Kind::ROWS>(words, rows, sums.data(), b, in, outs, tile, r0, dst);
+        block_tile<Kind, Kind::ROWS, Out>(words, rows, sums.data(), b, in, outs, tile, r0, dst);
       if (r0 < n)  // the last rows (fewer than Kind::ROWS) in one pass
         with_count<Kind::ROWS - 1>(n - r0, [&](auto rest) {
-          block_tile<Kind, decltype(rest)::value>(words, rows, sums.data(), b, in, outs, tile, r0, dst);
+          block_tile<Kind, decltype(rest)::value, Out>(words, rows, sums.data(), b, in, outs, tile, r0, dst);
         });
     }
   });
@@ -443,8 +460,9 @@ at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs, co
   return blocks_mm<Q4Blocks>(x, blocks, outs, bias);
 }
 
+// the LM head's product: logits in fp32 (bf16 logits step by 0.125 at 30, which settles near-ties by rounding)
 at::Tensor q8_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs, const at::Tensor& bias) {
-  return blocks_mm<Q8Blocks>(x, blocks, outs, bias);
+  return blocks_mm<Q8Blocks, float>(x, blocks, outs, bias);
 }
 
 struct Linear {  // one product from 4-bit codes (q4_mm's blocks)
@@ -695,7 +713,7 @@ at::Tensor gather_rows(const at::Tensor& table, const std::vector<int64_t>& inde
 // One forward from token ids to logits: the embedding rows of `ids`, the rotary tables' rows at `positions` (empty:
 // past, past + 1, ...), which fed positions each row sees (`visible` (T, T) bool; an empty tensor: a causal chain),
 // the decoder layers and the final norm (`layers`, whose arithmetic this leaves unchanged), then the LM head from its
-// 8-bit codes over the last `keep` rows (0: all). Returns [logits (T or keep, V) bf16, features (T, F) bf16: the
+// 8-bit codes over the last `keep` rows (0: all). Returns [logits (T or keep, V) fp32, features (T, F) bf16: the
 // states at `feature_layers` side by side, 0 = the embeddings, L = the normalised last layer (an empty tensor for
 // none)]. Why one call: the layers stream the weights through every cache, and afterwards each torch op Python
 // dispatches costs 50-120 us instead of ~5 (its code and data come back from memory); the ~10 small ops a plain
@@ -778,7 +796,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("keep_rows", &keep_rows, "move a tree round's kept positions into place in every layer's keys and values");
   m.def("q4_mm", &q4_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 4-bit codes -> (N, O) bf16");
   m.def("round_bf16", &round_bf16, "x (N,) fp32 -> bf16 as the step rounds its bf16 results (to the nearest even)");
-  m.def("q8_mm", &q8_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 8-bit codes -> (N, O) bf16");
+  m.def("q8_mm", &q8_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 8-bit codes -> (N, O) fp32");
   m.attr("SLOTS") = SLOTS;
   m.attr("MAX_HEAD_DIM") = LANES * MAX_CHUNKS;  // the attention holds a head in registers
   m.attr("LAYOUT") = LAYOUT;  // how q4_mm's blocks arrange the codes (core.cpu_linear)

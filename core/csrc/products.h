@@ -58,18 +58,15 @@ inline V16 load_half(const int32_t* words) {  // 16 fp16 values -> fp32
 struct Operand {  // one row's block of 32 inputs
   int8_t codes[GROUP];  // round(x * 127 / max |x|)
   float scale;  // max |x| / 127: x ~ code * scale
-#if defined(VNNI_PRODUCTS)
-  int32_t code_sum;  // the sum of the codes: vpdpbusd reads signed weight codes shifted by 128 (q8_dots)
-#endif
+  // the sum of the codes, so that code_sum * scale is the block's inputs summed as the code products see them: a q4
+  // weight's minimum multiplies it (GGUF's Q8_1 sum, as llama.cpp multiplies Q4_1 minimums); and vpdpbusd, which
+  // reads the signed weight codes shifted by 128, is corrected by it (q8_dots)
+  int32_t code_sum;
 };
 
 inline void set_code_sum(Operand& block) {
-#if defined(VNNI_PRODUCTS)
   block.code_sum = 0;
   for (int i = 0; i < GROUP; ++i) block.code_sum += block.codes[i];
-#else
-  (void)block;
-#endif
 }
 
 // 32 inputs times `inverse`, rounded to the nearest integer (ties to even: the default rounding mode, as nearbyint) ->
