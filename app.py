@@ -30,14 +30,18 @@ THREAD_POLICY = early_thread_policy(sys.argv[1:])
 
 from core.target import TargetLoadError, add_target_args, load_target, target_config_from_args  # noqa: E402
 from core.threads import apply_thread_policy, wait_policy  # noqa: E402
+from drafter.spec import CHOICES  # noqa: E402
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     add_target_args(parser)
-    parser.add_argument("--drafter", default="flashmap", choices=["flashmap", "dflash", "ngram", "none"],
-                        help="the drafter selected when the page opens")
-    parser.add_argument("--weights", default=None, help="drafter checkpoint folder or hub id for --drafter")
+    parser.add_argument("--drafter", default="auto", choices=list(CHOICES),
+                        help="the drafter choice selected when the page opens (auto: prompt lookup, the phrasebook "
+                             "and the FlashMap network where it pays; flashmap / dflash: that network every round; "
+                             "copies: auto without the network; none: plain decoding)")
+    parser.add_argument("--weights", default=None,
+                        help="checkpoint folder or hub id of --drafter's network (auto's: FlashMap's)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
     parser.add_argument("--port", type=int, default=7860, help="port of the UI and the /v1 API")
     parser.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR),
@@ -106,7 +110,8 @@ def main(argv=None) -> None:
     from app.service import REMOTE, ChatService
     from app.ui import CSS, build_ui
 
-    service = ChatService(target, {args.drafter: args.weights} if args.weights else None, args.allow_download,
+    network = {"auto": "flashmap"}.get(args.drafter, args.drafter)
+    service = ChatService(target, {network: args.weights} if args.weights else None, args.allow_download,
                           data_dir=Path(args.data_dir), thread_policy=policy if args.threads is None else None,
                           remote=connect_backend(args, target))
     for name, why in service.unavailable.items():

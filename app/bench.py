@@ -44,7 +44,7 @@ from core.threads import apply_thread_policy, wait_idle, wait_policy  # noqa: E4
 from core.verify_cost import cost_curves  # noqa: E402
 from core.verify_cost import draft_cost as measure_draft_cost  # noqa: E402
 from drafter.registry import DrafterUnavailable, build_drafter  # noqa: E402
-from drafter.spec import APP_DEFAULT, ENGINE_DRAFTERS, HF_BASELINES, DrafterSpec, SpecError, app_default  # noqa: E402
+from drafter.spec import APP_DEFAULT, CHOICES, ENGINE_DRAFTERS, HF_BASELINES, DrafterSpec, SpecError, choice_spec  # noqa: E402
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +195,7 @@ def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: li
         "per_slot_acceptance": stats.per_slot(k) if stats.rounds else None,
         "rounds": stats.rounds,  # with the counts below, runs pool exactly (docs/benchmarks.md)
         "rounds_by_source": stats.sources,  # plain steps, the network's drafts, prompt-lookup drafts
+        "tokens_by_source": stats.tokens,  # the replies' tokens: accepted drafts by source, the target's own
         "round_costs": round_costs(base, spec),  # what each kind of round cost, in plain rounds, and committed
         "per_slot_reached": stats.reached[:k],
         "per_slot_accepted": stats.accepted[:k],
@@ -247,12 +248,13 @@ def bench(cfg: BenchConfig) -> dict:
     warm_up(target)
     curves = cost_curves(target) if cfg.spec.adaptive else None
     runner = runner.with_draft_cost(target)
-    anchor = llama_cpp(cfg, target) if cfg.vs == "llama.cpp" else reference(cfg, runner)
-    base, spec, anchored = [], [], []
+    native, anchor = llama_cpp(cfg, target) if cfg.vs == "llama.cpp" else (None, reference(cfg, runner))
+    base, spec, anchored, native_seconds = [], [], [], []
     plain_prefix = PrefixCache()  # plain decoding's own, like each runner's
     used: dict[int, int] = {}  # torch threads -> runs of this engine (and llama.cpp's turns) started with them
     messages: list[dict] = []  # the conversation so far (--conversation)
     lengths: list[int] = []  # each prompt's tokens
+    previous: list[int] = []  # the previous prompt and plain decoding's reply to it
     for i, prompt in enumerate(tqdm(prompts, desc=f"bench {cfg.spec.text()}", unit="prompt")):
         messages = (messages if cfg.conversation else []) + [{"role": "user", "content": prompt}]
         ids = target.chat_ids(messages)
@@ -267,9 +269,13 @@ def bench(cfg: BenchConfig) -> dict:
             threads = threads_now(cfg)  # as the app before each reply (llama.cpp, in its own process, keeps its own)
             used[threads] = used.get(threads, 0) + 1
             runs[(i + k) % len(runs)]()
+        if native is not None:  # llama.cpp's own binary: this prompt's new tokens, then plain decoding's reply length
+            depth = min(shared_prefix(ids, previous), len(ids) - 1)  # from its cache, as every runner reuses its own
+            native_seconds.append(native.seconds(len(ids) - depth, len(base[-1].tokens), depth))
         if cfg.conversation:
             messages.append({"role": "assistant", "content": target.decode(base[-1].tokens)})
         lengths.append(len(ids))
+        previous = ids + base[-1].tokens
     result = summarize(runner, cfg.sampling, target, base, spec)
     result["conversation"] = cfg.conversation
     for row, length in zip(result["per_prompt"], lengths):
@@ -283,14 +289,18 @@ def bench(cfg: BenchConfig) -> dict:
             anchored, plain, drafted, result["baseline_tokens_per_s"], result["tokens_per_s"],
             result["acceptance_length"], cfg.sampling.greedy, anchor.precision)
         result["flashmap_reference"]["per_prompt"] = [{"tokens": len(run.tokens), "s": run.seconds} for run in anchored]
-    elif anchor is not None:
+    elif native is not None:
         from app.llamacpp import summary
 
-        anchor.close()
+        if anchor is not None:
+            anchor.close()
         texts = [target.decode(run.tokens) for run in base]
-        result["llama_cpp"] = summary(anchored, texts, result["baseline_tokens_per_s"], result["tokens_per_s"],
-                                      anchor.threads)
-        result["llama_cpp"]["per_prompt"] = [{"tokens": run.tokens, "s": run.seconds} for run in anchored]
+        replies = [len(run.tokens) for run in base]
+        result["llama_cpp"] = summary(native_seconds, replies, anchored, texts, result["baseline_tokens_per_s"],
+                                      result["tokens_per_s"], native.threads)
+        result["llama_cpp"]["per_prompt"] = [
+            {"tokens": n, "s": s, **({"python_tokens": run.tokens, "python_s": run.seconds} if anchored else {})}
+            for n, s, run in zip(replies, native_seconds, anchored or [None] * len(replies))]
     return result
 
 
@@ -312,15 +322,27 @@ def reference(cfg: BenchConfig, runner: Runner):
 
 
 def llama_cpp(cfg: BenchConfig, target: Target):
-    """The llama.cpp runner when --vs llama.cpp asks for it (SystemExit saying why when it cannot run), else None."""
-    if cfg.vs is None:
-        return None
-    from app.llamacpp import LlamaCpp, LlamaCppUnavailable
+    """For --vs llama.cpp: llama.cpp's own binary (SystemExit saying why when it cannot run) and llama-cpp-python's
+    runner beside it (None, with a line saying why, where it is not installed)."""
+    from app.llamacpp import LlamaCpp, LlamaCppUnavailable, NativeLlamaCpp
 
     try:
-        return LlamaCpp(target)
+        native = NativeLlamaCpp(target)
     except LlamaCppUnavailable as err:
         raise SystemExit(f"--vs llama.cpp: {err}") from err
+    try:
+        return native, LlamaCpp(target)
+    except LlamaCppUnavailable as err:
+        print(f"--vs llama.cpp: llama-cpp-python's figure is left out: {err}")
+        return native, None
+
+
+def shared_prefix(ids: list[int], before: list[int]) -> int:
+    """How many leading tokens ids shares with before (what a cache of before serves again)."""
+    n = 0
+    while n < min(len(ids), len(before)) and ids[n] == before[n]:
+        n += 1
+    return n
 
 
 def add_spec_args(parser: argparse.ArgumentParser) -> None:
@@ -336,7 +358,7 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tree", type=int, default=None,
                         help="flow drafters, T=0: draft M blocks from independent noise and verify them together "
                              "as a trie of at most K nodes (paper App. D)")
-    parser.add_argument("--adaptive", action="store_true", default=None,
+    parser.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
                         help="cut each draft to its best expected length under this machine's verify cost curve")
     parser.add_argument("--max-skip", type=int, default=None,
                         help="with --adaptive: skip the drafter for up to N rounds after drafts that did not pay for "
@@ -345,11 +367,20 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
                         help="drafter checkpoint folder or hub id (default: weights/<target>/<drafter>)")
 
 
+def choice_from_args(choice: str, args) -> DrafterSpec:
+    """One of the app's drafter choices (drafter.spec.choice_spec) with the flags a user sets in the app."""
+    adaptive = True if args.adaptive is None else args.adaptive
+    try:
+        return choice_spec(choice, args.steps or 1, args.tree or 1, args.block_size, adaptive)
+    except SpecError as err:
+        raise SystemExit(f"--choice {choice}: {err}") from err
+
+
 def spec_from_args(text: str, args) -> DrafterSpec:
     """The spec text (a name, or name,option=value...) with the flags that were given filled in; `default` is the
-    app's own drafter settings (drafter.spec.app_default)."""
+    app's default choice, auto (choice_from_args)."""
     if text == APP_DEFAULT:
-        return app_default()
+        return choice_from_args("auto", args)
     flags = {"steps": args.steps, "noise": args.noise, "block_size": args.block_size, "best_of": args.best_of,
              "tree": args.tree, "adaptive": args.adaptive, "max_skip": args.max_skip, "weights": args.weights}
     try:
@@ -398,10 +429,16 @@ def run_fields(args, tuning: bool = False) -> dict:
 
 def parse_args(argv=None) -> tuple[BenchConfig, str]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--drafter", required=True,
-                        help=f"'{APP_DEFAULT}': the app's own drafter settings (what a chat reply "
-                             f"drafts with); or one of {', '.join(ENGINE_DRAFTERS + HF_BASELINES)}, optionally with "
-                             "options, e.g. flashmap,steps=2 (a bare name: that drafter's plain settings)")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--choice", choices=list(CHOICES),
+                       help="one of the app's drafter choices, as the UI and the API make it (auto: prompt lookup, "
+                            "the phrasebook and the FlashMap network where it pays, the app's default; flashmap / "
+                            "dflash: that network every round; copies: auto without the network; none: plain), "
+                            "with --steps, --tree, --block-size and --adaptive as set in the app")
+    which.add_argument("--drafter",
+                       help=f"a drafter spec: '{APP_DEFAULT}' (= --choice auto), or one of "
+                            f"{', '.join(ENGINE_DRAFTERS + HF_BASELINES)}, optionally with options, e.g. "
+                            "flashmap,steps=2 (a bare name: that drafter's plain settings)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: the app's thread policy on this machine, core.threads)")
     parser.add_argument("--vs", default=None, choices=["llama.cpp", "flashmap-reference"],
@@ -416,7 +453,8 @@ def parse_args(argv=None) -> tuple[BenchConfig, str]:
     add_run_args(parser)
     args = parser.parse_args(argv)
     try:
-        cfg = BenchConfig(spec=spec_from_args(args.drafter, args), vs=args.vs, threads=args.threads,
+        spec = choice_from_args(args.choice, args) if args.choice else spec_from_args(args.drafter, args)
+        cfg = BenchConfig(spec=spec, vs=args.vs, threads=args.threads,
                           conversation=args.conversation, **run_fields(args))
     except SpecError as err:
         raise SystemExit(str(err)) from err

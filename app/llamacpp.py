@@ -1,7 +1,12 @@
-"""llama.cpp as the bench's anchor: the same GGUF, the same prompt tokens, thread count and token budget, greedy.
+"""llama.cpp as the bench's anchor: the same GGUF, the same thread count, prompt lengths and reply lengths, greedy.
 
-llama-cpp-python is an optional extra (it builds llama.cpp from source, ~8 minutes on 2 cores), not one of the
-app's requirements: `bash scripts/install_llamacpp.sh` installs it into .venv with build flags read from this CPU's.
+Two ways to run it, both optional extras built by `bash scripts/install_llamacpp.sh` from the one llama.cpp source
+that llama-cpp-python 0.3.36 vendors, with build flags read from this CPU's:
+- NativeLlamaCpp, the figure the README's table reports: llama.cpp's own `llama-bench` (in .llamacpp/bin), timing
+  each prompt as one test of its prompt length then the plain reply's token count (`-pg P,N`: the prompt evaluated,
+  then N tokens generated one by one, llama.cpp's own loop in C++; its tokens' ids do not change its speed);
+- LlamaCpp, llama-cpp-python's generate on the same prompt token ids, whose Python loop adds its own per-token cost;
+  its figure stands beside the native one with the ratio of the two.
 """
 from __future__ import annotations
 
@@ -11,8 +16,11 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from core.target import EMBEDDED_ID, Target, embedded_gguf_path
+
+NATIVE_BENCH = Path(__file__).resolve().parent.parent / ".llamacpp" / "bin" / "llama-bench"
 
 
 class LlamaCppUnavailable(RuntimeError):
@@ -44,6 +52,42 @@ for line in sys.stdin:
 """
 
 
+def gguf_of(target: Target) -> Path:
+    """The target's GGUF file, or LlamaCppUnavailable saying why there is none."""
+    if target.name != EMBEDDED_ID:
+        raise LlamaCppUnavailable(f"--vs llama.cpp needs the target's GGUF file; {target.name!r} is not one "
+                                  f"(the embedded {EMBEDDED_ID} is)")
+    return embedded_gguf_path()
+
+
+def own_environment() -> dict:
+    """This process's environment without the OpenMP settings made for this engine (core.threads): llama.cpp runs
+    with its defaults, as people run it."""
+    return {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
+
+
+class NativeLlamaCpp:
+    """llama.cpp's own binary (llama-bench) on the target's GGUF: seconds(P, N, D) is the time it takes to evaluate a
+    P-token prompt and then generate N tokens after D tokens already in its cache (a conversation's earlier turns,
+    not timed), after one warm-up run of the same test."""
+
+    def __init__(self, target: Target, threads: int | None = None, binary: Path = NATIVE_BENCH):
+        self.gguf = gguf_of(target)
+        if not binary.is_file():
+            raise LlamaCppUnavailable(f"llama.cpp's own llama-bench is not built ({binary}); bash "
+                                      "scripts/install_llamacpp.sh")
+        self.binary, self.threads = binary, threads or os.cpu_count() or 1
+
+    def seconds(self, prompt_tokens: int, new_tokens: int, depth: int = 0) -> float:
+        command = [str(self.binary), "-m", str(self.gguf), "-t", str(self.threads), "-p", "0", "-n", "0",
+                   "-pg", f"{prompt_tokens},{new_tokens}", "-d", str(depth), "-r", "1", "-o", "jsonl"]
+        done = subprocess.run(command, capture_output=True, text=True, env=own_environment(), timeout=600)
+        rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode != 0 or len(rows) != 1:
+            raise LlamaCppUnavailable(f"llama-bench failed (exit code {done.returncode}): {done.stderr[-400:]}")
+        return rows[0]["avg_ns"] / 1e9
+
+
 class LlamaCpp:
     """llama.cpp on the target's GGUF file in a process of its own, run greedily on token ids the engine's tokenizer
     made. Its own process keeps it out of this one's thread settings: an OpenMP wait policy set for this engine
@@ -52,15 +96,12 @@ class LlamaCpp:
 
     def __init__(self, target: Target, threads: int | None = None, context: int = 4096):
         """threads: llama.cpp's threads (default: one per core, as llama.cpp is run)."""
-        if target.name != EMBEDDED_ID:
-            raise LlamaCppUnavailable(f"--vs llama.cpp needs the target's GGUF file; {target.name!r} is not one "
-                                      f"(the embedded {EMBEDDED_ID} is)")
+        gguf = gguf_of(target)
         if importlib.util.find_spec("llama_cpp") is None:
             raise LlamaCppUnavailable("llama-cpp-python is not installed; bash scripts/install_llamacpp.sh")
         self.threads = threads or os.cpu_count() or 1
-        env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, str(embedded_gguf_path()), str(self.threads),
-                                      str(context)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, str(gguf), str(self.threads), str(context)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=own_environment())
         if not self._reply().get("ready"):
             raise LlamaCppUnavailable("llama.cpp did not start")
 
@@ -85,11 +126,17 @@ class LlamaCpp:
             self.proc.wait(timeout=30)
 
 
-def summary(runs: list[LlamaCppRun], plain_texts: list[str], plain_tps: float, drafter_tps: float,
-            threads: int = 0) -> dict:
-    """llama.cpp's tokens/s beside this engine's plain and drafted tokens/s, and whether the texts agree (the two
-    engines round differently, so greedy texts may part at a near-tie)."""
-    tps = sum(r.tokens for r in runs) / sum(r.seconds for r in runs)
-    same = sum(r.text.strip() == text.strip() for r, text in zip(runs, plain_texts))
-    return {"tokens_per_s": tps, "threads": threads, "texts_identical_to_plain": same, "prompts": len(runs),
-            "plain_vs_llama_cpp": plain_tps / tps, "drafter_vs_llama_cpp": drafter_tps / tps}
+def summary(native: list[float], new_tokens: list[int], runs: list[LlamaCppRun] | None, plain_texts: list[str],
+            plain_tps: float, drafter_tps: float, threads: int = 0) -> dict:
+    """llama.cpp's own binary's tokens/s (native: seconds per prompt for new_tokens each) beside this engine's plain and
+    drafted tokens/s; with llama-cpp-python's runs, its tokens/s, its ratio to the native figure and whether its texts
+    agree with plain decoding's (the two engines round differently, so greedy texts may part at a near-tie)."""
+    tps = sum(new_tokens) / sum(native)
+    result = {"tokens_per_s": tps, "threads": threads, "prompts": len(native), "binary": "llama-bench",
+              "plain_vs_llama_cpp": plain_tps / tps, "drafter_vs_llama_cpp": drafter_tps / tps}
+    if runs:
+        python_tps = sum(r.tokens for r in runs) / sum(r.seconds for r in runs)
+        same = sum(r.text.strip() == text.strip() for r, text in zip(runs, plain_texts))
+        result["llama_cpp_python"] = {"tokens_per_s": python_tps, "of_native": python_tps / tps,
+                                      "texts_identical_to_plain": same, "prompts": len(runs)}
+    return result

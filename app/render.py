@@ -10,9 +10,10 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from app.service import REMOTE
 from core.engine import RoundEvent
 from core.stats import AcceptanceStats, ReplySpeed
+from drafter.spec import CHOICE_LABELS
 from drafter.spec import LABELS as ENGINE_LABELS
 
-DRAFTER_LABELS = {**ENGINE_LABELS, REMOTE: "vLLM server (its own drafter)"}
+DRAFTER_LABELS = {**ENGINE_LABELS, **CHOICE_LABELS, REMOTE: "vLLM server (its own drafter)"}
 REMOTE_PANEL = ("<div class='fm-row'>The vLLM server does not expose its drafted blocks or which of their slots it "
                 "accepted; the stats give the acceptance its own counters measured during the reply.</div>")
 
@@ -154,6 +155,8 @@ def render_stats(stats: AcceptanceStats, speed: ReplySpeed | None, drafter: str,
         lines.append(f"**Mean acceptance length (conversation):** {stats.acceptance_length:.2f} tokens / "
                      "target forward")
         lines.append("**Rounds:** " + source_counts(stats.sources))
+    if stats.tokens:
+        lines.append("**Tokens:** " + token_shares(stats))
     used, limit = context
     lines.append(f"**Context:** {used:,} / {limit:,} tokens ({100 * used / max(limit, 1):.1f}%)")
     lines.append(f"**Verify-cost curve (adaptive K):** {curve_status} · **CPU threads:** {threads}")
@@ -163,6 +166,16 @@ def render_stats(stats: AcceptanceStats, speed: ReplySpeed | None, drafter: str,
 SOURCE_WORDS = {"drafter": "drafted by the network", "lookup": "copied by prompt lookup",
                 "phrasebook": "copied from the phrasebook", "tail": "from the network's last block",
                 "plain": "plain steps"}
+
+
+TOKEN_WORDS = {"drafter": "the network's drafts", "lookup": "prompt lookup", "phrasebook": "the phrasebook",
+               "tail": "the network's last block", "target": "the target's own steps"}
+
+
+def token_shares(stats: AcceptanceStats) -> str:
+    """'41% the network's drafts · 22% prompt lookup · 37% the target's own steps': where the tokens came from."""
+    shares = stats.token_shares()
+    return " · ".join(f"{100 * shares[key]:.0f}% {words}" for key, words in TOKEN_WORDS.items() if key in shares)
 
 
 def source_counts(sources: dict[str, int]) -> str:

@@ -27,9 +27,9 @@ from core.threads import apply_thread_policy
 from core.verify_cost import CostCurves, curve_passes, load_cached, save_cached
 from core.verify_cost import draft_cost as measure_draft_cost
 from drafter.registry import DrafterUnavailable, build_drafter, with_lookup
-from drafter.spec import DrafterSpec, app_default
+from drafter.spec import CHOICES, DrafterSpec, choice_spec
 
-APP_DRAFTERS = ("flashmap", "dflash", "ngram", "none")  # what the UI offers (the teacher is for analysis)
+APP_DRAFTERS = CHOICES  # what the UI and the API offer (drafter.spec.choice_spec; the teacher is for analysis)
 REMOTE = "vllm"  # the drafter choice that sends replies to the vLLM server (--backend vllm, app/remote.py)
 CURVE_REPEATS = 7  # passes over 1..17 positions after each context; the curves are their per-position medians
 log = logging.getLogger("flashmap")
@@ -57,7 +57,7 @@ class FairLock:
 
 @dataclass(frozen=True)
 class ChatSettings:
-    drafter: str = "flashmap"
+    drafter: str = "auto"  # one of APP_DRAFTERS, or REMOTE
     block_size: int | None = None  # K; None: the drafter's own block (and never more than it)
     steps: int = 1
     temperature: float = 0.0
@@ -78,18 +78,20 @@ class ChatSettings:
         return SamplingConfig(self.temperature, self.top_p)
 
     def spec(self) -> DrafterSpec:
-        """The app's drafter settings for these choices (drafter.spec.app_default, shared with the bench); the vLLM
-        server drafts with its own drafter, so this engine's side of it is plain."""
-        name = "none" if self.drafter == REMOTE else self.drafter
-        return app_default(name, self.steps, self.tree, self.block_size, self.adaptive)
+        """The drafter spec of this choice (drafter.spec.choice_spec, shared with the bench); the vLLM server drafts
+        with its own drafter, so this engine's side of it is plain."""
+        if self.drafter == REMOTE:
+            return DrafterSpec("none")
+        return choice_spec(self.drafter, self.steps, self.tree, self.block_size, self.adaptive)
 
     def generation(self, verify_cost: tuple[float, ...] = (), drafting: bool = False) -> GenerationConfig:
         """The engine's settings; a drafting reply makes a plain step at least every PLAIN_PROBE_EVERY rounds, so
         its speed is always compared with plain decoding measured inside it (core.stats.ReplySpeed)."""
+        adaptive = self.spec().adaptive  # the choice decides: FlashMap and DFlash-style draft every round
         return GenerationConfig(self.max_new_tokens, self.block_size, self.sampling(), self.stop_strings,
-                                seed=self.seed, verify_cost=verify_cost if self.adaptive else (),
+                                seed=self.seed, verify_cost=verify_cost if adaptive else (),
                                 plain_probe_every=PLAIN_PROBE_EVERY if drafting else 0,
-                                max_measured_wait=GenerationConfig.max_measured_wait if self.adaptive else 0)
+                                max_measured_wait=GenerationConfig.max_measured_wait if adaptive else 0)
 
 
 def describe(curves: CostCurves) -> str:
@@ -137,11 +139,14 @@ class ChatService:
         return [name for name in APP_DRAFTERS if name not in self.unavailable] + remote
 
     def drafter_for(self, settings: ChatSettings):
-        """The drafter these settings ask for: the vLLM server for "vllm", else drafter(settings.spec())."""
+        """The drafter these settings ask for: the vLLM server for "vllm", else drafter(settings.spec()); Auto
+        without the FlashMap network (no checkpoint for this target) drafts with the free sources alone."""
         if settings.drafter == REMOTE:
             if self.remote is None:
                 raise DrafterUnavailable("no vLLM server: start the app with --backend vllm --vllm-url URL")
             return self.remote
+        if settings.drafter == "auto" and "flashmap" in self.unavailable:
+            return self.drafter(replace(settings, drafter="copies").spec())
         return self.drafter(settings.spec())
 
     def drafter(self, spec: DrafterSpec):
@@ -150,6 +155,7 @@ class ChatService:
         if spec.name in self.unavailable:
             raise DrafterUnavailable(self.unavailable[spec.name])
         key = DrafterSpec(spec.name, steps=spec.steps, tree=spec.tree, noise_scale=spec.noise_scale,
+                          phrasebook=spec.phrasebook if spec.name == "copies" else True,
                           weights=self.weights.get(spec.name))
         if key not in self._drafters:
             self._drafters[key] = build_drafter(key, self.target, self.allow_download)
@@ -165,7 +171,7 @@ class ChatService:
         if name == REMOTE:
             return MAX_BLOCK_SIZE  # the server's drafter sets its own block
         try:
-            drafter = self.drafter(DrafterSpec(name))
+            drafter = self.drafter_for(ChatSettings(drafter=name))
         except DrafterUnavailable:
             drafter = None
         return drafter.max_block_size if drafter is not None else MAX_BLOCK_SIZE

@@ -32,7 +32,6 @@ from core.engine import PromptError
 from core.prompts import read_prompt_file
 from core.stats import AcceptanceStats
 from drafter.registry import DrafterUnavailable
-from drafter.spec import FLOW_DRAFTERS
 
 __all__ = ["CSS", "build_ui"]
 UPDATE_EVERY_S = 0.1  # at most ~10 screen updates a second: the browser shares the CPU with the model
@@ -46,6 +45,8 @@ CASTS = {"drafter": str, "block_size": lambda v: int(v) or None, "steps": int, "
          "max_new_tokens": int, "enable_thinking": bool, "system_prompt": lambda v: v or "", "adaptive": bool,
          "tree": int, "seed": int, "stop_strings": tuple}
 COMPARE_FIXED = ("top_p", "enable_thinking", "system_prompt", "seed", "stop_strings")  # Compare keeps their defaults
+FLASHMAP_CHOICES = ("auto", "flashmap")  # the choices that draft with the FlashMap network: steps and drafts apply
+ADAPTIVE_CHOICES = ("auto", "copies")  # the choices whose policy may cut and skip; the networks' draft every round
 log = logging.getLogger("flashmap")
 
 
@@ -209,57 +210,67 @@ def delete_conversation(service: ChatService, conv_id: str | None):
     return gr.update(choices=conversation_choices(service), value=None), [], None, None, ""
 
 
-def compare(service: ChatService, prompt: str, **settings_values):
-    """Plain decoding, then the drafter, on one prompt with the same settings, each streamed as it is written:
-    yields (plain text, speculative text, summary, chart); the identity check and the chart come at the end."""
+def compare(service: ChatService, prompt: str, against: str = "none", **settings_values):
+    """Two drafter choices on one prompt with the same settings, `against` (default: plain decoding) first, each
+    streamed as it is written: yields (its text, the other's text, summary, chart); the identity check and the chart
+    come at the end."""
     try:
         settings, drafter = prepare(service, prompt, settings_values)
+        other, other_drafter = prepare(service, prompt, {**settings_values, "drafter": against})
         ids = service.prompt_ids([], prompt, settings)
-        label = DRAFTER_LABELS.get(settings.drafter, settings.drafter) if drafter is not None else "none"
+        labels = [side_label(other, other_drafter), side_label(settings, drafter)]
+        labels[1] += " (2)" if labels[1] == labels[0] else ""
         sides = {}
-        for side, side_drafter in (("plain", None), (label, drafter)):
+        for side, (side_settings, side_drafter) in enumerate(((other, other_drafter), (settings, drafter))):
             text, tokens, last = "", [], float("-inf")
-            for ev, speed in service.stream(ids, settings, side_drafter):
+            for ev, speed in service.stream(ids, side_settings, side_drafter):
                 text, tokens = ev.text, tokens + list(ev.committed)
                 if ev.finished or time.perf_counter() - last >= UPDATE_EVERY_S:
                     last = time.perf_counter()
                     tps = f"{speed.tokens_per_s:.1f} tokens/s" if speed.tokens_per_s else "starting…"
-                    outputs = (text, "", f"**Plain decoding:** {tps}") if side == "plain" else (
-                        sides["plain"][0], text, f"**{label}:** {tps}")
-                    yield (*outputs, gr.skip())
-            sides[side] = (text, tokens, speed)
+                    texts = (text, "") if side == 0 else (sides[labels[0]][0], text)
+                    yield (gr.update(value=texts[0], label=labels[0]), gr.update(value=texts[1], label=labels[1]),
+                           f"**{labels[side]}:** {tps}", gr.skip())
+            sides[labels[side]] = (text, tokens, speed)
     except (UserError, PromptError, RemoteUnavailable, MemoryError, torch.OutOfMemoryError) as err:
         toast(err)
         yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
         return
-    (plain_text, _, plain_speed), (spec_text, _, spec_speed) = sides["plain"], sides[label]
-    yield plain_text, spec_text, compare_summary(settings, label, sides), speed_chart(
-        ["plain", label], [plain_speed.tokens_per_s or 0.0, spec_speed.tokens_per_s or 0.0])
+    yield (sides[labels[0]][0], sides[labels[1]][0], compare_summary(settings, labels, sides),
+           speed_chart(labels, [sides[label][2].tokens_per_s or 0.0 for label in labels]))
 
 
-def compare_summary(settings: ChatSettings, label: str, sides: dict) -> str:
-    (_, plain_tokens, plain_speed), (_, spec_tokens, spec_speed) = sides["plain"], sides[label]
+def side_label(settings: ChatSettings, drafter) -> str:
+    """What a Compare side ran: its choice's label, or plain decoding where it drafts with nothing."""
+    return DRAFTER_LABELS.get(settings.drafter, settings.drafter) if drafter is not None else "Plain decoding"
+
+
+def compare_summary(settings: ChatSettings, labels: list[str], sides: dict) -> str:
+    (_, first_tokens, first_speed), (_, second_tokens, second_speed) = (sides[label] for label in labels)
     if settings.temperature == 0:
-        same = plain_tokens == spec_tokens
-        check = "✓ identical to plain decoding, token for token" if same else "✗ outputs differ"
+        same = first_tokens == second_tokens
+        check = "✓ identical, token for token (each equals plain decoding)" if same else "✗ outputs differ"
     else:
         check = "T > 0: outputs are samples; both follow the target's distribution exactly"
-    plain_tps, spec_tps = plain_speed.tokens_per_s or 0.0, spec_speed.tokens_per_s or 0.0
-    ratio = f"× {spec_tps / plain_tps:.2f}" if plain_tps else "–"
-    return (f"**Plain:** {plain_tps:.1f} tokens/s ({len(plain_tokens)} tokens)  \n"
-            f"**{label}:** {spec_tps:.1f} tokens/s ({len(spec_tokens)} tokens)  \n"
-            f"**Speedup:** {ratio} (the two runs back to back, under the same load)  \n**Check:** {check}")
+    first_tps, second_tps = first_speed.tokens_per_s or 0.0, second_speed.tokens_per_s or 0.0
+    ratio = f"× {second_tps / first_tps:.2f}" if first_tps else "–"
+    return (f"**{labels[0]}:** {first_tps:.1f} tokens/s ({len(first_tokens)} tokens)  \n"
+            f"**{labels[1]}:** {second_tps:.1f} tokens/s ({len(second_tokens)} tokens)  \n"
+            f"**{labels[1]} / {labels[0]}:** {ratio} (the two runs back to back, under the same load)  \n"
+            f"**Check:** {check}")
 
 
 def drafter_options(service: ChatService, name: str, block_size) -> tuple:
-    """Updates for (K, steps, drafts per round, adaptive) when the drafter changes: K's range follows the block the
-    drafter was trained for; options that do not apply to it are reset to their defaults and disabled."""
+    """Updates for (K, steps, drafts per round, adaptive) when the drafter choice changes: K's range follows the block
+    the drafter was trained for; options that do not apply to it are reset to their defaults and disabled (FlashMap
+    and DFlash-style draft every round at the K set: no adaptive cut)."""
     k_max = service.max_block_size(name)
-    flow, drafts = name in FLOW_DRAFTERS, name not in ("none", REMOTE)  # the server's drafter has its own settings
+    flow, drafts = name in FLASHMAP_CHOICES, name not in ("none", REMOTE)  # the server's drafter has its own settings
+    adaptive = name in ADAPTIVE_CHOICES
     return (gr.update(maximum=k_max, value=min(int(block_size or k_max), k_max), interactive=drafts),
             gr.update(interactive=True) if flow else gr.update(value=1, interactive=False),
             gr.update(interactive=True) if flow else gr.update(value=1, interactive=False),
-            gr.update(interactive=drafts))
+            gr.update(value=True, interactive=True) if adaptive else gr.update(value=False, interactive=False))
 
 
 def example_prompts() -> list[str]:
@@ -286,21 +297,24 @@ def api_functions(service: ChatService, default: str):
             raise gr.Error(str(err)) from err
 
     def api_compare(prompt: str, drafter: str = default, block_size: int = 0, steps: int = 1,
-                    temperature: float = 0.0, max_new_tokens: int = 128, adaptive: bool = True, tree: int = 1) -> dict:
-        """Plain decoding and the drafter on one prompt: both texts, tokens/s, speedup and the identity check."""
+                    temperature: float = 0.0, max_new_tokens: int = 128, adaptive: bool = True, tree: int = 1,
+                    against: str = "none") -> dict:
+        """Two drafter choices on one prompt, `against` (default: plain decoding) and `drafter`: both texts, tokens/s,
+        the speed ratio and the identity check (plain_*: the `against` side's)."""
         values = dict(drafter=drafter, block_size=block_size, steps=steps, temperature=temperature,
                       max_new_tokens=max_new_tokens, adaptive=adaptive, tree=tree)
         try:
             settings, drafter_obj = prepare(service, prompt, values)
+            other, other_obj = prepare(service, prompt, {**values, "drafter": against})
             ids = service.prompt_ids([], prompt, settings)
-            plain = service.run_once(ids, settings, None)
+            plain = service.run_once(ids, other, other_obj)
             spec = service.run_once(ids, settings, drafter_obj)
         except (UserError, PromptError, RemoteUnavailable) as err:
             log.warning("user error (api /compare): %s", err)
             raise gr.Error(str(err)) from err
         return {"plain_text": plain[0], "text": spec[0], "plain_tokens_per_s": plain[2].tokens_per_s,
                 "tokens_per_s": spec[2].tokens_per_s, "identical": plain[1] == spec[1],
-                "speedup": (spec[2].tokens_per_s or 0) / (plain[2].tokens_per_s or 1)}
+                "speedup": (spec[2].tokens_per_s or 0) / (plain[2].tokens_per_s or 1), "against": against}
 
     def api_draft_panel() -> str:
         """The draft panel of the most recent reply, as plain text rows (for scripts and tests)."""
@@ -354,14 +368,16 @@ def settings_controls(service: ChatService, choices, default: str, k_max: int) -
         system = gr.Textbox(label="System prompt", lines=1)
         drafter = gr.Dropdown(choices, value=default, label="Drafter", elem_id="chat-drafter")
         with gr.Row():
-            block = gr.Slider(1, k_max, value=k_max, step=1, label="Block size K")
-            steps = gr.Radio([1, 2], value=1, label="Drafting steps (FlashMap)", interactive=default in FLOW_DRAFTERS)
+            block = gr.Slider(1, k_max, value=k_max, step=1, label="Block size K", elem_id="chat-block")
+            steps = gr.Radio([1, 2], value=1, label="Drafting steps (FlashMap)",
+                             interactive=default in FLASHMAP_CHOICES)
         with gr.Row():
             temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature")
             top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="Top-p")
         max_new = gr.Slider(16, 2048, value=256, step=16, label="Max new tokens")
-        adaptive = gr.Checkbox(True, label=ADAPTIVE_LABEL, elem_id="chat-adaptive")
-        tree = gr.Radio(TREE_CHOICES, value=1, label=TREE_LABEL, interactive=default in FLOW_DRAFTERS)
+        adaptive = gr.Checkbox(default in ADAPTIVE_CHOICES, label=ADAPTIVE_LABEL, elem_id="chat-adaptive",
+                               interactive=default in ADAPTIVE_CHOICES)
+        tree = gr.Radio(TREE_CHOICES, value=1, label=TREE_LABEL, interactive=default in FLASHMAP_CHOICES)
         thinking = gr.Checkbox(False, label="Thinking (Qwen3)", visible=service.target.supports_thinking())
     drafter.change(lambda n, k: drafter_options(service, n, k), [drafter, block], [block, steps, tree, adaptive],
                    api_visibility="private")
@@ -433,18 +449,21 @@ def compare_tab(service: ChatService, choices, default: str, k_max: int) -> None
     c_prompt = gr.Textbox(label="Prompt", lines=3, elem_id="compare-prompt")
     gr.Examples(example_prompts(), inputs=c_prompt, label="Examples (math, code, chat)")
     with gr.Row(elem_classes="fm-settings"):  # two rows: seven controls in one cut the sliders' labels short
-        c_drafter = gr.Dropdown([c for c in choices if c[1] != "none"] or choices, value=default, label="Drafter")
+        c_against = gr.Dropdown(choices, value="none" if any(c[1] == "none" for c in choices) else choices[0][1],
+                                label="Run", elem_id="compare-against")
+        c_drafter = gr.Dropdown(choices, value=default, label="against", elem_id="compare-drafter")
         c_block = gr.Slider(1, k_max, value=k_max, step=1, label="Block size K", min_width=220)
-        c_steps = gr.Radio([1, 2], value=1, label="Steps", interactive=default in FLOW_DRAFTERS)
+        c_steps = gr.Radio([1, 2], value=1, label="Steps", interactive=default in FLASHMAP_CHOICES)
         c_temp = gr.Slider(0, 2, value=0, step=0.05, label="Temperature", min_width=220)
     with gr.Row(elem_classes="fm-settings"):
         c_max = gr.Slider(16, 1024, value=128, step=16, label="Max new tokens", min_width=260)
-        c_adaptive = gr.Checkbox(True, label=ADAPTIVE_LABEL)
-        c_tree = gr.Radio(TREE_CHOICES, value=1, label=TREE_LABEL, interactive=default in FLOW_DRAFTERS)
+        c_adaptive = gr.Checkbox(default in ADAPTIVE_CHOICES, label=ADAPTIVE_LABEL,
+                                 interactive=default in ADAPTIVE_CHOICES)
+        c_tree = gr.Radio(TREE_CHOICES, value=1, label=TREE_LABEL, interactive=default in FLASHMAP_CHOICES)
     c_run = gr.Button("Run both", variant="primary", elem_id="compare-run")
     with gr.Row():
         c_plain = gr.Textbox(label="Plain decoding", lines=12, elem_id="compare-plain")
-        c_spec = gr.Textbox(label="Speculative decoding", lines=12, elem_id="compare-spec")
+        c_spec = gr.Textbox(label=DRAFTER_LABELS.get(default, default), lines=12, elem_id="compare-spec")
     c_summary = gr.Markdown(elem_id="compare-summary")
     c_chart = gr.Plot(label="Tokens per second", elem_id="compare-chart")
     c_controls = {"drafter": c_drafter, "block_size": c_block, "steps": c_steps, "temperature": c_temp,
@@ -453,8 +472,8 @@ def compare_tab(service: ChatService, choices, default: str, k_max: int) -> None
     c_drafter.change(lambda n, k: drafter_options(service, n, k), [c_drafter, c_block],
                      [c_block, c_steps, c_tree, c_adaptive], api_visibility="private")
 
-    def run(prompt, *values):
-        yield from compare(service, prompt, **dict(zip(c_controls, values)))
+    def run(prompt, against, *values):
+        yield from compare(service, prompt, against, **dict(zip(c_controls, values)))
 
-    c_run.click(run, [c_prompt, *c_controls.values()], [c_plain, c_spec, c_summary, c_chart],
+    c_run.click(run, [c_prompt, c_against, *c_controls.values()], [c_plain, c_spec, c_summary, c_chart],
                 api_visibility="private")

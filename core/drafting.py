@@ -93,6 +93,26 @@ class Drafter(Protocol):
         """A block of up to `block_size` tokens that would follow `anchor`; may be empty."""
 
 
+class NoNetwork:
+    """No network beside the free sources (LookupHybrid(NoNetwork(K)): the app's Copies choice): it reads no
+    features and proposes an empty block wherever the policy asks it for one, which the round then verifies as a
+    plain step."""
+
+    name, feature_layers, context_window = "none", (), None
+
+    def __init__(self, max_block_size: int = MAX_BLOCK_SIZE):
+        self.max_block_size = max_block_size
+
+    def reset(self) -> None:
+        pass
+
+    def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
+        pass
+
+    def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
+        return Draft(torch.empty(0, dtype=torch.long), None)
+
+
 class NgramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the current suffix, copy what followed.
 

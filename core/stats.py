@@ -17,8 +17,15 @@ class AcceptanceStats:
     reached: list[int] = field(default_factory=lambda: [0] * MAX_BLOCK_SIZE)
     accepted: list[int] = field(default_factory=lambda: [0] * MAX_BLOCK_SIZE)
     sources: dict[str, int] = field(default_factory=dict)  # rounds by what they verified (RoundEvent.source)
+    # the reply's tokens by where they came from: a round's accepted draft tokens by its source, every other token
+    # (the prefill's, each round's own from the target, plain steps) as "target"
+    tokens: dict[str, int] = field(default_factory=dict)
 
     def add(self, ev: RoundEvent) -> None:
+        drafted = min(ev.n_accepted, len(ev.committed)) if ev.kind == "round" else 0
+        for source, n in ((ev.source, drafted), ("target", len(ev.committed) - drafted)):
+            if n:
+                self.tokens[source] = self.tokens.get(source, 0) + n
         if ev.kind != "round" or ev.finish_reason == "cancelled":
             return  # prefill commits one token whatever the drafter; a cancelled round did no forward
         self.rounds += 1
@@ -34,6 +41,11 @@ class AcceptanceStats:
         for ev in events:
             self.add(ev)
         return self
+
+    def token_shares(self) -> dict[str, float]:
+        """Each source's share of the tokens so far (they sum to 1; empty before any)."""
+        total = sum(self.tokens.values())
+        return {source: n / total for source, n in self.tokens.items()} if total else {}
 
     @property
     def acceptance_length(self) -> float | None:

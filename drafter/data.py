@@ -254,8 +254,12 @@ def held_apart(folder) -> bool:
 
 
 def folder_prompt_files(folder) -> list[str]:
-    """The prompt files a data folder's replies answer (a follow-up folder: those of the folder it follows)."""
-    meta = json.loads((Path(folder) / "meta.json").read_text())
+    """The prompt files a data folder's replies answer (a follow-up folder: those of the folder it follows); none
+    where the folder records none."""
+    path = Path(folder) / "meta.json"
+    if not path.is_file():
+        return []
+    meta = json.loads(path.read_text())
     if "follow_up_of" in meta:
         return folder_prompt_files(meta["follow_up_of"])
     return list(meta.get("prompts", []))

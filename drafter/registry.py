@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 
 from core import phrasebook
-from core.drafting import Drafter, LookupHybrid, NgramDrafter
+from core.drafting import Drafter, LookupHybrid, NgramDrafter, NoNetwork
 from core.target import Target
 from drafter.checkpoint import CheckpointError
 from drafter.runtime import default_weights, load_engine_drafter
@@ -23,6 +23,8 @@ def build_drafter(spec: DrafterSpec, target: Target, allow_download: bool = Fals
         return None
     if spec.name == "ngram":
         return NgramDrafter()
+    if spec.name == "copies":  # the free sources alone: prompt lookup and, where the target has one, its phrasebook
+        return LookupHybrid(NoNetwork(), phrasebook=target_phrasebook(target) if spec.phrasebook else None)
     if spec.is_hf_baseline:
         raise DrafterUnavailable(f"{spec.name} is transformers' own generate, not a drafter for this engine")
     try:

@@ -41,10 +41,10 @@ from core.sampling import SamplingConfig
 FLASHMAP_STEPS = (1, 2, 3, 4)  # jumps of a FlashMap draft: the release's grids (drafter.flashmap_release)
 FLOW_DRAFTERS = ("flashmap", "flashmap-teacher")  # draw noise: steps, noise, best-of and trees apply
 NET_DRAFTERS = FLOW_DRAFTERS + ("dflash",)  # trained networks with a checkpoint
-ENGINE_DRAFTERS = ("none", "ngram") + NET_DRAFTERS
+ENGINE_DRAFTERS = ("none", "ngram", "copies") + NET_DRAFTERS  # copies: prompt lookup and the phrasebook, no network
 HF_BASELINES = ("hf-generate", "hf-prompt-lookup")  # transformers' own generate, for comparison only
 LABELS = {"flashmap": "FlashMap", "flashmap-teacher": "FlashMap teacher", "dflash": "DFlash-style",
-          "ngram": "n-gram", "none": "none (plain)", "hf-generate": "transformers generate",
+          "ngram": "n-gram", "copies": "Copies", "none": "none (plain)", "hf-generate": "transformers generate",
           "hf-prompt-lookup": "transformers prompt lookup"}
 # text key -> field; the order is the canonical text's
 KEYS = {"steps": "steps", "noise": "noise", "best_of": "best_of", "tree": "tree", "scale": "noise_scale",
@@ -102,12 +102,13 @@ class DrafterSpec:
             return "transformers' generate takes no adaptive cut and no drafter weights"
         if not self.calibrated and name not in NET_DRAFTERS:
             return f"calibrated applies to the network drafters ({', '.join(NET_DRAFTERS)}) only"
-        if not self.phrasebook and not self.lookup:
-            return "phrasebook=0 turns off a part of lookup; it needs lookup=1"
-        if self.copy_tries and not self.lookup:
-            return "tries=1 verifies two copies together; it needs lookup=1"
+        if not self.phrasebook and not (self.lookup or name == "copies"):
+            return "phrasebook=0 turns off a part of lookup; it needs lookup=1 (or the copies drafter)"
+        if self.copy_tries and not (self.lookup or name == "copies"):
+            return "tries=1 verifies two copies together; it needs lookup=1 (or the copies drafter)"
         if self.lookup and name not in NET_DRAFTERS:
-            return f"lookup joins the network drafters ({', '.join(NET_DRAFTERS)}); n-gram is prompt lookup itself"
+            return (f"lookup joins the network drafters ({', '.join(NET_DRAFTERS)}); n-gram and copies are lookup "
+                    "themselves")
         if name == "none" and self.weights:
             return "plain decoding has no drafter to give weights to"
         return None
@@ -174,22 +175,41 @@ class DrafterSpec:
         return cls(name=name, **values)
 
 
-APP_DEFAULT = "default"  # the bench's name for the app's default drafter settings (app_default)
+# The drafter choices the app offers, alike in the UI, the API and the bench (choice_spec makes each one spec):
+# auto: the free sources (prompt lookup and the phrasebook) and the FlashMap network where its drafts pay, as measured
+#   in the reply (the default); flashmap / dflash: that network drafts every round at a fixed K, so K, steps and
+#   drafts per round act visibly; copies: auto without the network; none: plain decoding.
+CHOICES = ("auto", "flashmap", "dflash", "copies", "none")
+CHOICE_LABELS = {"auto": "Auto", "flashmap": "FlashMap", "dflash": "DFlash-style", "copies": "Copies",
+                 "none": "None (plain)"}
+APP_DEFAULT = "default"  # the bench's older name for the app's default choice, auto
 
 
-def app_default(name: str = "flashmap", steps: int = 1, tree: int = 1, block_size: int | None = None,
+def choice_spec(choice: str = "auto", steps: int = 1, tree: int = 1, block_size: int | None = None,
                 adaptive: bool = True) -> DrafterSpec:
-    """The drafter settings the app drafts with, one definition for the UI, the API and the bench: adaptive K under
-    the measured verify cost, skips after drafts that did not pay; FlashMap's jumps start from x0 = 0 at every
-    temperature (the zero-noise draft accepts more than a draft from random noise: at T = 0, docs/drafter.md; at
-    T = 0.7 and 1, where its q is sampled, it raised slot 1's acceptance sum_v min(p, q) by 0.05 on math and code and
-    0.02-0.04 on chat, on the same contexts, docs/results/sampled-acceptance-2026-12-03.json), while a tree needs its
-    drafts' noise; prompt lookup and the target's phrasebook join a network drafter at every temperature (T = 0:
+    """The spec of one of the app's drafter choices (CHOICES) with the options a user sets; SpecError says what the
+    choice allows where an option does not fit it. Auto: adaptive K under the measured verify cost, skips after drafts
+    that did not pay, prompt lookup and the target's phrasebook beside the network at every temperature (T = 0:
     1.23-1.38x plain decoding on math and code; T = 1, paired against the network alone: 0.95x against 0.93x on math,
-    1.08x against 0.94x on code, docs/results/engine/t1-lookup-ab-avx2-*.json)."""
-    zero = name == "flashmap" and tree == 1
-    return DrafterSpec(name, steps=steps, tree=tree, block_size=block_size, adaptive=adaptive,
-                       noise_scale=0.0 if zero else 1.0, lookup=name in NET_DRAFTERS)
+    1.08x against 0.94x on code, docs/results/engine/t1-lookup-ab-avx2-*.json). FlashMap's jumps start from x0 = 0
+    at every temperature (the zero-noise draft accepts more than a draft from random noise: at T = 0,
+    docs/drafter.md; at T = 0.7 and 1 it raised slot 1's acceptance sum_v min(p, q) by 0.05 on math and code and
+    0.02-0.04 on chat, docs/results/sampled-acceptance-2026-12-03.json), while a tree needs its drafts' noise."""
+    if choice not in CHOICES:
+        raise SpecError(f"unknown drafter {choice!r}; choose from {', '.join(CHOICES)}")
+    network = {"auto": "flashmap", "flashmap": "flashmap", "dflash": "dflash"}.get(choice)
+    if network is None and (steps != 1 or tree != 1):
+        raise SpecError(f"{CHOICE_LABELS[choice]} drafts without a network: steps and drafts per round must be 1 "
+                        f"(FlashMap's choices: steps {', '.join(map(str, FLASHMAP_STEPS))}, any number of drafts)")
+    if choice == "none":
+        return DrafterSpec("none")
+    if choice == "copies":
+        return DrafterSpec("copies", block_size=block_size, adaptive=adaptive)
+    noise = 0.0 if network == "flashmap" and tree == 1 else 1.0
+    if choice == "auto":
+        return DrafterSpec("flashmap", steps=steps, tree=tree, block_size=block_size, adaptive=adaptive,
+                           noise_scale=noise, lookup=True)
+    return DrafterSpec(network, steps=steps, tree=tree, block_size=block_size, noise_scale=noise)
 
 
 def _cast(field: str, raw: str, text: str):

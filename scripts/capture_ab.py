@@ -15,29 +15,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.drafting import LookupHybrid
-from core.policy import EMPTY, PolicyState
+from core.drafting import LookupHybrid, NoNetwork
+from core.policy import PolicyState
 from scripts.copies_window_ab import prepare, run_prompts, summary
 
 BASE = "every round"
-
-
-class NoNetwork:
-    """A drafter without a network: no features, and an empty block wherever the policy asks it for one."""
-
-    name, feature_layers, context_window = "none", (), None
-
-    def __init__(self, max_block_size: int):
-        self.max_block_size = max_block_size
-
-    def reset(self) -> None:
-        pass
-
-    def extend(self, token_ids, features) -> None:
-        pass
-
-    def propose(self, anchor, block_size, sampling, generator):
-        return EMPTY
 
 
 def arms(hybrid: LookupHybrid) -> dict:

@@ -23,7 +23,7 @@ from core.engine import GenerationConfig
 from core.policy import COPIED_WINDOW, MeasuredPays, PolicyState
 from core.target import load_target
 from core.verify_cost import cost_curves
-from drafter.spec import app_default
+from drafter.spec import choice_spec
 from scripts.long_chat_ab import mean_se, rotated, speed
 
 
@@ -93,7 +93,7 @@ def prepare(doc: str, argv=None, add_args=None):
     torch.set_num_threads(2)
     target = load_target(fields["target"])
     bench.warm_up(target)
-    return args, fields, target, cost_curves(target), bench.make_runner(app_default(), target).with_draft_cost(target)
+    return args, fields, target, cost_curves(target), bench.make_runner(choice_spec(), target).with_draft_cost(target)
 
 
 def run_prompts(fields: dict, target, curves, runner, arms: list[str], states: dict,

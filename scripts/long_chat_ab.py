@@ -22,7 +22,7 @@ from core.engine import GenerationConfig
 from core.prefix import PrefixCache
 from core.target import load_target
 from core.verify_cost import CONTEXTS, cost_curves
-from drafter.spec import app_default
+from drafter.spec import choice_spec
 
 SIDES = ("plain", "one curve", "per context")
 
@@ -74,7 +74,7 @@ def main(argv=None) -> None:
     prompts = [p for path in fields["prompts"] for p in bench.read_prompts(path, count)][args.offset:]
     bench.warm_up(target)
     curves = cost_curves(target)
-    runners = {side: bench.make_runner(app_default(), target).with_draft_cost(target) for side in SIDES[1:]}
+    runners = {side: bench.make_runner(choice_spec(), target).with_draft_cost(target) for side in SIDES[1:]}
     rows = []
     for c in range(args.conversations):
         messages, plain_prefix = [], PrefixCache()

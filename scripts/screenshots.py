@@ -1,6 +1,6 @@
 """Take the README's screenshots: start `python app.py`, chat once, run the compare tab, save PNGs.
 
-python -m scripts.screenshots [--out docs] [--drafter flashmap]   (needs Debian's chromium)
+python -m scripts.screenshots [--out docs] [--drafter auto]   (needs Debian's chromium)
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def chat_in_browser(pw, url: str, message: str, timeout_ms: int = 300_000):
     return browser, page
 
 
-def start_app(port: int, drafter: str = "flashmap", *extra: str) -> tuple[subprocess.Popen, str]:
+def start_app(port: int, drafter: str = "auto", *extra: str) -> tuple[subprocess.Popen, str]:
     """`python app.py` on this port; returns the process and its URL once it serves. proc.log collects every line
     it prints (read on after start-up, so a full pipe never blocks the app)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -61,7 +61,7 @@ def start_app(port: int, drafter: str = "flashmap", *extra: str) -> tuple[subpro
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=str(ROOT / "docs"))
-    parser.add_argument("--drafter", default="flashmap")
+    parser.add_argument("--drafter", default="auto")
     parser.add_argument("--port", type=int, default=7871)
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
@@ -80,7 +80,7 @@ def main() -> None:
             prompt = "Write a Python function that checks whether a number is prime."
             page.locator("#compare-prompt textarea").fill(prompt)
             page.get_by_role("button", name="Run both").click()
-            page.locator("#compare-summary").get_by_text("Speedup").wait_for(timeout=300_000)
+            page.locator("#compare-summary").get_by_text("Check").wait_for(timeout=300_000)
             time.sleep(4)  # the chart renders after the summary
             page.screenshot(path=f"{args.out}/screenshot-compare.png", full_page=True)
             browser.close()

@@ -33,7 +33,7 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def app(data_dir):
-    proc, url = start_app(free_port(), "flashmap", "--data-dir", str(data_dir))
+    proc, url = start_app(free_port(), "auto", "--data-dir", str(data_dir))
     assert url.startswith("http://127.0.0.1:")  # bound to loopback only
     yield proc, url
     proc.terminate()
@@ -97,48 +97,73 @@ def test_soak_thirty_turns_identical_to_plain_with_bounded_memory(app):
     assert proc.poll() is None and end_rss - start_rss < SOAK_RSS_BOUND_MB
 
 
+def choose(page, elem_id: str, label: str) -> None:
+    """Pick `label` in the dropdown `elem_id`."""
+    page.locator(f"#{elem_id} input").click()
+    page.get_by_role("option", name=label, exact=True).click()
+
+
+def slots_per_row(page) -> list[int]:
+    """The drafted slots of each row of the draft panel (the latest reply's rounds)."""
+    return page.evaluate("() => Array.from(document.querySelectorAll('#draft-panel .fm-row')).map("
+                         "r => r.querySelectorAll(\".fm-slot[title^='slot ']\").length)")
+
+
 @browser_needed
-def test_browser_honest_ratio_stop_default_drafts_and_compare(app):
+def test_browser_choices_honest_ratio_stop_and_compare(app):
     from playwright.sync_api import sync_playwright
 
     url = app[1]
     shots = Path(os.environ.get("SCREENSHOT_DIR", "/tmp"))
+    prompt = read_prompt_file("heldout_math")[2]["prompt"]
     with sync_playwright() as pw:
         browser, page = open_page(pw, url)
-        # the default settings' rounds show in the panel: drafted ones, or runs of plain steps where the policy
-        # measured that drafting does not pay (with the native q4 step on a 2-core CPU, most of them)
-        prompt = read_prompt_file("eval_math")[2]["prompt"]
+        # Drafter = FlashMap: the network drafts (nearly) every round, a plain step at most every 16 for the ratio
+        choose(page, "chat-drafter", "FlashMap")
         send(page, prompt)
-        assert page.locator("#draft-panel .fm-row").count() > 1  # the legend is one row
-        # with the adaptive policy off every round drafts, and the target accepts some of it
-        page.locator("#chat-adaptive input").uncheck()
-        send(page, prompt)  # 23 draft tokens accepted here at T = 0
-        assert page.locator("#draft-panel .fm-acc").count() > 1  # the legend holds one
+        stats = page.locator("#stats").inner_text()
+        rounds = {words: int(n) for n, words in re.findall(r"(\d+) (drafted by the network|copied by prompt lookup|"
+                                                          r"copied from the phrasebook|from the network's last block|"
+                                                          r"plain steps)", stats)}
+        assert rounds["drafted by the network"] >= 0.9 * sum(rounds.values()), stats
+        wide = max(slots_per_row(page))
         page.screenshot(path=str(shots / "chat.png"), full_page=True)
-        page.locator("#chat-adaptive input").check()
+        # moving K changes the width of the drafted blocks
+        page.locator("#chat-block input[type=number]").fill("2")
+        page.locator("#chat-block input[type=number]").press("Enter")
+        send(page, prompt)
+        assert wide > 2 and max(slots_per_row(page)) == 2
+        # Auto: the stats give each source's share of the reply's tokens
+        choose(page, "chat-drafter", "Auto")
+        send(page, "Write a Python function that returns the largest of three numbers.")
+        tokens_line = next(line for line in page.locator("#stats").inner_text().splitlines() if "Tokens:" in line)
+        assert "% the target's own steps" in tokens_line and re.search(r"\d+% (the network|prompt lookup|the phrase)",
+                                                                         tokens_line), tokens_line
         # a plain reply's ratio, measured inside it, is 1 within 0.15
-        page.locator("#chat-drafter input").click()
-        page.get_by_role("option", name="none (plain)").click()
+        choose(page, "chat-drafter", "None (plain)")
         send(page, "Tell me about the moon.")
         stats = page.locator("#stats").inner_text()
         ratio = float(re.search(r"× ([0-9.]+) plain decoding", stats).group(1))
-        assert "none (plain)" in stats and abs(ratio - 1.0) < 0.15, stats
+        assert "None (plain)" in stats and abs(ratio - 1.0) < 0.15, stats
         # Stop keeps the partial reply and lays no error over the page
         page.locator("#message textarea").fill("Write a very long story about a dragon and a knight.")
         page.locator("#send").click()
-        page.wait_for_function("() => document.querySelectorAll('[data-testid=bot]').length >= 3")
+        page.wait_for_function("() => document.querySelectorAll('[data-testid=bot]').length >= 4")
         time.sleep(1.5)
         page.locator("#stop").click()
         page.wait_for_function("() => !document.querySelector('.generating, .pending')", timeout=60_000)
         assert page.locator(".error, [data-testid='error'], .toast-body.error").count() == 0
         assert page.locator("[data-testid='bot']").last.inner_text().strip()
-        # Compare streams: the plain side shows text while the run is still going
+        # Compare runs any two choices and streams: the first side shows text while the run is still going
         page.get_by_role("tab", name="Compare").click()
+        choose(page, "compare-against", "Copies")
         page.locator("#compare-prompt textarea").fill("Explain what a hash map is.")
         page.locator("#compare-run").click()
         page.wait_for_function("() => document.querySelector('#compare-plain textarea').value.length > 0")
-        assert "Speedup" not in page.locator("#compare-summary").inner_text()
-        page.locator("#compare-summary").get_by_text("Speedup").wait_for(timeout=300_000)
+        assert "Check" not in page.locator("#compare-summary").inner_text()
+        page.locator("#compare-summary").get_by_text("Check").wait_for(timeout=300_000)
+        summary = page.locator("#compare-summary").inner_text()
+        assert "Auto / Copies" in summary and "identical" in summary, summary
         browser.close()
 
 
@@ -161,7 +186,7 @@ def test_saved_conversation_reopens_after_a_restart(app, data_dir):
         page.wait_for_function("() => !document.querySelector('.generating, .pending')", timeout=300_000)
         assert box.input_value() == ""
         browser.close()
-    proc, url = start_app(free_port(), "ngram", "--data-dir", str(data_dir), "--no-measure")  # a second server
+    proc, url = start_app(free_port(), "copies", "--data-dir", str(data_dir), "--no-measure")  # a second server
     try:
         with sync_playwright() as pw:
             browser, page = open_page(pw, url)

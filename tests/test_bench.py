@@ -22,6 +22,21 @@ def prompts_file(folder, n: int):
     return path
 
 
+def test_the_bench_runs_the_apps_choices_and_refuses_what_a_choice_does_not_take(tiny_folder, tmp_path):
+    out = tmp_path / "r.json"
+    bench.main(["--prompts", str(prompts_file(tmp_path, 2)), "--choice", "copies", "--block-size", "4",
+                "--max-new-tokens", "12", "--target", str(tiny_folder), "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["drafter"] == "copies" and result["adaptive"] and result["identical_to_baseline"] is True
+    assert sum(result["tokens_by_source"].values()) == result["new_tokens"]
+    with pytest.raises(SystemExit, match="steps and drafts per round must be 1"):
+        bench.parse_args(["--prompts", "heldout_math", "--choice", "none", "--steps", "2", "--out", "x.json"])
+    with pytest.raises(SystemExit):  # a choice or a spec, not both
+        bench.parse_args(["--prompts", "heldout_math", "--choice", "auto", "--drafter", "ngram", "--out", "x.json"])
+    assert bench.parse_args(["--prompts", "heldout_math", "--drafter", "default", "--out", "x.json"])[0].spec == \
+        bench.parse_args(["--prompts", "heldout_math", "--choice", "auto", "--out", "x.json"])[0].spec
+
+
 def test_bench_contract(tiny_folder, tmp_path):
     prompts = prompts_file(tmp_path, 3)
     out = tmp_path / "r.json"

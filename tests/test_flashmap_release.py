@@ -157,11 +157,11 @@ def test_refuses_what_does_not_fit_and_never_runs_the_folders_code(reference, fo
 
 
 def test_the_apps_default_settings_draft_with_a_release_folder(folder, tiny_qwen3_target):
-    """The app's default (drafter.spec.app_default: adaptive cut, prompt lookup and copies beside the network, x0 = 0)
-    over a released-format network: replies equal plain decoding at T = 0."""
-    from drafter.spec import app_default
+    """The app's default (drafter.spec.choice_spec("auto"): adaptive cut, prompt lookup and copies beside the network,
+    x0 = 0) over a released-format network: replies equal plain decoding at T = 0."""
+    from drafter.spec import choice_spec
 
-    spec = app_default()
+    spec = choice_spec()
     drafter = build_drafter(replace(spec, weights=str(folder)), tiny_qwen3_target)
     assert isinstance(drafter.main, ReleaseDrafter) and drafter.main.noise_scale == 0.0
     gen = GenerationConfig(max_new_tokens=30, block_size=BLOCK, verify_cost=(1.0, 1.1, 1.2, 1.3, 1.4))

@@ -19,7 +19,7 @@ def service(tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(service):
     app = FastAPI()
-    add_openai_routes(app, service, "ngram")
+    add_openai_routes(app, service, "copies")
     return openai.OpenAI(base_url="http://testserver/v1", api_key="local", http_client=TestClient(app), max_retries=0)
 
 
@@ -41,7 +41,7 @@ def test_completion_equals_plain_decoding_and_reports_speculative_stats(client, 
     assert reply.choices[0].message.content == plain_reply(service, "w10 w11 w12 w10 w11", 24)
     assert reply.choices[0].finish_reason in ("stop", "length") and reply.usage.completion_tokens > 0
     spec = reply.model_extra["speculative"]
-    assert spec["drafter"] == "ngram" and spec["acceptance_length"] >= 1.0 and spec["tokens_per_s"] > 0
+    assert spec["drafter"] == "copies" and spec["acceptance_length"] >= 1.0 and spec["tokens_per_s"] > 0
     assert sum(spec["rounds_by_source"].values()) == spec["rounds"]  # plain steps and drafted rounds, counted
 
 
@@ -67,6 +67,12 @@ def test_bad_requests_get_4xx_with_a_message(client):
               openai.BadRequestError, "block size"),
              (dict(model="tiny-api", messages=[{"role": "user", "content": "hi"}],
                    extra_body={"drafter": "flashmap", "steps": 7}), openai.BadRequestError, "1, 2, 3, 4 jumps"),
+             (dict(model="tiny-api", messages=[{"role": "user", "content": "hi"}],
+                   extra_body={"drafter": "copies", "steps": 2}), openai.BadRequestError, "Copies drafts without"),
+             (dict(model="tiny-api", messages=[{"role": "user", "content": "hi"}],
+                   extra_body={"drafter": "none", "tree": 4}), openai.BadRequestError, "steps and drafts per round"),
+             (dict(model="tiny-api", messages=[{"role": "user", "content": "hi"}],
+                   extra_body={"drafter": "ngram"}), openai.BadRequestError, "auto, flashmap, dflash, copies, none"),
              (dict(model="tiny-api", messages=[{"role": "user", "content": "w9 " * 600}]), openai.BadRequestError,
               "context")]
     for kwargs, error, words in cases:

@@ -119,7 +119,7 @@ def test_a_chat_reply_comes_from_the_server_and_says_what_it_does_not_expose(ser
 
 def test_compare_puts_this_engines_plain_decoding_beside_the_server(service):
     *_, last = ui.compare(service, "w10 w11 w12", drafter=REMOTE, **SETTINGS)
-    assert "identical to plain decoding" in last[2] and "vLLM server" in last[2]
+    assert "identical, token for token" in last[2] and "vLLM server" in last[2]
 
 
 def test_stop_ends_a_server_reply_and_keeps_what_was_written(service, target):

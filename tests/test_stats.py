@@ -16,6 +16,21 @@ def test_acceptance_stats_condition_on_earlier_slots():
     assert stats.per_slot(4) == [2 / 3, 1 / 2, 1.0, None] and stats.per_slot() == [2 / 3, 1 / 2, 1.0]
 
 
+def test_each_source_s_share_of_the_reply_s_tokens():
+    """Accepted draft tokens count to the round's source, every other committed token (the prefill's, each round's
+    own from the target, plain steps) to the target; a round cut short by the end counts only what it committed."""
+    events = [event(kind="prefill", committed=(5,)), event(drafted=(1, 2, 3), n_accepted=2, committed=(1, 2, 9),
+                                                            source="drafter"),
+              event(drafted=(4, 5), n_accepted=2, committed=(4, 5, 6), source="phrasebook"),
+              event(committed=(7,)), event(drafted=(8, 8), n_accepted=2, committed=(8,), source="lookup",
+                                           finish_reason="length")]
+    stats = AcceptanceStats().add_all(events)
+    assert stats.tokens == {"target": 4, "drafter": 2, "phrasebook": 2, "lookup": 1}
+    assert stats.token_shares() == pytest.approx({"target": 4 / 9, "drafter": 2 / 9, "phrasebook": 2 / 9,
+                                                  "lookup": 1 / 9})
+    assert AcceptanceStats().token_shares() == {}
+
+
 def replay(intervals_and_drafts):
     """A ReplySpeed fed rounds of (seconds, drafted tokens, accepted) after a prefill at t = 0."""
     from core.stats import ReplySpeed

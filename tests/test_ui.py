@@ -11,7 +11,7 @@ from core.stats import AcceptanceStats
 from core.testing import event, make_target, tiny_llama
 from core.verify_cost import CostCurves
 
-SETTINGS = dict(drafter="ngram", block_size=4, steps=1, temperature=0.0, top_p=1.0, max_new_tokens=24)
+SETTINGS = dict(drafter="copies", block_size=4, steps=1, temperature=0.0, top_p=1.0, max_new_tokens=24)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def toasts(monkeypatch):
 
 
 def test_only_working_drafters_are_offered(service):
-    assert service.available() == ["ngram", "none"]
+    assert service.available() == ["auto", "copies", "none"]  # auto without a network: the free sources
     assert "no drafter checkpoint" in service.unavailable["flashmap"]
 
 
@@ -135,12 +135,25 @@ def test_conversations_reopen_rename_and_delete(service):
 
 def test_compare_streams_both_sides_then_checks_identity(service, monkeypatch):
     monkeypatch.setattr(ui, "UPDATE_EVERY_S", 0.0)
-    outputs = list(ui.compare(service, "w10 w11 w12 w10 w11", drafter="ngram", block_size=4, max_new_tokens=24))
-    plain_only = [o for o in outputs if o[0] and not o[1]]
+    outputs = list(ui.compare(service, "w10 w11 w12 w10 w11", drafter="copies", block_size=4, max_new_tokens=24))
+    plain_only = [o for o in outputs[:-1] if o[0]["value"] and not o[1]["value"]]
     assert plain_only and "Plain decoding" in plain_only[0][2]  # text on screen before the run ends
+    assert plain_only[0][0]["label"] == "Plain decoding" and plain_only[0][1]["label"] == "Copies"
     plain, spec, summary, figure = outputs[-1]
-    assert plain == spec and "identical" in summary and "Speedup" in summary
-    assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["plain", "n-gram"]
+    assert plain == spec and "identical" in summary and "Copies / Plain decoding" in summary
+    assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["Plain decoding", "Copies"]
+
+
+def test_compare_runs_any_two_choices():
+    """Compare's first side is any choice too (default: plain decoding); the same choice twice is told apart."""
+    from app.service import ChatService
+    from core.testing import make_target, tiny_llama
+
+    service = ChatService(make_target(tiny_llama()))
+    *_, last = ui.compare(service, "w10 w11 w12 w10 w11", "copies", drafter="auto", block_size=4, max_new_tokens=16)
+    assert "**Copies:**" in last[2] and "**Auto:**" in last[2] and "identical" in last[2]
+    *_, last = ui.compare(service, "w10 w11 w12", "copies", drafter="copies", max_new_tokens=8)
+    assert "**Copies (2) / Copies:**" in last[2]
 
 
 def test_ui_builds_with_named_api_endpoints(service):
@@ -153,7 +166,7 @@ def test_ui_builds_with_named_api_endpoints(service):
 
 
 def test_drafter_change_sets_k_range_and_disables_what_does_not_apply(service):
-    block, steps, tree, adaptive = ui.drafter_options(service, "ngram", 16)
+    block, steps, tree, adaptive = ui.drafter_options(service, "copies", 16)
     assert block["maximum"] == 16 and steps["interactive"] is False and steps["value"] == 1
     assert tree["interactive"] is False and adaptive["interactive"] is True
     block, *_ = ui.drafter_options(service, "none", 8)
@@ -232,8 +245,12 @@ def test_flashmap_drafts_from_zero_noise_at_every_temperature():
         assert ChatSettings(**zero).spec().noise_scale == 0.0
     for other in (dict(tree=4), dict(drafter="dflash")):
         assert ChatSettings(**other).spec().noise_scale == 1.0
-    assert ChatSettings().spec().lookup and ChatSettings(drafter="dflash").spec().lookup
-    assert ChatSettings(temperature=1.0).spec().lookup and not ChatSettings(drafter="ngram").spec().lookup
+    assert ChatSettings().spec().lookup and ChatSettings(temperature=1.0).spec().lookup  # auto
+    for network in ("flashmap", "dflash"):  # the network every round: no free sources, no adaptive cut or skip
+        spec = ChatSettings(drafter=network, adaptive=True).spec()
+        assert spec.name == network and not spec.lookup and not spec.adaptive
+    assert ChatSettings(drafter="flashmap").spec().noise_scale == 0.0
+    assert ChatSettings(drafter="copies").spec().name == "copies" and ChatSettings(drafter="none").spec().name == "none"
 
 
 def test_prompt_lookup_wraps_the_network_drafter_without_loading_it_again(monkeypatch, tmp_path):
