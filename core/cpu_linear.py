@@ -262,7 +262,7 @@ class Int4Linear(torch.nn.Module):
 
     With the native step's module (core.native), by its q4_mm: the codes unpacked once per block for every row fed
     and summed by bf16 pair dot products (AVX512-BF16 where the CPU has it), 2-2.6x faster than torch's kernel at 1
-    to 17 rows on SmolLM2's shapes (two threads, `python -m scripts.kernel_timing`). Without it, by torch's
+    to 17 rows on SmolLM2's shapes (two threads, `python -m lab.kernel_timing`). Without it, by torch's
     CPU int4 kernel, whose dequantisation is w = (code - 8) * scale + zero, so zero = minimum + 8 * scale. Either way
     each output row is computed independently of the others (core.exactness checks it on the machine)."""
 

@@ -61,7 +61,7 @@ class FeatureCapture:
     """When the engine captures the drafter's features (core.engine.captures) and when its network has enough of them
     to be called. The network is asked only in rounds where no copy pays, ~1 in 10-20 on math and code, yet its
     features were captured, kept and handed to it in every forward: capturing only as below made the app's default
-    1.7% +- 0.6% faster, pooled over ten paired sets (`python -m scripts.capture_ab`, docs/engine.md). The prompt's
+    1.7% +- 0.6% faster, pooled over ten paired sets (`python -m lab.capture_ab`, docs/engine.md). The prompt's
     prefill captures (the network starts with its context), then only the `armed` forwards after a round that wanted
     the network do, and after a gap the network is called only once `ready` forwards in a row captured its context
     again. A drafter that is all network wants it every round and so captures every forward, as before. A policy
@@ -329,7 +329,7 @@ class RoundCosts:
     plain rounds in 0.34.0's chat bench where start-up curves read 1.12-1.20; AVX2 EPYC, 2026-12-03), and it is
     measured once, in a few seconds (start-ups minutes apart read 1.53-1.82 for four positions). Against the start-up
     curve alone: chat 1.05x, code 1.01x, math 1.02x, and 1.03-1.05x on a curve half again as steep
-    (scripts.round_costs_ab, docs/engine.md). A length found dear is verified less and so measured less: its window
+    (lab.round_costs_ab, docs/engine.md). A length found dear is verified less and so measured less: its window
     keeps the last rounds that fed it. A policy input only (past rounds' timings): exact at every temperature."""
 
     window: int = 16
@@ -385,14 +385,14 @@ class PolicyState:
     the network's rounds and the copied rounds (prompt lookup, phrasebook, block tail) each against plain steps, the
     copied drafts' acceptance and, at T > 0, the network's acceptance per slot. The copied rounds' verdict reads the
     last 64 rounds of each kind: a copied round commits ~1.3-2 tokens for 1.1-1.4 plain rounds, a margin that 16
-    rounds' timings on a busy machine often reversed, skipping copies that paid (scripts.copies_window_ab, 24 prompts,
+    rounds' timings on a busy machine often reversed, skipping copies that paid (lab.copies_window_ab, 24 prompts,
     AVX2 EPYC, 2026-12-03: 64 rounds against 16, chat +1.7% +- 1.6% and math +1.1% +- 1.9% at T = 0, and in earlier
     runs chat +3.3% / +1.7% at T = 0 / 1, math +3.5%; never skipping copies lost on math, -1.0% +- 2.1%). The
     network's rounds cost 2-3 plain rounds and are rare, so its verdict keeps 16. At T = 0, until 16 copied rounds
     were measured a losing verdict only backs off (MeasuredPays.confident_rounds): a first verdict on three cold rounds
     had set a wait of ~50 rounds, and each later try added one round to a window that still held them, so copies stayed
     off for replies where they paid; at T > 0, where copies pay by a few percent at most, the first verdict's wait
-    stays (scripts.verdict_ab, docs/engine.md)."""
+    stays (lab.verdict_ab, docs/engine.md)."""
 
     drafter: MeasuredPays = field(default_factory=MeasuredPays)
     lookup: MeasuredPays = field(default_factory=lambda: MeasuredPays(window=COPIED_WINDOW))

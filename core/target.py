@@ -441,7 +441,7 @@ def native_prefill(native, flags: frozenset[str]) -> bool:
     """Whether a q4 prompt's prefill runs through the native step (core.lean): where the CPU has no bf16 products
     (the op-by-op prefill's bf16 weights cost more than the step's kernel), and where the step's products are integer
     ones (VNNI) on a CPU without AMX: there the step prefilled prompts of 40 / 200 / 600 tokens in 47 / 230 / 793 ms
-    against the op-by-op bf16 prefill's 75 / 233 / 696 (AVX512-BF16 EPYC, `python -m scripts.prefill_ab`,
+    against the op-by-op bf16 prefill's 75 / 233 / 696 (AVX512-BF16 EPYC, `python -m lab.prefill_ab`,
     2026-12-04), and a prefill through the step is batch-invariant, so a conversation's earlier turns are reused
     (core.prefix) instead of prefilled again."""
     integer = native is not None and native.ACTIVATIONS == "8-bit"

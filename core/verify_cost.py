@@ -69,7 +69,7 @@ def interleaved(passes: dict, repeats: int) -> Iterator[dict]:
     """One pass of each timed_passes generator in turn, `repeats` rounds, each round starting one key later: yields
     {key: {T: median seconds so far}} after every round, so a caller can hand the model to others in between. The
     rotation: the pass that opened every round read slower (one build against itself after 512 cached positions, 60
-    rounds: 1.31x over one position, 1.07x over two, `python -m scripts.products_ab --commit HEAD`, 2026-12-04)."""
+    rounds: 1.31x over one position, 1.07x over two, `python -m lab.products_ab --commit HEAD`, 2026-12-04)."""
     keys = list(passes)
     for round_index in range(repeats):
         first = round_index % len(keys)

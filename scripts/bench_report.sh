@@ -58,7 +58,7 @@ off offline-acceptance-stride16 --data data/smollm2-val --stride 16 --variants d
   flashmap-teacher,steps=16,scale=0
 off offline-walk --data data/smollm2-val --walk --variants flashmap,scale=0 flashmap,steps=2,scale=0 dflash
 # the adaptive policy (calibrated confidence, drafts charged for the drafter's call) against the one before it
-ab() { local name=$1; shift; [ -f "$R/$name-$DATE.json" ] || $PY -m scripts.policy_ab "$@" --out "$R/$name-$DATE.json"; }
+ab() { local name=$1; shift; [ -f "$R/$name-$DATE.json" ] || $PY -m lab.policy_ab "$@" --out "$R/$name-$DATE.json"; }
 ab policy-ab-t0 --prompts eval_math eval_code eval_chat --limit 4 --max-new-tokens 96 \
   --drafters flashmap,scale=0 dflash --arms new before
 ab policy-ab-2step-t0 --prompts eval_math eval_code eval_chat --limit 4 --max-new-tokens 96 \

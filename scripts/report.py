@@ -420,7 +420,7 @@ def calibration_section(calibration: dict, ab_runs: list[dict]) -> list[str]:
                        f"{row['expected_raw']:.2f} | {row['expected_calibrated']:.2f} |")
     if not ab_runs:
         return doc + [""]
-    doc += ["", "`python -m scripts.policy_ab --prompts eval_math eval_code eval_chat --limit N --max-new-tokens 96 "
+    doc += ["", "`python -m lab.policy_ab --prompts eval_math eval_code eval_chat --limit N --max-new-tokens 96 "
             "--drafters … [--temperature 1]` (app.suite's rotation, one plain baseline, background training paused; "
             "the lines in scripts/bench_report.sh; measured with version 0.10's checkpoints): the adaptive policy now "
             "(**new**: calibrated confidence at T = 0, each draft charged for the drafter's call when deciding to "

@@ -1,3 +1,4 @@
+import argparse
 import json
 
 import pytest
@@ -35,6 +36,17 @@ def test_the_bench_runs_the_apps_choices_and_refuses_what_a_choice_does_not_take
         bench.parse_args(["--prompts", "heldout_math", "--choice", "auto", "--drafter", "ngram", "--out", "x.json"])
     assert bench.parse_args(["--prompts", "heldout_math", "--drafter", "default", "--out", "x.json"])[0].spec == \
         bench.parse_args(["--prompts", "heldout_math", "--choice", "auto", "--out", "x.json"])[0].spec
+
+
+def test_a_tuning_comparison_refuses_a_held_out_set_and_the_bench_reads_it():
+    """scripts/ comparisons read their prompts through run_fields(args, tuning=True): a held-out set is refused there
+    (core.prompts.ROLES), while the bench, which only reports, reads it."""
+    parser = argparse.ArgumentParser()
+    bench.add_run_args(parser)
+    args = parser.parse_args(["--prompts", "tuning_math", "heldout_chat", "--out", "x.json"])
+    with pytest.raises(SystemExit, match="heldout_chat.jsonl is a held-out set"):
+        bench.run_fields(args, tuning=True)
+    assert bench.run_fields(args)["prompts"] == ("tuning_math", "heldout_chat")
 
 
 def test_bench_contract(tiny_folder, tmp_path):

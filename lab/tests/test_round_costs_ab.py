@@ -1,6 +1,6 @@
 import pytest
 
-from scripts.round_costs_ab import ARMS, StartUpOnly, steeper, summary
+from lab.round_costs_ab import ARMS, StartUpOnly, steeper, summary
 
 
 def test_summary_gives_each_arm_over_plain_and_each_measured_arm_over_its_start_up_only_twin():

@@ -1,7 +1,7 @@
 """The adaptive draft policy with its confidence calibration and skips against the one before it, side by side in
 one run (app.suite's rotation).
 
-python -m scripts.policy_ab --prompts eval_math eval_code eval_chat --limit 5 --max-new-tokens 96 \
+python -m lab.policy_ab --prompts eval_math eval_code eval_chat --limit 5 --max-new-tokens 96 \
     --drafters flashmap,scale=0 dflash --out docs/results/policy-ab-t0-DATE.json
 
 For each drafter spec, with adaptive=1:

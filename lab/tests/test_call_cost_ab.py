@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from scripts.call_cost_ab import ChargedClock
+from lab.call_cost_ab import ChargedClock
 
 
 def test_the_clock_leaves_out_the_uncharged_part_of_each_call():

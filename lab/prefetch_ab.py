@@ -2,7 +2,7 @@
 one process: the target's forwards over 1, 2 and 5 positions at one cached context, the distances alternated forward
 by forward, then plain-decoding replies to real prompts, the distances alternated prompt by prompt.
 
-python -m scripts.prefetch_ab --prompts eval_chat eval_math --limit 24 --quant q4 --distances 0 2 3 --reps 600 \
+python -m lab.prefetch_ab --prompts eval_chat eval_math --limit 24 --quant q4 --distances 0 2 3 --reps 600 \
     --out docs/results/engine/prefetch-ab-DATE.json
 
 Forwards: the median milliseconds of each (distance, positions), and each distance's over no prefetch, paired by
@@ -24,7 +24,7 @@ from core.engine import GenerationConfig
 from core.forward import target_forward
 from core.prefix import PrefixCache
 from core.target import load_target
-from scripts.long_chat_ab import mean_se, rotated, speed
+from lab.long_chat_ab import mean_se, rotated, speed
 
 POSITIONS = (1, 2, 5)  # a plain step, a one-token copy, a four-token draft
 

@@ -3,7 +3,7 @@
 time counts it; each prompt's plain reply and the three arms' replies in rotated order, every arm with its own
 PolicyState. The saving is emulated, not made: the figure bounds what a faster call could give this policy.
 
-python -m scripts.call_cost_ab --prompts eval_math --limit 24 --quant q4 --out FILE.json
+python -m lab.call_cost_ab --prompts eval_math --limit 24 --quant q4 --out FILE.json
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from dataclasses import replace
 from app import bench
 from core.engine import GenerationConfig, generate
 from core.policy import PolicyState
-from scripts.copies_window_ab import prepare
-from scripts.long_chat_ab import mean_se, rotated
+from lab.copies_window_ab import prepare
+from lab.long_chat_ab import mean_se, rotated
 
 FRACTIONS = (1.0, 0.5, 0.25)
 

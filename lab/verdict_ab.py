@@ -7,7 +7,7 @@ order; every arm carries its own PolicyState from prompt to prompt as the app do
 start afresh every --restart-every prompts (a new start of the app: the first replies after one are where a verdict
 read from a few rounds had switched copies off).
 
-python -m scripts.verdict_ab --prompts tuning_math --limit 24 --restart-every 8 [--patience 8 16 32] --quant q4 \
+python -m lab.verdict_ab --prompts tuning_math --limit 24 --restart-every 8 [--patience 8 16 32] --quant q4 \
     --out docs/results/engine/verdict-ab-math-t0-DATE.json
 
 Each arm's figure is the mean over prompts of its tokens a second over the plain reply's, with the standard error,
@@ -17,8 +17,8 @@ T = 0 every reply is checked against plain decoding.
 from __future__ import annotations
 
 from core.policy import COPIED_PATIENCE, PolicyState
-from scripts.copies_window_ab import prepare, run_prompts, summary
-from scripts.products_ab import print_and_save, rounded
+from lab.copies_window_ab import prepare, run_prompts, summary
+from lab.products_ab import print_and_save, rounded
 
 BASE = "0.40.0"  # the verdict's long wait from its first reading
 

@@ -2,7 +2,7 @@
 prefill, side by side on one loaded target, the two alternated prompt length by prompt length: what
 core.target.native_prefill decides from.
 
-python -m scripts.prefill_ab [--lengths 40 200 600] [--repeats 6] [--out docs/results/engine/prefill-ab-DATE.json]
+python -m lab.prefill_ab [--lengths 40 200 600] [--repeats 6] [--out docs/results/engine/prefill-ab-DATE.json]
 
 Prints and writes the median milliseconds of each (way, prompt length); random token ids, the cache new each time.
 """
@@ -16,7 +16,7 @@ import torch
 
 from core.forward import target_forward
 from core.target import TargetConfig, load_target
-from scripts.products_ab import print_and_save
+from lab.products_ab import print_and_save
 
 WAYS = {"native": True, "op by op": False}
 

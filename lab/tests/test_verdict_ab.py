@@ -1,6 +1,6 @@
 from core.engine import GenerationConfig
 from core.policy import DraftPolicy
-from scripts.verdict_ab import BASE, arms_for
+from lab.verdict_ab import BASE, arms_for
 
 
 def test_each_arm_starts_a_state_with_its_own_patience_and_0_40_0_s_has_none():

@@ -1,7 +1,7 @@
 import pytest
 
-from scripts.products_ab import rounded
-from scripts.suite_pairs import pairs
+from lab.products_ab import rounded
+from lab.suite_pairs import pairs
 
 
 def variant(name: str, seconds: list[float]) -> dict:

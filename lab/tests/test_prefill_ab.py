@@ -3,7 +3,7 @@ import torch
 
 from core.lean import LeanForward
 from core.testing import tiny_qwen3
-from scripts.prefill_ab import compare
+from lab.prefill_ab import compare
 from tests.test_lean import lean_target
 
 

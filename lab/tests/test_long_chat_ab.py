@@ -1,6 +1,6 @@
 import pytest
 
-from scripts.long_chat_ab import rotated, summary
+from lab.long_chat_ab import rotated, summary
 
 
 def test_summary_pairs_the_two_curves_turn_by_turn():

@@ -3,7 +3,7 @@ app's default with the verdict over the last 64 rounds of each kind (the default
 never skipping copies, each prompt's plain reply and the three drafted ones in rotated order, every arm carrying its
 own PolicyState from prompt to prompt as the app does from reply to reply.
 
-python -m scripts.copies_window_ab --prompts eval_chat --limit 24 [--temperature 1] --quant q4 \
+python -m lab.copies_window_ab --prompts eval_chat --limit 24 [--temperature 1] --quant q4 \
     --out docs/results/engine/copies-window-ab-chat-t0-DATE.json
 
 Each arm's figure is the mean over prompts of its tokens a second over the plain reply's, with the standard error,
@@ -24,7 +24,7 @@ from core.policy import COPIED_WINDOW, MeasuredPays, PolicyState
 from core.target import load_target
 from core.verify_cost import cost_curves
 from drafter.spec import choice_spec
-from scripts.long_chat_ab import mean_se, rotated, speed
+from lab.long_chat_ab import mean_se, rotated, speed
 
 
 class NeverSkip(MeasuredPays):

@@ -2,7 +2,7 @@
 int4 kernel and through the native step's q4_mm (core.cpu_linear.Int4Linear both ways), and the drafter trunk's fp32
 shapes through torch's linear and the native trunk's kernel (drafter.native_trunk).
 
-python -m scripts.kernel_timing [--threads 2] [--rows 1 2 5 9 17]
+python -m lab.kernel_timing [--threads 2] [--rows 1 2 5 9 17]
 
 Prints microseconds a call (the best of five batches) for each shape and row count, and whether every row of the
 17-row product equals that row computed alone (batch invariance).

@@ -1,6 +1,6 @@
 """app.suite's variants against its first, paired by prompt, from its JSON files, into one compact file.
 
-python -m scripts.suite_pairs runs/suite-*.json [--costs try] --out docs/results/engine/NAME-DATE.json
+python -m lab.suite_pairs runs/suite-*.json [--costs try] --out docs/results/engine/NAME-DATE.json
 
 app.suite runs plain decoding and every variant on each prompt in turn and reports each variant against plain
 decoding; what two variants differ by is read best prompt by prompt (the machine's speed moves between prompts alike
@@ -15,8 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
-from scripts.long_chat_ab import mean_se
-from scripts.products_ab import print_and_save, rounded
+from lab.long_chat_ab import mean_se
+from lab.products_ab import print_and_save, rounded
 
 KEPT = ("speedup", "speedup_se", "acceptance_length", "rounds_by_source", "identical_to_baseline")
 

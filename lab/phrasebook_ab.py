@@ -2,7 +2,7 @@
 per book in rotated order, the same network and prompt lookup beside each book, every arm carrying its own PolicyState
 from prompt to prompt as the app does from reply to reply.
 
-python -m scripts.phrasebook_ab --prompts eval_chat --limit 24 --quant q4 \
+python -m lab.phrasebook_ab --prompts eval_chat --limit 24 --quant q4 \
     --books weights/smollm2-135m-instruct/phrasebook runs/phrasebook-new \
     --out docs/results/engine/phrasebook-books-ab-chat-t0-DATE.json
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 from core import phrasebook
 from core.drafting import LookupHybrid
 from core.policy import PolicyState
-from scripts.copies_window_ab import prepare, run_prompts, summary
-from scripts.products_ab import print_and_save, rounded
+from lab.copies_window_ab import prepare, run_prompts, summary
+from lab.products_ab import print_and_save, rounded
 
 
 def add_args(parser) -> None:

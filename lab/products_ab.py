@@ -3,9 +3,9 @@ it compiles with some instruction sets turned off (another CPU's products, core/
 commit's sources make (`--commit`, what a change to the step gained), forwards over 1..17 positions interleaved pass
 by pass (core.verify_cost.interleaved_costs), each build at its own default prefetch distance or at one given for both.
 
-python -m scripts.products_ab --without avx512vnni [--cached 256] [--repeats 40] [--prefetch 0] \
+python -m lab.products_ab --without avx512vnni [--cached 256] [--repeats 40] [--prefetch 0] \
     --out docs/results/engine/products-ab-DATE.json
-python -m scripts.products_ab --commit REV [--cached 128] --out docs/results/engine/step-ab-DATE.json
+python -m lab.products_ab --commit REV [--cached 128] --out docs/results/engine/step-ab-DATE.json
 
 Prints and writes the median milliseconds of each (build, positions), each build's cost over one position, and
 whether the two builds' logits of one probe are the same bits.

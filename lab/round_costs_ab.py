@@ -4,7 +4,7 @@ in rotated order, every arm carrying its own PolicyState from prompt to prompt a
 start-up curve is measured once at the start, as the bench and the app measure it; the arms also run on a curve whose
 every step past one position is half again as steep, as a start-up on a busy machine can read it.
 
-python -m scripts.round_costs_ab --prompts eval_code --limit 24 --quant q4 [--arms ARM ...] \
+python -m lab.round_costs_ab --prompts eval_code --limit 24 --quant q4 [--arms ARM ...] \
     --out docs/results/engine/round-costs-ab-code-t0-DATE.json
 
 Each arm's figure is the mean over prompts of its tokens a second over the plain reply's, with the standard error, and
@@ -19,8 +19,8 @@ from pathlib import Path
 from app import bench
 from core.engine import GenerationConfig
 from core.policy import PolicyState, RoundCosts
-from scripts.copies_window_ab import prepare, run_arms
-from scripts.long_chat_ab import mean_se
+from lab.copies_window_ab import prepare, run_arms
+from lab.long_chat_ab import mean_se
 
 STEEPER = 1.5  # the steep start-up: 1 + 1.5 (c_n - 1)
 

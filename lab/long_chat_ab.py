@@ -1,7 +1,7 @@
 """The app's default in long conversations with the verify cost read after each reply's context against one curve
 measured after 256 cached positions, side by side in one run.
 
-python -m scripts.long_chat_ab --prompts eval_chat --turns 10 --conversations 2 [--offset 0] [--temperature 0] \
+python -m lab.long_chat_ab --prompts eval_chat --turns 10 --conversations 2 [--offset 0] [--temperature 0] \
     --out docs/results/long-chat-curves-DATE.json
 
 Each conversation takes `turns` prompts in order as its user turns; every turn's reply is written three ways, their

@@ -1,7 +1,7 @@
 from core.drafting import LookupHybrid
 from core.engine import GenerationConfig, captures, generate_all
 from core.policy import DraftPolicy
-from scripts.capture_ab import BASE, arms
+from lab.capture_ab import BASE, arms
 from tests.test_engine import Clock, WindowedSlowDrafter
 
 

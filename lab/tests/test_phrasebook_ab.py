@@ -1,6 +1,6 @@
 import pytest
 
-from scripts.phrasebook_ab import summary
+from lab.phrasebook_ab import summary
 
 
 def test_each_book_over_plain_and_the_later_books_over_the_first_paired_by_prompt():

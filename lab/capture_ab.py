@@ -4,7 +4,7 @@ captured in every forward as before 0.45.0 ("every round"), and its free sources
 only", no features at all: what the network costs or brings in all), each prompt's plain reply and the three
 drafted ones in rotated order, every arm carrying its own PolicyState from prompt to prompt as the app does.
 
-python -m scripts.capture_ab --prompts eval_math --limit 24 [--temperature 1] --quant q4 \
+python -m lab.capture_ab --prompts eval_math --limit 24 [--temperature 1] --quant q4 \
     --out docs/results/engine/capture-ab-math-t0-DATE.json
 
 Each arm's figure is the mean over prompts of its tokens a second over the plain reply's, with the standard error, and
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from core.drafting import LookupHybrid, NoNetwork
 from core.policy import PolicyState
-from scripts.copies_window_ab import prepare, run_prompts, summary
+from lab.copies_window_ab import prepare, run_prompts, summary
 
 BASE = "every round"
 

@@ -1,6 +1,6 @@
 import pytest
 
-from scripts.prefetch_ab import forward_summary
+from lab.prefetch_ab import forward_summary
 
 
 def test_each_distance_s_forwards_are_read_against_no_prefetch_paired_by_iteration():

@@ -1,6 +1,6 @@
 import pytest
 
-from scripts.copies_window_ab import ARMS, BASE, NeverSkip, summary
+from lab.copies_window_ab import ARMS, BASE, NeverSkip, summary
 
 
 def test_summary_gives_each_arm_over_plain_and_over_the_16_round_verdict_paired_by_prompt():
@@ -25,7 +25,7 @@ def test_the_never_skip_arm_keeps_drafting_where_the_verdict_would_back_off():
 
 def test_run_prompts_starts_every_arm_afresh_every_restart_every_prompts(monkeypatch):
     from core.sampling import SamplingConfig
-    from scripts import copies_window_ab
+    from lab import copies_window_ab
 
     class Target:
         def chat_ids(self, messages):

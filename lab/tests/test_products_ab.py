@@ -2,7 +2,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from scripts.products_ab import summary
+from lab.products_ab import summary
 
 
 def test_a_build_s_summary_reads_its_costs_against_one_position_and_names_its_products():
@@ -16,7 +16,7 @@ def test_a_build_s_summary_reads_its_costs_against_one_position_and_names_its_pr
 def test_a_result_is_printed_and_written_as_one_compact_json_line(tmp_path, capsys):
     import json
 
-    from scripts.products_ab import print_and_save
+    from lab.products_ab import print_and_save
 
     out = tmp_path / "deeper" / "result.json"
     print_and_save({"ms": {1: 4.0}}, str(out))
@@ -29,7 +29,7 @@ def test_a_commits_step_is_built_from_that_commits_sources(tmp_path):
     """--commit builds the step from the files a commit holds under core/csrc/ (here HEAD's), every one of them."""
     import subprocess
 
-    from scripts.products_ab import commit_step
+    from lab.products_ab import commit_step
 
     module = commit_step("HEAD", tmp_path)
     names = subprocess.run(["git", "ls-tree", "--name-only", "HEAD", "core/csrc/"], capture_output=True, text=True,
