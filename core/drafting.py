@@ -44,6 +44,9 @@ class Draft:
     # a copy try (core.policy.DraftPolicy.best_try): the copied alternative's (source, matched suffix length), whose
     # acceptance beside this draft the policy measures apart; None for every other draft
     beside: tuple[str, int] | None = None
+    # a copy joined as an alternative beside the network's draft (LookupHybrid.propose): where it comes from, "lookup"
+    # or "phrasebook"; "" where no alternative is a copy
+    branch_source: str = ""
 
     @cached_property
     def ids(self) -> list[int]:
@@ -275,8 +278,10 @@ class LookupHybrid:
         draft = self.main.propose(anchor, block_size, sampling, generator)
         confidence = [] if draft.confidence is None else draft.confidence.tolist()
         self.tail.drafted(anchor, draft.ids, confidence)
-        copied = self.ngram.lookup(anchor, block_size)[0] or self.phrase(anchor, block_size)[0]
+        looked_up = self.ngram.lookup(anchor, block_size)[0]
+        copied = looked_up or self.phrase(anchor, block_size)[0]
         branch = tuple(copied[: self.branch])
         if not sampling.greedy or not branch or draft.ids[: len(branch)] == list(branch):
             return draft
-        return Draft(draft.tokens, draft.q_draft, draft.confidence, (*draft.alternatives, branch))
+        return Draft(draft.tokens, draft.q_draft, draft.confidence, (*draft.alternatives, branch),
+                     branch_source="lookup" if looked_up else "phrasebook")

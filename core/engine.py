@@ -23,7 +23,7 @@ import torch
 from core.detokenize import IncrementalText
 from core.drafting import MAX_BLOCK_SIZE, Draft, Drafter
 from core.forward import keep_positions, target_forward
-from core.policy import DraftPolicy, PolicyState, round_source
+from core.policy import DraftPolicy, PolicyState, kept_source, shown_source
 from core.prefix import PrefixCache, reuses_prefixes
 from core.sampling import (
     SamplingConfig,
@@ -106,7 +106,10 @@ class RoundEvent:
     verify_s: float
     finish_reason: str | None = None  # None while running; eos | stop | length | cancelled
     branches: int = 1  # drafts merged into the verified trie (App. D); `drafted` is the one followed furthest
-    source: str = "plain"  # what the round verified: "plain" (nothing), "drafter" (the network) or "lookup" (free)
+    source: str = "plain"  # what the round verified: "plain" (nothing), "drafter" (the network) or a copy's source
+    # where its kept draft tokens came from (core.policy.kept_source): `source`, or the alternative the target followed
+    # (a copy beside the network's draft); "" where it kept none, and for events made elsewhere (then: `source`)
+    kept_from: str = ""
 
     @property
     def finished(self) -> bool:
@@ -330,11 +333,12 @@ def _generate(target: Target, prompt_ids: list[int], reused: int, gen: Generatio
                 drafter.extend(kept, kept_features)
             t2 = clock()
             committed, reason = _commit(state, target, kept[1:] + [anchor], gen)
+            followed = followed_branch(trie, branches_of(draft), kept[1:])
             event = RoundEvent(
-                kind="round", drafted=tuple(followed_branch(trie, branches_of(draft), kept[1:])),
-                n_accepted=len(kept) - 1, target_token=anchor, committed=tuple(committed), text=state.text,
-                draft_s=t1 - t0, verify_s=t2 - t1, finish_reason=reason, branches=1 + len(draft.alternatives),
-                source=round_source(draft),
+                kind="round", drafted=tuple(followed), n_accepted=len(kept) - 1, target_token=anchor,
+                committed=tuple(committed), text=state.text, draft_s=t1 - t0, verify_s=t2 - t1, finish_reason=reason,
+                branches=1 + len(draft.alternatives), source=shown_source(draft),
+                kept_from=kept_source(draft, followed) if len(kept) > 1 else "",
             )
             policy.observe(draft, event.n_accepted, len(event.committed), event.draft_s + event.verify_s, event.draft_s,
                            kept[1:])

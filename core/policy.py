@@ -417,6 +417,25 @@ def round_source(draft: Draft) -> str:
     return draft.lookup_source if draft.lookup_match else "drafter"
 
 
+def shown_source(draft: Draft) -> str:
+    """What a round verified, as its event says it: round_source, but a copy joined beside an empty network draft
+    (Copies: the network proposes nothing) is that copy's round, not a plain step."""
+    if len(draft.tokens) == 0 and draft.branch_source:
+        return draft.branch_source
+    return round_source(draft)
+
+
+def kept_source(draft: Draft, followed: list[int]) -> str:
+    """Where a round's kept draft tokens came from, `followed` being the branch the target followed: the draft's own
+    source (round_source), or where that is one of its alternatives, the alternative's: the other copy of a copy try,
+    a copy beside the network's draft (Draft.branch_source), or another of the network's drafts (a tree)."""
+    if not draft.alternatives or not followed or draft.ids[: len(followed)] == list(followed):
+        return round_source(draft)
+    if draft.beside is not None:
+        return draft.beside[0]
+    return draft.branch_source or "drafter"
+
+
 @dataclass
 class DraftPolicy:
     """When to call the drafter and how much of a draft to verify: the adaptive cut under the verify cost

@@ -23,7 +23,7 @@ class AcceptanceStats:
 
     def add(self, ev: RoundEvent) -> None:
         drafted = min(ev.n_accepted, len(ev.committed)) if ev.kind == "round" else 0
-        for source, n in ((ev.source, drafted), ("target", len(ev.committed) - drafted)):
+        for source, n in ((ev.kept_from or ev.source, drafted), ("target", len(ev.committed) - drafted)):
             if n:
                 self.tokens[source] = self.tokens.get(source, 0) + n
         if ev.kind != "round" or ev.finish_reason == "cancelled":

@@ -226,6 +226,23 @@ def test_prompt_lookup_offers_its_copy_alone_and_joins_the_drafter_as_a_branch()
     assert sampled.alternatives == () and main.calls == 3  # no trie at T > 0: the drafter's block alone
 
 
+def test_copies_without_a_network_equal_plain_decoding_and_credit_the_copy_the_target_followed(tiny_target):
+    """The app's Copies choice (LookupHybrid(NoNetwork)): at T = 0 the empty network draft carries the copy as an
+    alternative; the kept tokens count to that copy's source, never to a plain step."""
+    from core.drafting import LookupHybrid, NoNetwork
+    from core.stats import AcceptanceStats
+
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=40))
+    out, events = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=40, block_size=6),
+                               LookupHybrid(NoNetwork()))
+    stats = AcceptanceStats().add_all(events)
+    assert out == plain and "plain" not in stats.tokens and stats.tokens.get("lookup", 0) > 0
+    assert sum(stats.tokens.values()) == sum(len(ev.committed) for ev in events)
+    assert all(ev.kept_from in ("", "lookup", "phrasebook") for ev in events)
+    assert all(ev.source != "plain" for ev in events if ev.n_accepted)  # a round that kept a copy was no plain step
+
+
 def test_drafting_with_prompt_lookup_equals_plain_decoding(tiny_target):
     from core.drafting import LookupHybrid
 
