@@ -290,18 +290,25 @@ def bench(cfg: BenchConfig) -> dict:
             result["acceptance_length"], cfg.sampling.greedy, anchor.precision)
         result["flashmap_reference"]["per_prompt"] = [{"tokens": len(run.tokens), "s": run.seconds} for run in anchored]
     elif native is not None:
-        from app.llamacpp import summary
-
         if anchor is not None:
             anchor.close()
-        texts = [target.decode(run.tokens) for run in base]
-        replies = [len(run.tokens) for run in base]
-        result["llama_cpp"] = summary(native_seconds, replies, anchored, texts, result["baseline_tokens_per_s"],
-                                      result["tokens_per_s"], native.threads)
-        result["llama_cpp"]["per_prompt"] = [
-            {"tokens": n, "s": s, **({"python_tokens": run.tokens, "python_s": run.seconds} if anchored else {})}
-            for n, s, run in zip(replies, native_seconds, anchored or [None] * len(replies))]
+        result["llama_cpp"] = llama_cpp_summary(target, base, native_seconds, anchored, result, native.threads)
     return result
+
+
+def llama_cpp_summary(target: Target, base: list[Run], native_seconds: list[float], anchored: list, result: dict,
+                      threads: int) -> dict:
+    """llama.cpp's figures beside this run's (app.llamacpp.summary), per prompt: the binary's seconds for plain
+    decoding's reply length, and llama-cpp-python's own reply where it ran."""
+    from app.llamacpp import summary
+
+    texts, replies = [target.decode(run.tokens) for run in base], [len(run.tokens) for run in base]
+    out = summary(native_seconds, replies, anchored, texts, result["baseline_tokens_per_s"], result["tokens_per_s"],
+                  threads)
+    out["per_prompt"] = [
+        {"tokens": n, "s": s, **({"python_tokens": run.tokens, "python_s": run.seconds} if anchored else {})}
+        for n, s, run in zip(replies, native_seconds, anchored or [None] * len(replies))]
+    return out
 
 
 def reference(cfg: BenchConfig, runner: Runner):
@@ -371,7 +378,8 @@ def choice_from_args(choice: str, args) -> DrafterSpec:
     """One of the app's drafter choices (drafter.spec.choice_spec) with the flags a user sets in the app."""
     adaptive = True if args.adaptive is None else args.adaptive
     try:
-        return choice_spec(choice, args.steps or 1, args.tree or 1, args.block_size, adaptive)
+        spec = choice_spec(choice, args.steps or 1, args.tree or 1, args.block_size, adaptive)
+        return replace(spec, weights=args.weights) if args.weights else spec
     except SpecError as err:
         raise SystemExit(f"--choice {choice}: {err}") from err
 
