@@ -14,8 +14,7 @@ from dataclasses import replace
 from app import bench
 from core.engine import GenerationConfig, generate
 from core.policy import PolicyState
-from lab.copies_window_ab import prepare
-from lab.long_chat_ab import mean_se, rotated
+from lab.harness import mean_se, prepare, rotated
 
 FRACTIONS = (1.0, 0.5, 0.25)
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from core.drafting import LookupHybrid, NoNetwork
 from core.policy import PolicyState
-from lab.copies_window_ab import prepare, run_prompts, summary
+from lab.copies_window_ab import summary
+from lab.harness import prepare, run_prompts
 
 BASE = "every round"
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 from app import bench
@@ -23,6 +22,7 @@ from core.prefix import PrefixCache
 from core.target import load_target
 from core.verify_cost import CONTEXTS, cost_curves
 from drafter.spec import choice_spec
+from lab.harness import mean_se, speed
 
 SIDES = ("plain", "one curve", "per context")
 
@@ -39,19 +39,6 @@ def turn(target, runners: dict, curves, ids: list[int], gen: GenerationConfig, p
 
     order = SIDES[shift % 3:] + SIDES[: shift % 3]
     return {side: write(side) for side in order}
-
-
-def speed(run: bench.Run) -> float:
-    return len(run.tokens) / run.seconds
-
-
-def rotated(items: list, i: int) -> list:
-    """items from the (i mod n)-th on: a comparison's arms in their order for prompt i, so each goes first in turn."""
-    return items[i % len(items):] + items[: i % len(items)]
-
-
-def mean_se(values: list[float]) -> dict:
-    return {"mean": statistics.mean(values), "se": statistics.stdev(values) / len(values) ** 0.5}
 
 
 def summary(rows: list[dict]) -> dict:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from core import phrasebook
 from core.drafting import LookupHybrid
 from core.policy import PolicyState
-from lab.copies_window_ab import prepare, run_prompts, summary
-from lab.products_ab import print_and_save, rounded
+from lab.copies_window_ab import summary
+from lab.harness import prepare, print_and_save, rounded, run_prompts
 
 
 def add_args(parser) -> None:

@@ -24,7 +24,7 @@ from core.engine import GenerationConfig
 from core.forward import target_forward
 from core.prefix import PrefixCache
 from core.target import load_target
-from lab.long_chat_ab import mean_se, rotated, speed
+from lab.harness import mean_se, rotated, speed
 
 POSITIONS = (1, 2, 5)  # a plain step, a one-token copy, a four-token draft
 

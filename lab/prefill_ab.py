@@ -16,7 +16,7 @@ import torch
 
 from core.forward import target_forward
 from core.target import TargetConfig, load_target
-from lab.products_ab import print_and_save
+from lab.harness import print_and_save
 
 WAYS = {"native": True, "op by op": False}
 

@@ -13,7 +13,6 @@ whether the two builds' logits of one probe are the same bits.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import tempfile
 from pathlib import Path
@@ -25,6 +24,7 @@ from core.exactness import probe_prompt
 from core.forward import target_forward
 from core.target import TargetConfig, load_target
 from core.verify_cost import interleaved_costs
+from lab.harness import print_and_save
 
 POSITIONS = (1, 2, 3, 4, 5, 8, 9, 17)
 
@@ -83,26 +83,6 @@ def summary(costs: dict[int, float], module) -> dict:
     return {"activations": module.ACTIVATIONS, "layout": module.LAYOUT, "prefetch_blocks": module.prefetch_blocks(),
             "ms": {n: round(s * 1e3, 3) for n, s in costs.items()},
             "relative_to_one": {n: round(s / costs[1], 3) for n, s in costs.items()}}
-
-
-def rounded(value, digits: int = 4):
-    """Floats to `digits` significant digits, inside lists and dicts too (the file stays small)."""
-    if isinstance(value, float):
-        return float(f"{value:.{digits}g}")
-    if isinstance(value, list):
-        return [rounded(v, digits) for v in value]
-    if isinstance(value, dict):
-        return {k: rounded(v, digits) for k, v in value.items()}
-    return value
-
-
-def print_and_save(result: dict, out: str | None) -> None:
-    """Print a result as one compact JSON line and, with `out`, write it there (the results folder keeps them small)."""
-    text = json.dumps(result, separators=(",", ":"))
-    print(text)
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(text + "\n")
 
 
 def main(argv=None) -> None:

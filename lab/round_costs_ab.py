@@ -19,8 +19,7 @@ from pathlib import Path
 from app import bench
 from core.engine import GenerationConfig
 from core.policy import PolicyState, RoundCosts
-from lab.copies_window_ab import prepare, run_arms
-from lab.long_chat_ab import mean_se
+from lab.harness import mean_se, prepare, run_arms
 
 STEEPER = 1.5  # the steep start-up: 1 + 1.5 (c_n - 1)
 

@@ -15,8 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lab.long_chat_ab import mean_se
-from lab.products_ab import print_and_save, rounded
+from lab.harness import mean_se, print_and_save, rounded
 
 KEPT = ("speedup", "speedup_se", "acceptance_length", "rounds_by_source", "identical_to_baseline")
 

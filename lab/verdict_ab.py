@@ -17,8 +17,8 @@ T = 0 every reply is checked against plain decoding.
 from __future__ import annotations
 
 from core.policy import COPIED_PATIENCE, PolicyState
-from lab.copies_window_ab import prepare, run_prompts, summary
-from lab.products_ab import print_and_save, rounded
+from lab.copies_window_ab import summary
+from lab.harness import prepare, print_and_save, rounded, run_prompts
 
 BASE = "0.40.0"  # the verdict's long wait from its first reading
 

@@ -25,7 +25,7 @@ def test_the_never_skip_arm_keeps_drafting_where_the_verdict_would_back_off():
 
 def test_run_prompts_starts_every_arm_afresh_every_restart_every_prompts(monkeypatch):
     from core.sampling import SamplingConfig
-    from lab import copies_window_ab
+    from lab import harness
 
     class Target:
         def chat_ids(self, messages):
@@ -40,12 +40,12 @@ def test_run_prompts_starts_every_arm_afresh_every_restart_every_prompts(monkeyp
             return ()
 
     seen = []  # per prompt, the state arm "a" ran with
-    monkeypatch.setattr(copies_window_ab.bench, "read_prompts", lambda path, limit: [f"p{i}" for i in range(5)])
-    monkeypatch.setattr(copies_window_ab, "run_arms", lambda target, runner, ids, i, arms, gen_for, states, *rest:
+    monkeypatch.setattr(harness.bench, "read_prompts", lambda path, limit: [f"p{i}" for i in range(5)])
+    monkeypatch.setattr(harness, "run_arms", lambda target, runner, ids, i, arms, gen_for, states, *rest:
                         seen.append(states["a"]) or {"plain": 1.0, "a": 1.0})
     fields = {"sampling": SamplingConfig(), "max_new_tokens": 8, "prompts": ["x"], "limit": 5,
               "seed": 0}
-    copies_window_ab.run_prompts(fields, Target(), Curves(), Runner(), ["a"], {"a": object()}, restart_every=2,
+    harness.run_prompts(fields, Target(), Curves(), Runner(), ["a"], {"a": object()}, restart_every=2,
                                  fresh_states=lambda: {"a": object()})
     assert seen[0] is seen[1] and seen[2] is seen[3]  # prompts 0-1, 2-3 and 4 each share one state
     assert len({id(state) for state in seen}) == 3

@@ -1,6 +1,7 @@
 import pytest
 
-from lab.long_chat_ab import rotated, summary
+from lab.harness import rotated
+from lab.long_chat_ab import summary
 
 
 def test_summary_pairs_the_two_curves_turn_by_turn():

@@ -16,7 +16,7 @@ def test_a_build_s_summary_reads_its_costs_against_one_position_and_names_its_pr
 def test_a_result_is_printed_and_written_as_one_compact_json_line(tmp_path, capsys):
     import json
 
-    from lab.products_ab import print_and_save
+    from lab.harness import print_and_save
 
     out = tmp_path / "deeper" / "result.json"
     print_and_save({"ms": {1: 4.0}}, str(out))

@@ -1,6 +1,6 @@
 import pytest
 
-from lab.products_ab import rounded
+from lab.harness import rounded
 from lab.suite_pairs import pairs
 
 
