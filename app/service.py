@@ -146,7 +146,7 @@ class ChatService:
                 raise DrafterUnavailable("no vLLM server: start the app with --backend vllm --vllm-url URL")
             return self.remote
         if settings.drafter == "auto" and "flashmap" in self.unavailable:
-            return self.drafter(replace(settings, drafter="copies").spec())
+            return self.drafter(replace(settings, drafter="copies", steps=1, tree=1).spec())
         return self.drafter(settings.spec())
 
     def drafter(self, spec: DrafterSpec):

@@ -216,7 +216,7 @@ def compare(service: ChatService, prompt: str, against: str = "none", **settings
     come at the end."""
     try:
         settings, drafter = prepare(service, prompt, settings_values)
-        other, other_drafter = prepare(service, prompt, {**settings_values, "drafter": against})
+        other, other_drafter = prepare(service, prompt, against_values(settings_values, against))
         ids = service.prompt_ids([], prompt, settings)
         labels = [side_label(other, other_drafter), side_label(settings, drafter)]
         labels[1] += " (2)" if labels[1] == labels[0] else ""
@@ -238,6 +238,12 @@ def compare(service: ChatService, prompt: str, against: str = "none", **settings
         return
     yield (sides[labels[0]][0], sides[labels[1]][0], compare_summary(settings, labels, sides),
            speed_chart(labels, [sides[label][2].tokens_per_s or 0.0 for label in labels]))
+
+
+def against_values(values: dict, against: str) -> dict:
+    """Compare's first side: the same settings with its own choice, FlashMap's steps and drafts per round left at 1
+    where that choice drafts without FlashMap."""
+    return {**values, "drafter": against, **({} if against in FLASHMAP_CHOICES else {"steps": 1, "tree": 1})}
 
 
 def side_label(settings: ChatSettings, drafter) -> str:
@@ -305,7 +311,7 @@ def api_functions(service: ChatService, default: str):
                       max_new_tokens=max_new_tokens, adaptive=adaptive, tree=tree)
         try:
             settings, drafter_obj = prepare(service, prompt, values)
-            other, other_obj = prepare(service, prompt, {**values, "drafter": against})
+            other, other_obj = prepare(service, prompt, against_values(values, against))
             ids = service.prompt_ids([], prompt, settings)
             plain = service.run_once(ids, other, other_obj)
             spec = service.run_once(ids, settings, drafter_obj)

@@ -29,6 +29,8 @@ def toasts(monkeypatch):
 
 def test_only_working_drafters_are_offered(service):
     assert service.available() == ["auto", "copies", "none"]  # auto without a network: the free sources
+    auto = service.drafter_for(ChatSettings(drafter="auto", steps=2))  # FlashMap's options left aside with it
+    assert auto.main.name == "none" and auto is service.drafter_for(ChatSettings(drafter="copies"))
     assert "no drafter checkpoint" in service.unavailable["flashmap"]
 
 
@@ -154,6 +156,8 @@ def test_compare_runs_any_two_choices():
     assert "**Copies:**" in last[2] and "**Auto:**" in last[2] and "identical" in last[2]
     *_, last = ui.compare(service, "w10 w11 w12", "copies", drafter="copies", max_new_tokens=8)
     assert "**Copies (2) / Copies:**" in last[2]
+    *_, last = ui.compare(service, "w10 w11 w12", "none", drafter="auto", steps=2, max_new_tokens=8)
+    assert "**Auto / Plain decoding:**" in last[2]  # FlashMap's two steps stay with Auto's side
 
 
 def test_ui_builds_with_named_api_endpoints(service):
