@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from app.llamacpp import own_environment
 from core.prompts import read_prompt_file
 from core.target import EMBEDDED_ID, Target, TargetConfig, embedded_gguf_path, load_target
 from core.threads import apply_thread_policy
@@ -119,10 +119,9 @@ def llama_cpp_logits(case: Case, threads: int) -> torch.Tensor:
     seq = case.prompt_ids + case.reply[:-1]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "logits.npy"
-        env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
         subprocess.run([sys.executable, "-c", LLAMA_WORKER, str(embedded_gguf_path()), str(threads),
                         str(len(seq) + 8), ",".join(map(str, seq)), str(len(case.prompt_ids)), str(out)],
-                       check=True, env=env)
+                       check=True, env=own_environment())
         return torch.from_numpy(np.load(out))  # (N, V)
 
 
