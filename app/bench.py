@@ -26,9 +26,9 @@ THREAD_POLICY = start_policy(Path.home() / ".flashmap-chat" / "cache")
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from app.service import engine_settings  # noqa: E402
 from core.drafting import MAX_BLOCK_SIZE  # noqa: E402
 from core.engine import (  # noqa: E402
-    PLAIN_PROBE_EVERY,
     GenerationConfig,
     RoundEvent,
     block_size_for,
@@ -131,13 +131,11 @@ class Runner:
         return replace(self, draft_cost=measure_draft_cost(target, self.drafter))
 
     def generation(self, gen: GenerationConfig, verify_cost: tuple[float, ...]) -> GenerationConfig:
-        """gen with this drafter's K, and the cost curve, drafter cost (charged at T = 0 only:
-        GenerationConfig.charges_draft_cost) and skip limit when its spec is adaptive."""
-        adaptive = self.spec.adaptive
-        return replace(gen, block_size=self.block_size or None, verify_cost=verify_cost if adaptive else (),
-                       draft_cost=self.draft_cost if adaptive else 0.0, max_skip=self.spec.max_skip,
-                       plain_probe_every=PLAIN_PROBE_EVERY if adaptive and self.drafter is not None else 0,
-                       copy_tries=self.spec.copy_tries)
+        """gen with this drafter's K and what its spec asks of the engine (app.service.engine_settings, the app's
+        own route): the cost curve, drafter cost (charged at T = 0 only: GenerationConfig.charges_draft_cost), skips
+        and plain-step probes."""
+        return engine_settings(self.spec, replace(gen, block_size=self.block_size or None), verify_cost,
+                               self.drafter is not None, self.draft_cost)
 
 
 def round_costs(base: list[Run], spec: list[Run]) -> list[dict]:

@@ -85,13 +85,24 @@ class ChatSettings:
         return choice_spec(self.drafter, self.steps, self.tree, self.block_size, self.adaptive)
 
     def generation(self, verify_cost: tuple[float, ...] = (), drafting: bool = False) -> GenerationConfig:
-        """The engine's settings; a drafting reply makes a plain step at least every PLAIN_PROBE_EVERY rounds, so
-        its speed is always compared with plain decoding measured inside it (core.stats.ReplySpeed)."""
-        adaptive = self.spec().adaptive  # the choice decides: FlashMap and DFlash-style draft every round
-        return GenerationConfig(self.max_new_tokens, self.block_size, self.sampling(), self.stop_strings,
-                                seed=self.seed, verify_cost=verify_cost if adaptive else (),
-                                plain_probe_every=PLAIN_PROBE_EVERY if drafting else 0,
-                                max_measured_wait=GenerationConfig.max_measured_wait if adaptive else 0)
+        """The engine's settings for these choices (engine_settings, the one route the bench takes too)."""
+        base = GenerationConfig(self.max_new_tokens, self.block_size, self.sampling(), self.stop_strings,
+                                seed=self.seed)
+        return engine_settings(self.spec(), base, verify_cost, drafting)
+
+
+def engine_settings(spec: DrafterSpec, gen: GenerationConfig, verify_cost: tuple[float, ...] = (),
+                    drafting: bool = False, draft_cost: float = 0.0) -> GenerationConfig:
+    """gen (the reply's length, K, sampling, stops, seed) with what the drafter spec asks of the engine, one rule for
+    the UI, the API and the bench: where the spec is adaptive, the verify-cost curve, the drafter's call cost, the
+    skips and the measured verdicts' longest wait; a drafting reply makes a plain step at least every
+    PLAIN_PROBE_EVERY rounds, so its speed is always compared with plain decoding measured inside it
+    (core.stats.ReplySpeed)."""
+    adaptive = spec.adaptive  # the choice decides: FlashMap and DFlash-style draft every round
+    return replace(gen, verify_cost=verify_cost if adaptive else (), draft_cost=draft_cost if adaptive else 0.0,
+                   max_skip=spec.max_skip, copy_tries=spec.copy_tries,
+                   plain_probe_every=PLAIN_PROBE_EVERY if drafting else 0,
+                   max_measured_wait=GenerationConfig.max_measured_wait if adaptive else 0)
 
 
 def describe(curves: CostCurves) -> str:

@@ -1,0 +1,39 @@
+"""app/service.py: one route from the app's settings to the engine's GenerationConfig, taken alike by the UI, the
+OpenAI-compatible API and the bench."""
+import argparse
+
+import pytest
+
+from app import bench, ui
+from app.openai_api import ChatRequest, settings_for
+from app.service import ChatSettings, engine_settings
+from core.engine import PLAIN_PROBE_EVERY, GenerationConfig
+from drafter.spec import CHOICES
+
+CURVE = (1.0, 1.1, 1.3, 1.6)
+
+
+@pytest.mark.parametrize("choice", CHOICES)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_ui_api_and_bench_build_the_same_generation_config(choice, temperature):
+    from_ui = ui.settings_from(drafter=choice, block_size=4, temperature=temperature, max_new_tokens=64)
+    from_api = settings_for(ChatRequest(model="m", messages=[{"role": "user", "content": "hi"}], drafter=choice,
+                                        block_size=4, temperature=temperature, max_tokens=64), "auto")
+    parser = argparse.ArgumentParser()
+    bench.add_spec_args(parser)
+    args = parser.parse_args(["--block-size", "4"])
+    spec = bench.choice_from_args(choice, args)
+    drafting = choice != "none"
+    runner = bench.Runner(spec, 4, run=lambda ids, gen: None, drafter=object() if drafting else None)
+    from_bench = runner.generation(GenerationConfig(64, sampling=from_ui.sampling(), seed=0), CURVE)
+    assert from_ui == from_api and from_ui.spec() == spec
+    assert from_ui.generation(CURVE, drafting) == from_bench
+    adaptive = choice in ("auto", "copies")
+    assert from_bench.verify_cost == (CURVE if adaptive else ()) and from_bench.block_size == 4
+    assert from_bench.plain_probe_every == (PLAIN_PROBE_EVERY if drafting else 0)
+
+
+def test_the_drafters_call_cost_is_charged_only_where_the_spec_is_adaptive():
+    auto, flashmap = ChatSettings().spec(), ChatSettings(drafter="flashmap").spec()
+    assert engine_settings(auto, GenerationConfig(8), CURVE, True, 0.6).draft_cost == 0.6
+    assert engine_settings(flashmap, GenerationConfig(8), CURVE, True, 0.6).draft_cost == 0.0
