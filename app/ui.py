@@ -32,6 +32,7 @@ from core.engine import PromptError
 from core.prompts import read_prompt_file
 from core.stats import AcceptanceStats
 from drafter.registry import DrafterUnavailable
+from drafter.spec import ADAPTIVE_CHOICES, FLASHMAP_CHOICES
 
 __all__ = ["CSS", "build_ui"]
 UPDATE_EVERY_S = 0.1  # at most ~10 screen updates a second: the browser shares the CPU with the model
@@ -45,8 +46,6 @@ CASTS = {"drafter": str, "block_size": lambda v: int(v) or None, "steps": int, "
          "max_new_tokens": int, "enable_thinking": bool, "system_prompt": lambda v: v or "", "adaptive": bool,
          "tree": int, "seed": int, "stop_strings": tuple}
 COMPARE_FIXED = ("top_p", "enable_thinking", "system_prompt", "seed", "stop_strings")  # Compare keeps their defaults
-FLASHMAP_CHOICES = ("auto", "flashmap")  # the choices that draft with the FlashMap network: steps and drafts apply
-ADAPTIVE_CHOICES = ("auto", "copies")  # the choices whose policy may cut and skip; the networks' draft every round
 log = logging.getLogger("flashmap")
 
 

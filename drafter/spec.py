@@ -180,6 +180,8 @@ class DrafterSpec:
 #   in the reply (the default); flashmap / dflash: that network drafts every round at a fixed K, so K, steps and
 #   drafts per round act visibly; copies: auto without the network; none: plain decoding.
 CHOICES = ("auto", "flashmap", "dflash", "copies", "none")
+FLASHMAP_CHOICES = ("auto", "flashmap")  # the choices that draft with the FlashMap network: steps and drafts apply
+ADAPTIVE_CHOICES = ("auto", "copies")  # the choices whose policy may cut and skip; the networks draft every round
 CHOICE_LABELS = {"auto": "Auto", "flashmap": "FlashMap", "dflash": "DFlash-style", "copies": "Copies",
                  "none": "None (plain)"}
 APP_DEFAULT = "default"  # the bench's older name for the app's default choice, auto
@@ -197,7 +199,7 @@ def choice_spec(choice: str = "auto", steps: int = 1, tree: int = 1, block_size:
     0.02-0.04 on chat, docs/results/sampled-acceptance-2026-12-03.json), while a tree needs its drafts' noise."""
     if choice not in CHOICES:
         raise SpecError(f"unknown drafter {choice!r}; choose from {', '.join(CHOICES)}")
-    network = {"auto": "flashmap", "flashmap": "flashmap", "dflash": "dflash"}.get(choice)
+    network = "flashmap" if choice in FLASHMAP_CHOICES else "dflash" if choice == "dflash" else None
     if network is None and (steps != 1 or tree != 1):
         raise SpecError(f"{CHOICE_LABELS[choice]} drafts without a network: steps and drafts per round must be 1 "
                         f"(FlashMap's choices: steps {', '.join(map(str, FLASHMAP_STEPS))}, any number of drafts)")
