@@ -13,13 +13,13 @@ import threading
 import time
 from pathlib import Path
 
-from core.threads import start_policy
+from core.runtime.threads import start_policy
 
 DEFAULT_DATA_DIR = Path.home() / ".flashmap-chat"
 
 
 def early_thread_policy(argv: list[str]):
-    """This machine's thread policy (core.threads), its wait policy set before torch starts OpenMP."""
+    """This machine's thread policy (core.runtime.threads), its wait policy set before torch starts OpenMP."""
     early = argparse.ArgumentParser(add_help=False)
     early.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
     known, _ = early.parse_known_args(argv)
@@ -28,8 +28,8 @@ def early_thread_policy(argv: list[str]):
 
 THREAD_POLICY = early_thread_policy(sys.argv[1:])
 
-from core.target import TargetLoadError, add_target_args, load_target, target_config_from_args  # noqa: E402
-from core.threads import apply_thread_policy, wait_policy  # noqa: E402
+from core.runtime.target import TargetLoadError, add_target_args, load_target, target_config_from_args  # noqa: E402
+from core.runtime.threads import apply_thread_policy, wait_policy  # noqa: E402
 from drafter.spec import CHOICES  # noqa: E402
 
 
@@ -47,8 +47,8 @@ def parse_args(argv=None):
     parser.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR),
                         help="saved conversations and cached measurements (default ~/.flashmap-chat)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: this machine's measured policy, core.threads; 0: one per "
-                             "core; shown in the UI)")
+                        help="torch CPU threads (default: this machine's measured policy, core.runtime.threads; "
+                             "0: one per core; shown in the UI)")
     parser.add_argument("--no-measure", action="store_true",
                         help="do not re-measure the verify-cost curve in the background (use the cached one)")
     parser.add_argument("--backend", default="engine", choices=["engine", "vllm"],

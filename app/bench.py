@@ -17,32 +17,32 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from core.threads import start_policy
+from core.runtime.threads import start_policy
 
-# the app's thread policy on this machine (core.threads), its wait policy set before torch starts OpenMP, so that
-# the bench measures what `python app.py` runs
+# the app's thread policy on this machine (core.runtime.threads), its wait policy set before torch starts OpenMP, so
+# that the bench measures what `python app.py` runs
 THREAD_POLICY = start_policy(Path.home() / ".flashmap-chat" / "cache")
 
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from app.service import engine_settings  # noqa: E402
-from core.drafting import MAX_BLOCK_SIZE  # noqa: E402
-from core.engine import (  # noqa: E402
+from core.decoding.engine import (  # noqa: E402
     GenerationConfig,
     RoundEvent,
     block_size_for,
     generate,
 )
-from core.policy import COPIED, PolicyState  # noqa: E402
-from core.prefix import PrefixCache  # noqa: E402
+from core.decoding.prefix import PrefixCache  # noqa: E402
+from core.decoding.sampling import SamplingConfig  # noqa: E402
+from core.decoding.stats import AcceptanceStats, pooled_rate, speedup, speedup_se  # noqa: E402
+from core.drafting.base import MAX_BLOCK_SIZE  # noqa: E402
+from core.drafting.policy import COPIED, PolicyState  # noqa: E402
 from core.prompts import HeldOutError, read_prompt_file, refuse_held_out, resolve_prompt_file  # noqa: E402
-from core.sampling import SamplingConfig  # noqa: E402
-from core.stats import AcceptanceStats, pooled_rate, speedup, speedup_se  # noqa: E402
-from core.target import Target, TargetConfig, add_target_args, load_target, target_config_from_args  # noqa: E402
-from core.threads import apply_thread_policy, wait_idle, wait_policy  # noqa: E402
-from core.verify_cost import cost_curves  # noqa: E402
-from core.verify_cost import draft_cost as measure_draft_cost  # noqa: E402
+from core.runtime.target import Target, TargetConfig, add_target_args, load_target, target_config_from_args  # noqa: E402
+from core.runtime.threads import apply_thread_policy, wait_idle, wait_policy  # noqa: E402
+from core.runtime.verify_cost import cost_curves  # noqa: E402
+from core.runtime.verify_cost import draft_cost as measure_draft_cost  # noqa: E402
 from drafter.registry import DrafterUnavailable, build_drafter  # noqa: E402
 from drafter.spec import APP_DEFAULT, CHOICES, ENGINE_DRAFTERS, HF_BASELINES, DrafterSpec, SpecError, choice_spec  # noqa: E402
 
@@ -65,7 +65,7 @@ class BenchConfig(RunConfig):
     # "llama.cpp": also run llama.cpp on the same GGUF, prompts and budget (app/llamacpp.py); "flashmap-reference":
     # the FlashMap authors' own loop with the same released-format drafter (app/flashmap_reference.py)
     vs: str | None = None
-    threads: int | None = None  # torch threads; None: the app's policy on this machine (core.threads)
+    threads: int | None = None  # torch threads; None: the app's policy on this machine (core.runtime.threads)
     # the prompts as the turns of one conversation: each turn's prompt holds the earlier turns and plain decoding's
     # replies to them, so the context grows turn by turn (each side reuses its previous turn's cache)
     conversation: bool = False
@@ -124,8 +124,9 @@ class Runner:
     draft_cost: float = 0.0  # one drafter call relative to a one-position target forward (measured: with_draft_cost)
 
     def with_draft_cost(self, target: Target) -> "Runner":
-        """This runner with its drafter's cost measured now (core.verify_cost.draft_cost), when its spec is adaptive:
-        the skip policy charges each draft for it (core.policy.draft_pays)."""
+        """This runner with its drafter's cost measured now (core.runtime.verify_cost.draft_cost), when its spec is
+        adaptive:
+        the skip policy charges each draft for it (core.drafting.policy.draft_pays)."""
         if not self.spec.adaptive or self.drafter is None:
             return self
         return replace(self, draft_cost=measure_draft_cost(target, self.drafter))
@@ -446,7 +447,7 @@ def parse_args(argv=None) -> tuple[BenchConfig, str]:
                             f"{', '.join(ENGINE_DRAFTERS + HF_BASELINES)}, optionally with options, e.g. "
                             "flashmap,steps=2 (a bare name: that drafter's plain settings)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: the app's thread policy on this machine, core.threads)")
+                        help="torch threads (default: the app's thread policy on this machine, core.runtime.threads)")
     parser.add_argument("--vs", default=None, choices=["llama.cpp", "flashmap-reference"],
                         help="llama.cpp: also run llama.cpp (llama-cpp-python, an optional extra) on the same GGUF, "
                              "prompt tokens, threads and budget, in turn with this engine's runs; its tokens/s beside "

@@ -30,8 +30,8 @@ import torch
 
 from app.llamacpp import own_environment
 from core.prompts import read_prompt_file
-from core.target import EMBEDDED_ID, Target, TargetConfig, embedded_gguf_path, load_target
-from core.threads import apply_thread_policy
+from core.runtime.target import EMBEDDED_ID, Target, TargetConfig, embedded_gguf_path, load_target
+from core.runtime.threads import apply_thread_policy
 
 # what each precision asks the loader for; the reference is transformers' own fp32 forward with torch's linears
 PRECISIONS = {"q4": {"quant": "q4"}, "bf16": {"dtype": "bf16", "quant": "none"},
@@ -63,7 +63,7 @@ def reference_case(reference: Target, prompt_ids: list[int], max_new_tokens: int
 def engine_logits(target: Target, case: Case) -> torch.Tensor:
     """The target's logits at the reply's positions as plain decoding computes them: the prompt in one prefill,
     then the reference's reply fed one token a step. Returns (N, V) fp32."""
-    from core.forward import target_forward
+    from core.runtime.forward import target_forward
 
     cache = target.new_cache(len(case.prompt_ids) + len(case.reply) + 1)
     rows = []
@@ -171,7 +171,7 @@ def slim(rows: list[dict]) -> list[dict]:
 
 
 def parse_args(argv=None) -> tuple[FidelityConfig, str]:
-    from core.target import add_target_args, target_config_from_args
+    from core.runtime.target import add_target_args, target_config_from_args
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", nargs="+", required=True, help="JSONL files or shipped names (heldout_math, ...)")

@@ -3,7 +3,7 @@
 prompt tokens, at the bench's temperature and token budget.
 
 The reference runs as the package runs it: the drafter in fp32 on the target's transformers model in fp32 (its
-precision: the reference target loading, core.target's cpu_precision="reference"), drafting every round the
+precision: the reference target loading, core.runtime.target's cpu_precision="reference"), drafting every round the
 config's block from noise drawn each round. The package is imported from PyPI (`flashmap`); the folder's own Python
 files are never run.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from core.sampling import SamplingConfig
-from core.target import Target, TargetConfig, load_target
+from core.decoding.sampling import SamplingConfig
+from core.runtime.target import Target, TargetConfig, load_target
 
 
 class ReferenceUnavailable(RuntimeError):

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.target import EMBEDDED_ID, Target, embedded_gguf_path
+from core.runtime.target import EMBEDDED_ID, Target, embedded_gguf_path
 
 NATIVE_BENCH = Path(__file__).resolve().parent.parent / ".llamacpp" / "bin" / "llama-bench"
 
@@ -61,7 +61,8 @@ def gguf_of(target: Target) -> Path:
 
 
 def own_environment() -> dict:
-    """This process's environment without the OpenMP settings made for this engine (core.threads): llama.cpp runs
+    """This process's environment without the OpenMP settings made for this engine (core.runtime.threads): llama.cpp
+    runs
     with its defaults, as people run it."""
     return {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
 
@@ -91,7 +92,8 @@ class NativeLlamaCpp:
 class LlamaCpp:
     """llama.cpp on the target's GGUF file in a process of its own, run greedily on token ids the engine's tokenizer
     made. Its own process keeps it out of this one's thread settings: an OpenMP wait policy set for this engine
-    (core.threads) would slow llama.cpp's OpenMP threads too (to a third of their speed, measured), and llama.cpp
+    (core.runtime.threads) would slow llama.cpp's OpenMP threads too (to a third of their speed, measured), and
+    llama.cpp
     is measured as people run it, with its defaults."""
 
     def __init__(self, target: Target, threads: int | None = None, context: int = 4096):
@@ -113,7 +115,8 @@ class LlamaCpp:
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, reuse: bool = True) -> LlamaCppRun:
         """One greedy reply; reuse: its prompt's prefill starts after what it shares with the previous prompt and
-        reply (llama-cpp-python's prefix match; the engine's runs reuse theirs, core.prefix), else from scratch."""
+        reply (llama-cpp-python's prefix match; the engine's runs reuse theirs, core.decoding.prefix), else from
+        scratch."""
         ask = {"ids": list(prompt_ids), "max_tokens": max_new_tokens, "reuse": reuse}
         self.proc.stdin.write(json.dumps(ask) + "\n")
         self.proc.stdin.flush()

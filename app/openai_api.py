@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from app import __version__
 from app.remote import RemoteUnavailable
 from app.service import ChatService, ChatSettings
-from core.engine import PromptError
-from core.stats import AcceptanceStats
+from core.decoding.engine import PromptError
+from core.decoding.stats import AcceptanceStats
 from drafter.registry import DrafterUnavailable
 from drafter.spec import SpecError
 

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from core.engine import GenerationConfig, RoundEvent
+from core.decoding.engine import GenerationConfig, RoundEvent
 
 FINISH = {"stop": "eos", "length": "length", "abort": "cancelled"}  # vLLM's finish_reason -> the engine's
 PROBE = "Speculative decoding: 12 × 7 = 84, naïve café déjà-vu — 東京 🙂"  # words, digits, accents, CJK, emoji

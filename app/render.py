@@ -8,8 +8,8 @@ import re
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from app.service import REMOTE
-from core.engine import RoundEvent
-from core.stats import AcceptanceStats, ReplySpeed
+from core.decoding.engine import RoundEvent
+from core.decoding.stats import AcceptanceStats, ReplySpeed
 from drafter.spec import CHOICE_LABELS
 from drafter.spec import LABELS as ENGINE_LABELS
 
@@ -132,7 +132,8 @@ def remote_lines(speed: ReplySpeed | None, remote: dict | None) -> list[str]:
 
 
 def speed_lines(speed: ReplySpeed | None, drafting: bool) -> list[str]:
-    """This reply's speed and its ratio to plain decoding measured inside the same reply (core.stats.ReplySpeed),
+    """This reply's speed and its ratio to plain decoding measured inside the same reply
+    (core.decoding.stats.ReplySpeed),
     or what is missing for one: never a figure measured at another time, under another load. A plain reply is
     measured the same way (its ratio comes out near 1: the check that the measurement is fair)."""
     if speed is None or not speed.tokens_per_s:

@@ -16,16 +16,16 @@ from pathlib import Path
 import torch
 
 from app.conversations import ConversationStore
-from core.drafting import MAX_BLOCK_SIZE
-from core.engine import PLAIN_PROBE_EVERY, GenerationConfig, RoundEvent, generate
-from core.policy import PolicyState
-from core.prefix import PrefixCache
-from core.sampling import SamplingConfig
-from core.stats import ReplySpeed
-from core.target import Target
-from core.threads import apply_thread_policy
-from core.verify_cost import CostCurves, curve_passes, load_cached, save_cached
-from core.verify_cost import draft_cost as measure_draft_cost
+from core.decoding.engine import PLAIN_PROBE_EVERY, GenerationConfig, RoundEvent, generate
+from core.decoding.prefix import PrefixCache
+from core.decoding.sampling import SamplingConfig
+from core.decoding.stats import ReplySpeed
+from core.drafting.base import MAX_BLOCK_SIZE
+from core.drafting.policy import PolicyState
+from core.runtime.target import Target
+from core.runtime.threads import apply_thread_policy
+from core.runtime.verify_cost import CostCurves, curve_passes, load_cached, save_cached
+from core.runtime.verify_cost import draft_cost as measure_draft_cost
 from drafter.registry import DrafterUnavailable, build_drafter, with_lookup
 from drafter.spec import CHOICES, DrafterSpec, choice_spec
 
@@ -97,7 +97,7 @@ def engine_settings(spec: DrafterSpec, gen: GenerationConfig, verify_cost: tuple
     the UI, the API and the bench: where the spec is adaptive, the verify-cost curve, the drafter's call cost, the
     skips and the measured verdicts' longest wait; a drafting reply makes a plain step at least every
     PLAIN_PROBE_EVERY rounds, so its speed is always compared with plain decoding measured inside it
-    (core.stats.ReplySpeed)."""
+    (core.decoding.stats.ReplySpeed)."""
     adaptive = spec.adaptive  # the choice decides: FlashMap and DFlash-style draft every round
     return replace(gen, verify_cost=verify_cost if adaptive else (), draft_cost=draft_cost if adaptive else 0.0,
                    max_skip=spec.max_skip, copy_tries=spec.copy_tries,
@@ -117,7 +117,8 @@ class ChatService:
         self.target = target
         self.remote = remote  # app.remote.VllmServer (checked) or None: the "vllm" choice writes replies there
         self.last_remote: dict | None = None  # what the server's spec-decode counters moved by in its last reply
-        self.thread_policy = thread_policy  # core.threads.ThreadPolicy: each reply's thread count; None: left as set
+        # core.runtime.threads.ThreadPolicy: each reply's thread count; None: left as set
+        self.thread_policy = thread_policy
         self.weights = weights or {}
         self.allow_download = allow_download
         self.lock = FairLock()
@@ -125,7 +126,8 @@ class ChatService:
         self.conversations = ConversationStore(self.data_dir / "conversations") if self.data_dir else None
         self._drafters: dict[DrafterSpec, object] = {}
         self._draft_costs: dict[int, float] = {}  # id(drafter) -> its call's cost relative to a target step
-        # id(drafter) -> what drafting measured against plain steps in the replies so far (core.policy.PolicyState)
+        # id(drafter) -> what drafting measured against plain steps in the replies so far
+        # (core.drafting.policy.PolicyState)
         self._measured: dict[int, PolicyState] = {}
         self.prefix = PrefixCache()  # what the last reply left in its cache: the next prompt's prefill starts after it
         self.unavailable: dict[str, str] = {}
@@ -289,7 +291,7 @@ class ChatService:
 
     def threads(self) -> str:
         """The thread policy in effect for the status line: the measured one, else torch's own count."""
-        from core.threads import wait_policy
+        from core.runtime.threads import wait_policy
 
         if self.thread_policy is not None:
             return self.thread_policy.describe()

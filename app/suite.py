@@ -25,9 +25,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from app import bench
-from core.engine import GenerationConfig
-from core.target import load_target
-from core.verify_cost import cost_curves
+from core.decoding.engine import GenerationConfig
+from core.runtime.target import load_target
+from core.runtime.verify_cost import cost_curves
 from drafter.spec import DrafterSpec, SpecError
 
 

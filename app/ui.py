@@ -28,9 +28,9 @@ from app.render import (
     speed_lines,
 )
 from app.service import REMOTE, ChatService, ChatSettings
-from core.engine import PromptError
+from core.decoding.engine import PromptError
+from core.decoding.stats import AcceptanceStats
 from core.prompts import read_prompt_file
-from core.stats import AcceptanceStats
 from drafter.registry import DrafterUnavailable
 from drafter.spec import ADAPTIVE_CHOICES, FLASHMAP_CHOICES
 

@@ -7,9 +7,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from core.engine import GenerationConfig, RoundEvent, generate_all
-from core.sampling import SamplingConfig
-from core.target import Target
+from core.decoding.engine import GenerationConfig, RoundEvent, generate_all
+from core.decoding.sampling import SamplingConfig
+from core.runtime.target import Target
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
@@ -116,10 +116,10 @@ def assert_sampled_distribution_exact(target: Target, drafter, prompt=(4, 3), n:
 
 def load_or_refused(cfg):
     """load_target for a low precision this CPU may refuse: the target, or None where the check found it not
-    batch-invariant, which is allowed only where oneDNN multiplies bf16 with AMX (core.cpu_linear.amx_products);
+    batch-invariant, which is allowed only where oneDNN multiplies bf16 with AMX (core.runtime.cpu_linear.amx_products);
     anywhere else a refusal fails the test."""
-    from core.cpu_linear import amx_products
-    from core.target import TargetLoadError, load_target
+    from core.runtime.cpu_linear import amx_products
+    from core.runtime.target import TargetLoadError, load_target
 
     try:
         return load_target(cfg)

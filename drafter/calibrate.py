@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from core.target import add_target_args, load_target, target_config_from_args
+from core.runtime.target import add_target_args, load_target, target_config_from_args
 from drafter import calibration as calib
 from drafter.data import refuse_held_out_folders
 from drafter.evaluate import draft_rounds, held_out_sequences, load_variant, parse_variant

@@ -19,7 +19,7 @@ python -m drafter.data magpie --n N --out data/prompts/magpie_train.jsonl --chec
     held apart as a check set; the training ones are then answered by generate)
 python -m drafter.data features --data DIR --layers 1 10 20 29     (optional cache; ~4.6 KB per token)
 python -m drafter.data phrasebook --data DIR [DIR ...] --out weights/<target>/phrasebook
-    (the target's phrasebook, core.phrasebook: what its replies most often continue each n-gram with; a free
+    (the target's phrasebook, core.drafting.phrasebook: what its replies most often continue each n-gram with; a free
     drafting source beside prompt lookup)
 """
 from __future__ import annotations
@@ -35,9 +35,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from core import phrasebook
+from core.drafting import phrasebook
 from core.prompts import TUNING, HeldOutError, read_jsonl, refuse_held_out, role_of
-from core.target import Target, add_target_args, load_target, target_config_from_args
+from core.runtime.target import Target, add_target_args, load_target, target_config_from_args
 from drafter.blocks import Blocks
 
 # ---- stage 1: responses --------------------------------------------------------------------
@@ -532,12 +532,12 @@ def main(argv=None) -> None:
                       help="bf16: the target's matmuls in bf16 (2x faster where measured, not timed without AMX; "
                            "features within ~0.8%%)")
     add_target_args(feat, cpu_precision="reference")
-    book = sub.add_parser("phrasebook", help="the target's phrasebook from its replies (core.phrasebook)")
+    book = sub.add_parser("phrasebook", help="the target's phrasebook from its replies (core.drafting.phrasebook)")
     book.add_argument("--data", nargs="+", required=True, help="data folders written by generate / follow-up "
                       "(replies to training prompts only, never to eval or check prompts)")
     book.add_argument("--out", required=True, help="e.g. weights/smollm2-135m-instruct/phrasebook")
     book.add_argument("--held", nargs="*", default=[], help="held-out data folders (replies to check prompts) to "
-                      "calibrate each grade's acceptance on (core.phrasebook.calibrate)")
+                      "calibrate each grade's acceptance on (core.drafting.phrasebook.calibrate)")
     defaults = phrasebook.PhrasebookConfig()
     book.add_argument("--min-ngram", type=int, default=defaults.min_ngram)
     book.add_argument("--max-ngram", type=int, default=defaults.max_ngram)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from core.sampling import sample_rows
+from core.decoding.sampling import sample_rows
 from drafter.flow import flow_map_step, time_grid
 from drafter.network import FlowNet
 

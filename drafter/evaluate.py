@@ -10,7 +10,7 @@ A variant is a drafter spec (drafter/spec.py): `drafter[,steps=N][,noise=shuffle
 drafter.flashmap_release, as flashmap with its steps, k and scale; scale: the flow drafters'
 initial noise scale, 0 = the deterministic draft from x0 = 0 that the app makes at T = 0; tree=M: M drafts from
 independent noise merged into a trie of at most K nodes, App. D; lookup=1: prompt lookup beside the network, as
-core.drafting.LookupHybrid drafts at T = 0 without a cost curve; the engine's second free source, the target's
+core.drafting.base.LookupHybrid drafts at T = 0 without a cost curve; the engine's second free source, the target's
 phrasebook, is not modelled here: the bench measures it).
 
 At T=0 the target's output is fixed: its greedy response, which `python -m drafter.data generate`
@@ -39,10 +39,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from core.drafting import NgramDrafter, lookup_plan
+from core.decoding.tree import build_trie, depth_in, followed_branch
+from core.drafting.base import NgramDrafter, lookup_plan
 from core.prompts import read_jsonl
-from core.target import add_target_args, load_target, target_config_from_args
-from core.tree import build_trie, depth_in, followed_branch
+from core.runtime.target import add_target_args, load_target, target_config_from_args
 from drafter import flashmap_release
 from drafter.data import blocks_at, load_sequences, target_to_draft_map
 from drafter.drafting import BlockSampler, fold_unused, greedy_block
@@ -248,7 +248,7 @@ class Drafting:
 
 def with_lookup(seqs, jobs: list[tuple[int, int]], shown: torch.Tensor, accepted: torch.Tensor, length: torch.Tensor,
                 k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The rounds as LookupHybrid makes them at T = 0 (core.drafting.lookup_plan): prompt lookup over the sequence
+    """The rounds as LookupHybrid makes them at T = 0 (core.drafting.base.lookup_plan): prompt lookup over the sequence
     before the anchor, proposed alone when strong (the network's draft is then not made), else one more branch of
     the trie of at most K nodes verified in the round (the engine's round_trie). shown (B, K) target ids, accepted,
     length (B,) -> the same three."""

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from core.target import add_target_args, load_target, target_config_from_args
+from core.runtime.target import add_target_args, load_target, target_config_from_args
 from drafter.checkpoint import CheckpointError, read_checkpoint
 from drafter.config import ZLabFlowConfig
 from drafter.zlab_dflash import ARCHITECTURE, ZLabConfig

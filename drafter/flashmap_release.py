@@ -39,8 +39,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core.drafting import Draft
-from core.sampling import SamplingConfig, sample_rows
+from core.decoding.sampling import SamplingConfig, sample_rows
+from core.drafting.base import Draft
 from drafter.checkpoint import CheckpointError, load_published_state, read_published
 
 MODEL_TYPE = "flashmap"
@@ -500,7 +500,8 @@ class ContextRows:
 
 
 class ReleaseDrafter:
-    """The engine's drafter (core.drafting.Drafter) over a released FlashMap network: the whole block of the config's
+    """The engine's drafter (core.drafting.base.Drafter) over a released FlashMap network: the whole block of the
+    config's
     block_size from `steps` jumps, cut to what the engine asks for (the slots attend to each other, so drafting
     fewer would change them). noise_scale multiplies the starting noise (0: the jumps from x0 = 0, a fixed draft)."""
 
@@ -516,7 +517,8 @@ class ReleaseDrafter:
         self.max_block_size = self.c.block_size
         self.context_window = None  # it reads every committed position
         self.embedding = target.model.get_input_embeddings().weight.detach()  # (V, D_t)
-        # the target's LM head as its forward runs it (in q4 the 8-bit one, core.cpu_linear.Int8Linear), else its own
+        # the target's LM head as its forward runs it (in q4 the 8-bit one, core.runtime.cpu_linear.Int8Linear), else
+        # its own
         self.lm_head = getattr(getattr(target, "lean", None), "lm_head", None) or target.model.get_output_embeddings()
         weight = getattr(self.lm_head, "weight", None)
         self.head_dtype = weight.dtype if weight is not None else torch.bfloat16

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core import cpu_linear
+from core.runtime import cpu_linear
 from drafter import native_trunk
 from drafter.network import DraftNet
 

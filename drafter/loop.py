@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from core.target import TargetConfig, add_target_args, load_target, target_config_from_args
+from core.runtime.target import TargetConfig, add_target_args, load_target, target_config_from_args
 from drafter.evaluate import Variant, evaluate_variant, held_out_sequences, load_variant
 from drafter.spec import DrafterSpec
 from drafter.train import (

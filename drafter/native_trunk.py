@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core import cpu_linear, native
+from core.runtime import cpu_linear, native
 
 DIT_TRUNK = native.Extension("flashmap_dit_trunk", Path(__file__).parent / "csrc" / "dit_trunk.cpp",
                              "the native drafter trunk")
@@ -40,7 +40,8 @@ def products_for(module, products: str | None) -> str:
 
 def pack(module, weight: torch.Tensor, products: str | None = None) -> torch.Tensor:
     """An nn.Linear weight (N, I) as the trunk's products read it: fp32 panels, or 8-bit codes (products_for): GGUF's
-    Q8_0 blocks of 16 outputs x 32 inputs, zero-padded to whole blocks (core.cpu_linear.pack_q8_blocks, "bytes")."""
+    Q8_0 blocks of 16 outputs x 32 inputs, zero-padded to whole blocks (core.runtime.cpu_linear.pack_q8_blocks,
+    "bytes")."""
     weight = weight.detach().float().contiguous()  # (N, I)
     if products_for(module, products) == "fp32":
         return module.pack(weight)  # (N/32, I, 32)

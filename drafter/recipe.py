@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import torch
 
-from core.plan import GIB, QWEN3_FACTS, estimate_weight_bytes, facts_config
+from core.runtime.plan import GIB, QWEN3_FACTS, estimate_weight_bytes, facts_config
 from drafter.checkpoint import CheckpointError
 from drafter.config import DrafterConfig, ZLabFlowConfig, spread_layers
 from drafter.network import DraftNet

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import logging
 
-from core import phrasebook
-from core.drafting import Drafter, LookupHybrid, NgramDrafter, NoNetwork
-from core.target import Target
+from core.drafting import phrasebook
+from core.drafting.base import Drafter, LookupHybrid, NgramDrafter, NoNetwork
+from core.runtime.target import Target
 from drafter.checkpoint import CheckpointError
 from drafter.runtime import default_weights, load_engine_drafter
 from drafter.spec import DrafterSpec
@@ -36,7 +36,7 @@ def build_drafter(spec: DrafterSpec, target: Target, allow_download: bool = Fals
 
 def with_lookup(drafter: Drafter, target: Target, use_phrasebook: bool = True) -> LookupHybrid:
     """The network drafter with prompt lookup beside it and, where use_phrasebook and the target has one under
-    weights/<target>/phrasebook, the target's phrasebook (core.phrasebook)."""
+    weights/<target>/phrasebook, the target's phrasebook (core.drafting.phrasebook)."""
     return LookupHybrid(drafter, phrasebook=target_phrasebook(target) if use_phrasebook else None)
 
 

@@ -1,4 +1,4 @@
-"""The FlashMap and DFlash-style drafters as the engine sees them (core.drafting.Drafter).
+"""The FlashMap and DFlash-style drafters as the engine sees them (core.drafting.base.Drafter).
 
 Shape letters: N = newly committed positions, W = context window, F = feature width,
 K = block size, V = draft vocabulary, V_t = target vocabulary, D_t = target width.
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from core.cpu_linear import pack_linears
-from core.drafting import Draft
-from core.sampling import SamplingConfig
+from core.decoding.sampling import SamplingConfig
+from core.drafting.base import Draft
+from core.runtime.cpu_linear import pack_linears
 from drafter import calibration as calib
 from drafter import drafting, flashmap_release, zlab_dflash
 from drafter.checkpoint import CheckpointError, read_checkpoint
@@ -117,7 +117,7 @@ class FlowDrafter:
         """Keep the new positions' features (N, F); they are projected (ctx_in, row by row) when the drafter next
         proposes, the last W at most, in one call: rounds in which the engine does not draft (a policy skip, a plain
         probe) cost no projection. Positions without features (the engine captured none while the policy could not
-        call the network, core.engine.captures) end the context: it starts again after them."""
+        call the network, core.decoding.engine.captures) end the context: it starts again after them."""
         if features is None or features.shape[0] < len(token_ids):
             self.reset()
         if features is None:
@@ -241,7 +241,8 @@ def load_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False)
     if flashmap_release.is_release_folder(path):
         return release_drafter(spec, path, target)
     net, vocab_ids = load_named_net(name, path, target)
-    # frozen from here on: its linear layers prepacked for oneDNN (core.cpu_linear), a proposal 12.9 -> 7.2 ms here
+    # frozen from here on: its linear layers prepacked for oneDNN (core.runtime.cpu_linear), a proposal 12.9 -> 7.2 ms
+    # here
     pack_linears(net)
     return FlowDrafter(net, vocab_ids, target, DRAFTER_MODES[name], steps=spec.steps, best_of=spec.best_of,
                        tree=spec.tree, shared_noise=spec.noise == "shared", noise_scale=spec.noise_scale,

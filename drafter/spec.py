@@ -14,16 +14,17 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
   k=K          block size; unset = the drafter's own (the block it was trained for), and never above it
   adaptive=1   cut each draft to its best expected length under the measured verify cost
   skip=N       with adaptive: skip the drafter for up to N rounds after drafts that did not pay for its call
-               (core.policy.draft_pays; 0: never; default 8)
+               (core.drafting.policy.draft_pays; 0: never; default 8)
   calibrated=0 network drafters: the cut reads the raw confidence, not the checkpoint's calibration.json
                (drafter/calibration.py; applied at T = 0 when one was fitted for this way of drafting)
-  lookup=1     network drafters: prompt lookup joins each round (core.drafting.LookupHybrid): at T = 0 its
+  lookup=1     network drafters: prompt lookup joins each round (core.drafting.base.LookupHybrid): at T = 0 its
                continuation is one more branch of the verified trie, a strong match is copied without calling the
                network; at T > 0 a round takes one of the two
-  phrasebook=0 with lookup: without the target's phrasebook (core.phrasebook), the second free source that copies
-               what the target's own replies most often continue the latest tokens with
+  phrasebook=0 with lookup: without the target's phrasebook (core.drafting.phrasebook), the second free source that
+               copies what the target's own replies most often continue the latest tokens with
   tries=1      with lookup: two copies that differ at their first token may be verified together as a trie where
-               the pair pays (core.policy.DraftPolicy.best_try), at every temperature; off by default: on the CPUs
+               the pair pays (core.drafting.policy.DraftPolicy.best_try), at every temperature; off by default: on the
+               CPUs
                measured they did not pay (docs/engine.md)
   weights=DIR  a checkpoint other than weights/<target>/<name>
 
@@ -35,8 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from core.drafting import MAX_BLOCK_SIZE
-from core.sampling import SamplingConfig
+from core.decoding.sampling import SamplingConfig
+from core.drafting.base import MAX_BLOCK_SIZE
 
 FLASHMAP_STEPS = (1, 2, 3, 4)  # jumps of a FlashMap draft: the release's grids (drafter.flashmap_release)
 FLOW_DRAFTERS = ("flashmap", "flashmap-teacher")  # draw noise: steps, noise, best-of and trees apply

@@ -27,8 +27,8 @@ from safetensors.torch import load_file, save_file
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from core.target import TargetConfig, add_target_args, load_target, pick_device, target_config_from_args
-from core.threads import cpu_flags
+from core.runtime.target import TargetConfig, add_target_args, load_target, pick_device, target_config_from_args
+from core.runtime.threads import cpu_flags
 from drafter.blocks import Blocks
 from drafter.checkpoint import save_checkpoint
 from drafter.config import MODULATIONS, DrafterConfig, ZLabFlowConfig, spread_layers

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core.drafting import Draft
-from core.sampling import SamplingConfig, sample_rows
+from core.decoding.sampling import SamplingConfig, sample_rows
+from core.drafting.base import Draft
 from drafter.checkpoint import CheckpointError, load_published_state, read_published
 
 ARCHITECTURE = "DFlashDraftModel"

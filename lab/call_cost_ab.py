@@ -12,8 +12,8 @@ import time
 from dataclasses import replace
 
 from app import bench
-from core.engine import GenerationConfig, generate
-from core.policy import PolicyState
+from core.decoding.engine import GenerationConfig, generate
+from core.drafting.policy import PolicyState
 from lab.harness import mean_se, prepare, rotated
 
 FRACTIONS = (1.0, 0.5, 0.25)

@@ -1,8 +1,8 @@
-"""What capturing the drafter's features only where its network may be called (core.engine.captures) gives the app's
-default, side by side in one process: the default as it ships ("as needed"), the same drafter with its features
-captured in every forward as before 0.45.0 ("every round"), and its free sources without the network ("copies
-only", no features at all: what the network costs or brings in all), each prompt's plain reply and the three
-drafted ones in rotated order, every arm carrying its own PolicyState from prompt to prompt as the app does.
+"""What capturing the drafter's features only where its network may be called (core.decoding.engine.captures) gives the
+app's default, side by side in one process: the default as it ships ("as needed"), the same drafter with its features
+captured in every forward as before 0.45.0 ("every round"), and its free sources without the network ("copies only", no
+features at all: what the network costs or brings in all), each prompt's plain reply and the three drafted ones in
+rotated order, every arm carrying its own PolicyState from prompt to prompt as the app does.
 
 python -m lab.capture_ab --prompts eval_math --limit 24 [--temperature 1] --quant q4 \
     --out docs/results/engine/capture-ab-math-t0-DATE.json
@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.drafting import LookupHybrid, NoNetwork
-from core.policy import PolicyState
+from core.drafting.base import LookupHybrid, NoNetwork
+from core.drafting.policy import PolicyState
 from lab.copies_window_ab import summary
 from lab.harness import prepare, run_prompts
 

@@ -1,7 +1,7 @@
-"""How many rounds the copied rounds' verdict reads (core.policy.PolicyState.lookup), side by side in one process: the
-app's default with the verdict over the last 64 rounds of each kind (the default since 0.34.0), over 16 (before), and
-never skipping copies, each prompt's plain reply and the three drafted ones in rotated order, every arm carrying its
-own PolicyState from prompt to prompt as the app does from reply to reply.
+"""How many rounds the copied rounds' verdict reads (core.drafting.policy.PolicyState.lookup), side by side in one
+process: the app's default with the verdict over the last 64 rounds of each kind (the default since 0.34.0), over 16
+(before), and never skipping copies, each prompt's plain reply and the three drafted ones in rotated order, every arm
+carrying its own PolicyState from prompt to prompt as the app does from reply to reply.
 
 python -m lab.copies_window_ab --prompts eval_chat --limit 24 [--temperature 1] --quant q4 \
     --out docs/results/engine/copies-window-ab-chat-t0-DATE.json
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.policy import COPIED_WINDOW, MeasuredPays, PolicyState
+from core.drafting.policy import COPIED_WINDOW, MeasuredPays, PolicyState
 from lab.harness import paired_summary, prepare, run_prompts
 
 

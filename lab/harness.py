@@ -13,10 +13,10 @@ from typing import Callable
 import torch
 
 from app import bench
-from core.engine import GenerationConfig
-from core.policy import PolicyState
-from core.target import load_target
-from core.verify_cost import cost_curves
+from core.decoding.engine import GenerationConfig
+from core.drafting.policy import PolicyState
+from core.runtime.target import load_target
+from core.runtime.verify_cost import cost_curves
 from drafter.spec import choice_spec
 
 

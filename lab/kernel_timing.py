@@ -1,5 +1,6 @@
 """Time the products the engine and the drafter run, in cache, at 1..17 rows: the q4 layers' shapes through torch's
-int4 kernel and through the native step's q4_mm (core.cpu_linear.Int4Linear both ways), and the drafter trunk's fp32
+int4 kernel and through the native step's q4_mm (core.runtime.cpu_linear.Int4Linear both ways), and the drafter trunk's
+fp32
 shapes through torch's linear and the native trunk's kernel (drafter.native_trunk).
 
 python -m lab.kernel_timing [--threads 2] [--rows 1 2 5 9 17]
@@ -14,8 +15,8 @@ import time
 
 import torch
 
-from core import native
-from core.cpu_linear import Int4Linear
+from core.runtime import native
+from core.runtime.cpu_linear import Int4Linear
 from drafter import native_trunk
 
 # SmolLM2-135M's q4 products (qkv, o, gate_up, down) and its LM head's shape

@@ -17,10 +17,10 @@ import json
 from pathlib import Path
 
 from app import bench
-from core.engine import GenerationConfig
-from core.prefix import PrefixCache
-from core.target import load_target
-from core.verify_cost import CONTEXTS, cost_curves
+from core.decoding.engine import GenerationConfig
+from core.decoding.prefix import PrefixCache
+from core.runtime.target import load_target
+from core.runtime.verify_cost import CONTEXTS, cost_curves
 from drafter.spec import choice_spec
 from lab.harness import mean_se, speed
 

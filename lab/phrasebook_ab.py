@@ -11,16 +11,16 @@ the later books over the first, paired by prompt. At T = 0 every reply is checke
 """
 from __future__ import annotations
 
-from core import phrasebook
-from core.drafting import LookupHybrid
-from core.policy import PolicyState
+from core.drafting import phrasebook
+from core.drafting.base import LookupHybrid
+from core.drafting.policy import PolicyState
 from lab.copies_window_ab import summary
 from lab.harness import prepare, print_and_save, rounded, run_prompts
 
 
 def add_args(parser) -> None:
-    parser.add_argument("--books", nargs="+", required=True, help="phrasebook folders (core.phrasebook), the first "
-                        "the one the others are paired against")
+    parser.add_argument("--books", nargs="+", required=True, help="phrasebook folders (core.drafting.phrasebook), "
+                        "the first the one the others are paired against")
 
 
 def main(argv=None) -> None:

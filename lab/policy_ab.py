@@ -6,7 +6,7 @@ python -m lab.policy_ab --prompts eval_math eval_code eval_chat --limit 5 --max-
 
 For each drafter spec, with adaptive=1:
   new          the app's default now: calibrated confidence (drafter/calibration.py), and the skips charge each
-               draft for the drafter's call (core.policy.draft_pays)
+               draft for the drafter's call (core.drafting.policy.draft_pays)
   before       raw confidence, no drafter cost: the policy as it was (commit 5fcc3e1)
   calibrated   calibrated confidence, no drafter cost
   charged      raw confidence, drafter cost charged
@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from app import bench, suite
-from core.target import load_target
+from core.runtime.target import load_target
 from drafter.spec import DrafterSpec
 
 ARMS = {  # label suffix -> (spec options, GenerationConfig overrides)

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from app import bench
-from core.engine import GenerationConfig
-from core.forward import target_forward
-from core.prefix import PrefixCache
-from core.target import load_target
+from core.decoding.engine import GenerationConfig
+from core.decoding.prefix import PrefixCache
+from core.runtime.forward import target_forward
+from core.runtime.target import load_target
 from lab.harness import mean_se, rotated, speed
 
 POSITIONS = (1, 2, 5)  # a plain step, a one-token copy, a four-token draft

@@ -1,6 +1,6 @@
 """A q4 prompt's prefill through the native step (a verify round's worth of positions a call) against the op-by-op
 prefill, side by side on one loaded target, the two alternated prompt length by prompt length: what
-core.target.native_prefill decides from.
+core.runtime.target.native_prefill decides from.
 
 python -m lab.prefill_ab [--lengths 40 200 600] [--repeats 6] [--out docs/results/engine/prefill-ab-DATE.json]
 
@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from core.forward import target_forward
-from core.target import TargetConfig, load_target
+from core.runtime.forward import target_forward
+from core.runtime.target import TargetConfig, load_target
 from lab.harness import print_and_save
 
 WAYS = {"native": True, "op by op": False}

@@ -1,7 +1,9 @@
 """The target's forward through two builds of the native step side by side: this CPU's own build and either the one
-it compiles with some instruction sets turned off (another CPU's products, core/csrc/products.h) or the one an earlier
+it compiles with some instruction sets turned off (another CPU's products, core/runtime/csrc/products.h) or the one an
+earlier
 commit's sources make (`--commit`, what a change to the step gained), forwards over 1..17 positions interleaved pass
-by pass (core.verify_cost.interleaved_costs), each build at its own default prefetch distance or at one given for both.
+by pass (core.runtime.verify_cost.interleaved_costs), each build at its own default prefetch distance or at one given
+for both.
 
 python -m lab.products_ab --without avx512vnni [--cached 256] [--repeats 40] [--prefetch 0] \
     --out docs/results/engine/products-ab-DATE.json
@@ -19,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from core import native
-from core.exactness import probe_prompt
-from core.forward import target_forward
-from core.target import TargetConfig, load_target
-from core.verify_cost import interleaved_costs
+from core.runtime import native
+from core.runtime.exactness import probe_prompt
+from core.runtime.forward import target_forward
+from core.runtime.target import TargetConfig, load_target
+from core.runtime.verify_cost import interleaved_costs
 from lab.harness import print_and_save
 
 POSITIONS = (1, 2, 3, 4, 5, 8, 9, 17)
@@ -39,11 +41,11 @@ def load_with(flags: tuple[str, ...]):
 
 
 def commit_step(commit: str, folder: Path):
-    """The native step as `commit` wrote core/csrc/, built (or found built) under its own key."""
+    """The native step as `commit` wrote core/runtime/csrc/, built (or found built) under its own key."""
     def git(*args: str) -> bytes:
         return subprocess.run(["git", *args], capture_output=True, check=True).stdout
 
-    for name in git("ls-tree", "--name-only", commit, "core/csrc/").decode().split():
+    for name in git("ls-tree", "--name-only", commit, "core/runtime/csrc/").decode().split():
         (folder / Path(name).name).write_bytes(git("show", f"{commit}:{name}"))
     saved = native.CSRC
     native.CSRC = folder  # its headers and include path (native.headers, native._build) are that commit's
@@ -68,7 +70,8 @@ def load_through(module):
 
 
 def same_logits(first, second) -> bool:
-    """Whether two targets' logits of a 100-token probe prompt (core.exactness.probe_prompt) and the 5 positions fed
+    """Whether two targets' logits of a 100-token probe prompt (core.runtime.exactness.probe_prompt) and the 5 positions
+    fed
     after it are the same bits."""
     ids = probe_prompt(first.vocab_size, 105)
     logits = []
@@ -89,7 +92,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     other = parser.add_mutually_exclusive_group(required=True)
     other.add_argument("--without", nargs="+", help="instruction sets to turn off (-mno-NAME)")
-    other.add_argument("--commit", help="the other build: the step as this commit wrote core/csrc/")
+    other.add_argument("--commit", help="the other build: the step as this commit wrote core/runtime/csrc/")
     parser.add_argument("--cached", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--prefetch", type=int, default=None, help="one prefetch distance for both builds")

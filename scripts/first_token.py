@@ -7,7 +7,7 @@ python -m scripts.first_token --turns 5
 The prompt is the evaluation code prompts joined into one user message, cut to --tokens; each side runs --repeats
 times and the last run is reported (the first warms caches). --turns N: a conversation of N turns (the evaluation
 chat prompts, each reply up to 128 tokens); before each turn's reply, the time to its first token with a fresh
-prefill and with the previous turn's cache reused (core.prefix), the two measured back to back.
+prefill and with the previous turn's cache reused (core.decoding.prefix), the two measured back to back.
 """
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import argparse
 import time
 
 from app.bench import THREAD_POLICY  # first: the app's thread policy, its wait policy set before torch starts
-from core.engine import GenerationConfig, generate
-from core.prefix import PrefixCache
+from core.decoding.engine import GenerationConfig, generate
+from core.decoding.prefix import PrefixCache
 from core.prompts import read_prompt_file
-from core.target import TargetConfig, load_target
-from core.threads import apply_thread_policy
+from core.runtime.target import TargetConfig, load_target
+from core.runtime.threads import apply_thread_policy
 
 
 def long_prompt(target, tokens: int) -> list[int]:

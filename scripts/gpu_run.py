@@ -119,7 +119,7 @@ def rehearse(reference_gguf: Path) -> dict:
         diff = (loaded.model(ids).logits - reference(ids).logits).abs().max().item()
     import transformers
 
-    from core.target import embedded_gguf_path
+    from core.runtime.target import embedded_gguf_path
 
     same_hash = manifest["sha256"] == transfer.sha256(reference_gguf)
     return {"transformers": transformers.__version__, "sha256_ok": same_hash,
@@ -128,8 +128,8 @@ def rehearse(reference_gguf: Path) -> dict:
 
 def check_greedy(results: Path) -> list[dict]:
     """After command 2: the GPU target's greedy continuations (results.json, stage target) against this CPU's."""
-    from core.engine import GenerationConfig, generate_all
-    from core.target import TargetConfig, load_target
+    from core.decoding.engine import GenerationConfig, generate_all
+    from core.runtime.target import TargetConfig, load_target
 
     rows = json.loads(results.read_text())["target"]["greedy_check"]
     target = load_target(TargetConfig(device="cpu", cpu_precision="reference"))
@@ -174,7 +174,7 @@ def main(argv=None) -> None:
         if not dry_run():
             raise SystemExit(1)
     elif args.prepare:
-        from core.target import EMBEDDED_ID, embedded_gguf_path
+        from core.runtime.target import EMBEDDED_ID, embedded_gguf_path
 
         gguf = Path(args.gguf) if args.gguf else embedded_gguf_path()
         manifest = transfer.stage_embedded(gguf, Path(args.wheels) if args.wheels else None)

@@ -38,7 +38,7 @@ if [ ! -x "$BUILD/bin/llama-speculative-simple" ]; then
       -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF >/dev/null
   cmake --build "$BUILD" --target llama-speculative-simple llama-simple -j 2 >/dev/null
 fi
-GGUF=$(.venv/bin/python -c "from core.target import embedded_gguf_path; print(embedded_gguf_path())")
+GGUF=$(.venv/bin/python -c "from core.runtime.target import embedded_gguf_path; print(embedded_gguf_path())")
 common=(-m "$GGUF" -p "$PROMPT" -n "$TOKENS" --temp 0 -t 2 -c 2048)
 "$BUILD/bin/llama-speculative-simple" "${common[@]}" -md "$OUT/drafter.gguf" --spec-type draft-dflash \
     --spec-draft-n-max 15 > "$OUT/dflash.txt" 2> "$OUT/dflash.log" || { tail -20 "$OUT/dflash.log"; exit 1; }

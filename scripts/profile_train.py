@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from core.target import TargetConfig, load_target
+from core.runtime.target import TargetConfig, load_target
 from drafter.blocks import Blocks
 from drafter.data import target_to_draft_map
 from drafter.train import TrainConfig, build_student, draw_blocks, make_optimizer, train_step, training_sequences

@@ -18,10 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from core.engine import GenerationConfig, generate_all
+from core.decoding.engine import GenerationConfig, generate_all
+from core.decoding.stats import AcceptanceStats
 from core.prompts import read_prompt_file
-from core.stats import AcceptanceStats
-from core.target import TargetConfig, load_target
+from core.runtime.target import TargetConfig, load_target
 from drafter.export import export_target
 from drafter.registry import build_drafter
 from drafter.spec import DrafterSpec

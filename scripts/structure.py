@@ -26,18 +26,35 @@ def project_imports(path: Path) -> set[str]:
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             parts = node.module.split(".")
             if parts[0] in PACKAGES:
-                found |= {f"{parts[0]}.{parts[1]}"} if len(parts) > 1 else {f"{parts[0]}.{a.name}" for a in node.names}
+                found |= {node.module} if len(parts) > 1 else {f"{parts[0]}.{a.name}" for a in node.names}
     return found
 
 
 def modules() -> dict[str, set[str]]:
+    """'package.module' (a subpackage's modules as 'package.group.module') -> what it imports."""
     graph = {}
     for package in PACKAGES:
-        for path in sorted((ROOT / package).glob("*.py")):
+        for path in sorted((ROOT / package).rglob("*.py")):
             if path.stem != "__init__":
-                graph[f"{package}.{path.stem}"] = project_imports(path)
+                name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+                graph[name] = project_imports(path)
     graph["app.py"] = project_imports(ROOT / "app.py")
     return graph
+
+
+def listing(graph: dict[str, set[str]], package: str) -> list[str]:
+    """A package's modules for its box: the top-level ones on one line, then one line per subpackage (its job)."""
+    top, groups = [], {}
+    for name in graph:
+        parts = name.split(".")
+        if parts[0] != package or name == "app.py":
+            continue
+        if len(parts) == 2:
+            top.append(parts[1])
+        else:
+            groups.setdefault(parts[1], []).append(".".join(parts[2:]))
+    lines = [f"<i>{group}/</i> {' · '.join(names)}" for group, names in groups.items()]
+    return ([" · ".join(top)] if top else []) + lines
 
 
 def drawing() -> str:
@@ -53,8 +70,7 @@ def drawing() -> str:
                 crossings[key] = crossings.get(key, 0) + 1
     lines = ["```mermaid", "flowchart TB", "  app.py([app.py])"]
     for package in PACKAGES:
-        names = [m.split(".")[1] for m in graph if m.startswith(f"{package}.") and m != "app.py"]
-        lines.append(f"  {package}[\"<b>{package}/</b><br>{' · '.join(names)}\"]")
+        lines.append(f"  {package}[\"<b>{package}/</b><br>{'<br>'.join(listing(graph, package))}\"]")
     for (src, dst), n in sorted(crossings.items(), key=lambda kv: (kv[0][0] != "app.py", kv[0])):
         lines.append(f"  {src} -->|{n}| {dst}")
     lines.append("```")

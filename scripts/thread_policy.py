@@ -4,9 +4,10 @@ python -m scripts.thread_policy [--tokens 128] [--repeats 2] [--out FILE.json] [
 
 Every configuration runs in a fresh process (OpenMP reads its wait policy once, at start): torch threads 1, all
 cores, or 1 that takes all cores while nothing else runs (as the app decides before each reply), each wait policy of
-core.threads.WAIT_POLICIES, each measured alone and with one other process keeping a core busy (a single-threaded
+core.runtime.threads.WAIT_POLICIES, each measured alone and with one other process keeping a core busy (a
+single-threaded
 matmul loop, like a training job or a browser), `--repeats` times in turn. Run it on an otherwise idle machine.
---save caches the choice (core.threads.choose) where `python app.py` reads it.
+--save caches the choice (core.runtime.threads.choose) where `python app.py` reads it.
 """
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from core.threads import WAIT_POLICIES, choose, save_policy
+from core.runtime.threads import WAIT_POLICIES, choose, save_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASURE = """
 import json, sys, time, torch
-from core.engine import GenerationConfig, generate_all
-from core.target import TargetConfig, load_target
-from core.threads import ThreadPolicy
+from core.decoding.engine import GenerationConfig, generate_all
+from core.runtime.target import TargetConfig, load_target
+from core.runtime.threads import ThreadPolicy
 threads, tokens, idle = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 if threads:
     torch.set_num_threads(threads)

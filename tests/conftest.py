@@ -23,6 +23,6 @@ def tiny_qwen3_target():
 
 @pytest.fixture(scope="session")
 def embedded_target():
-    from core.target import TargetConfig, load_target
+    from core.runtime.target import TargetConfig, load_target
 
     return load_target(TargetConfig())

@@ -135,7 +135,7 @@ def test_report_is_built_from_suite_runs(tiny_folder, tmp_path):
 
 
 def test_verify_cost_cli(tiny_folder, tmp_path):
-    from core import verify_cost
+    from core.runtime import verify_cost
 
     out = tmp_path / "v.json"
     verify_cost.main(["--cached", "32", "--repeats", "2", "--positions", "2", "4", "--target", str(tiny_folder),
@@ -167,7 +167,7 @@ class SleepyDrafter:
     def propose(self, anchor, block_size, sampling, generator):
         import time
 
-        from core.drafting import Draft
+        from core.drafting.base import Draft
 
         assert self.extended and sampling.greedy
         time.sleep(self.seconds)
@@ -175,8 +175,8 @@ class SleepyDrafter:
 
 
 def test_draft_cost_is_the_drafter_call_against_one_target_step(tiny_folder):
-    from core.target import TargetConfig, load_target
-    from core.verify_cost import draft_cost
+    from core.runtime.target import TargetConfig, load_target
+    from core.runtime.verify_cost import draft_cost
 
     target = load_target(TargetConfig(target=str(tiny_folder)))
     fast, slow = SleepyDrafter(0.0), SleepyDrafter(0.02)

@@ -4,8 +4,8 @@ import logging
 import pytest
 import torch
 
-from core.engine import GenerationConfig, generate_all
-from core.sampling import SamplingConfig
+from core.decoding.engine import GenerationConfig, generate_all
+from core.decoding.sampling import SamplingConfig
 from drafter import calibration as calib
 from drafter.calibrate import report_rows, two_fold
 from drafter.checkpoint import save_checkpoint

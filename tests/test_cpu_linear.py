@@ -5,14 +5,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core import cpu_linear
-from core import target as target_mod
-from core.cpu_linear import PackedLinear, pack_linears
-from core.drafting import NgramDrafter
-from core.engine import GenerationConfig, generate_all
-from core.target import TargetConfig, load_target
+from core.decoding.engine import GenerationConfig, generate_all
+from core.drafting.base import NgramDrafter
+from core.runtime import cpu_linear
+from core.runtime import target as target_mod
+from core.runtime.cpu_linear import PackedLinear, pack_linears
+from core.runtime.target import TargetConfig, load_target
+from core.runtime.threads import cpu_flags
 from core.testing import QWEN3_TEMPLATE, load_or_refused, make_target, tiny_llama, tiny_qwen3, tiny_tokenizer
-from core.threads import cpu_flags
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="this torch has no oneDNN")
 
@@ -107,7 +107,7 @@ def test_load_target_packs_on_the_cpu_unless_asked_not_to_or_short_of_memory(tmp
 def test_a_cached_verify_cost_curve_is_kept_apart_per_kernel(tmp_path):
     from dataclasses import replace
 
-    from core.verify_cost import CostCurves, cache_file, load_cached, save_cached
+    from core.runtime.verify_cost import CostCurves, cache_file, load_cached, save_cached
 
     plain = make_target(tiny_llama(vocab_size=64))
     packed = replace(plain, extra={"packed_linears": 14})
@@ -118,11 +118,12 @@ def test_a_cached_verify_cost_curve_is_kept_apart_per_kernel(tmp_path):
 
 @pytest.mark.parametrize("out_features, in_features, bias", [(16, 32, False), (48, 96, True), (960, 576, False)])
 def test_the_native_q4_product_is_the_codes_weight_for_any_rows_and_each_row_alone(out_features, in_features, bias):
-    """core.cpu_linear.Int4Linear through the native step's q4_mm: its blocks stand for quantize_q4's weight exactly
+    """core.runtime.cpu_linear.Int4Linear through the native step's q4_mm: its blocks stand for quantize_q4's weight
+    exactly
     (unpack_q4_blocks), its product is that weight's to bf16 rounding, and a row's output is bit for bit the same
     alone or among 17 (every row count from 1 to 17 goes through a different mix of tiles)."""
-    from core import native
-    from core.cpu_linear import Int4Linear, as_multiplied, quantize_q4, unpack_q4_blocks
+    from core.runtime import native
+    from core.runtime.cpu_linear import Int4Linear, as_multiplied, quantize_q4, unpack_q4_blocks
 
     module, why = native.load()
     if module is None:
@@ -151,8 +152,8 @@ def test_the_products_prefetch_distance_changes_no_value_and_is_checked():
     """lean_step.cpp's products may ask for the weight's cache lines some blocks ahead (by default 2, or none with the
     VNNI products): a hint only, so the q4 and q8 products are bit for bit the same at every distance, 0 (none) and past
     the last block included."""
-    from core import native
-    from core.cpu_linear import Int4Linear, Int8Linear
+    from core.runtime import native
+    from core.runtime.cpu_linear import Int4Linear, Int8Linear
 
     module, why = native.load()
     if module is None:
@@ -181,7 +182,7 @@ def test_the_products_prefetch_distance_changes_no_value_and_is_checked():
 def test_every_q4_layout_holds_the_same_codes_scales_and_minimums(layout):
     """pack_q4_blocks' three arrangements (bf16 pairs, AVX2's bytes, VNNI's quads) each unpack to the weight its codes
     stand for; only the native build of each CPU reads its own, so this checks the ones this CPU does not."""
-    from core.cpu_linear import pack_q4_blocks, quantize_q4, unpack_q4_blocks
+    from core.runtime.cpu_linear import pack_q4_blocks, quantize_q4, unpack_q4_blocks
 
     torch.manual_seed(3)
     codes, scale, minimum = quantize_q4(torch.randn(48, 96))  # 3 tiles x 3 blocks
@@ -197,11 +198,12 @@ def test_every_q4_layout_holds_the_same_codes_scales_and_minimums(layout):
 
 @pytest.mark.parametrize("out_features, in_features", [(16, 32), (48, 96), (4096, 576)])
 def test_the_native_q8_product_is_the_codes_weight_for_any_rows_and_each_row_alone(out_features, in_features):
-    """core.cpu_linear.Int8Linear (GGUF's Q8_0 scheme, the LM head in q4): its blocks stand for quantize_q8's weight
+    """core.runtime.cpu_linear.Int8Linear (GGUF's Q8_0 scheme, the LM head in q4): its blocks stand for quantize_q8's
+    weight
     exactly, the codes are within about half a step of the weight, its product is that weight's to bf16 rounding, and a
     row's output is bit for bit the same alone or among 17."""
-    from core import native
-    from core.cpu_linear import Int8Linear, as_multiplied, quantize_q8, unpack_q8_blocks
+    from core.runtime import native
+    from core.runtime.cpu_linear import Int8Linear, as_multiplied, quantize_q8, unpack_q8_blocks
 
     module, why = native.load()
     if module is None:

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from core.detokenize import IncrementalText
+from core.decoding.detokenize import IncrementalText
 
 
 def byte_level(ids: list[int]) -> str:

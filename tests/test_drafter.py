@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 
-from core.engine import GenerationConfig, generate_all
-from core.sampling import SamplingConfig
+from core.decoding.engine import GenerationConfig, generate_all
+from core.decoding.sampling import SamplingConfig
 from core.testing import assert_sampled_distribution_exact, make_target, tiny_llama
 from drafter import drafting
 from drafter.blocks import Blocks
@@ -358,7 +358,7 @@ def test_follow_up_turns_answer_questions_about_the_targets_own_answers(tiny_tar
 
 def test_unused_vocabulary_slots_are_never_proposed(setup, tiny_target):
     """A draft vocabulary padded with placeholders (fewer distinct tokens than slots) stays valid."""
-    from core.sampling import SamplingConfig
+    from core.decoding.sampling import SamplingConfig
 
     _seqs, vocab_ids, _blocks = setup
     padded = vocab_ids.clone()
@@ -562,7 +562,7 @@ def test_the_phrasebook_command_calibrates_on_held_out_folders_only(tmp_path):
     it was measured on; a held-out folder that is also built from is refused."""
     import json
 
-    from core import phrasebook
+    from core.drafting import phrasebook
     from drafter.data import main as data_main
     from drafter.data import write_shard
 
@@ -585,7 +585,7 @@ def test_the_phrasebook_command_calibrates_on_held_out_folders_only(tmp_path):
 
 def test_positions_without_features_end_the_context_and_it_starts_again_after_them(setup, tiny_target):
     """The engine captures no features while the policy cannot call the network within its window
-    (core.engine.captures): told of such positions, the drafter drafts from the ones after them alone."""
+    (core.decoding.engine.captures): told of such positions, the drafter drafts from the ones after them alone."""
     _seqs, vocab_ids, _blocks = setup
     greedy = SamplingConfig(0.0)
     feats = torch.randn(12, 2 * tiny_target.model.config.hidden_size)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from core.drafting import MAX_BLOCK_SIZE, Draft, NgramDrafter
-from core.engine import GenerationConfig, PromptError, generate, generate_all
-from core.sampling import SamplingConfig
+from core.decoding.engine import GenerationConfig, PromptError, generate, generate_all
+from core.decoding.sampling import SamplingConfig
+from core.drafting.base import MAX_BLOCK_SIZE, Draft, NgramDrafter
 from core.testing import assert_sampled_distribution_exact, make_target, tiny_llama
 
 
@@ -206,7 +206,7 @@ class Counting(NoisyOracle):
 
 
 def test_prompt_lookup_offers_its_copy_alone_and_joins_the_drafter_as_a_branch():
-    from core.drafting import LookupHybrid
+    from core.drafting.base import LookupHybrid
 
     main = Counting([7, 8, 9, 10, 11], corrupt=0.0, vocab=64)
     main.prompt_len, main.feature_layers = 2, ()
@@ -229,8 +229,8 @@ def test_prompt_lookup_offers_its_copy_alone_and_joins_the_drafter_as_a_branch()
 def test_copies_without_a_network_equal_plain_decoding_and_credit_the_copy_the_target_followed(tiny_target):
     """The app's Copies choice (LookupHybrid(NoNetwork)): at T = 0 the empty network draft carries the copy as an
     alternative; the kept tokens count to that copy's source, never to a plain step."""
-    from core.drafting import LookupHybrid, NoNetwork
-    from core.stats import AcceptanceStats
+    from core.decoding.stats import AcceptanceStats
+    from core.drafting.base import LookupHybrid, NoNetwork
 
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
     plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=40))
@@ -244,7 +244,7 @@ def test_copies_without_a_network_equal_plain_decoding_and_credit_the_copy_the_t
 
 
 def test_drafting_with_prompt_lookup_equals_plain_decoding(tiny_target):
-    from core.drafting import LookupHybrid
+    from core.drafting.base import LookupHybrid
 
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # repeats, so lookup has something to copy
     plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=40))
@@ -264,8 +264,8 @@ def test_drafting_with_prompt_lookup_equals_plain_decoding(tiny_target):
 
 
 def test_lookup_drafts_are_cut_by_their_measured_acceptance_and_stay_exact_at_t1():
-    from core.drafting import Copy, LookupHybrid
-    from core.policy import DraftPolicy, LookupRates, PolicyState
+    from core.drafting.base import Copy, LookupHybrid
+    from core.drafting.policy import DraftPolicy, LookupRates, PolicyState
 
     rates = LookupRates()
     assert rates.rate(2) == pytest.approx(0.7)  # the prior, before anything was measured
@@ -307,7 +307,8 @@ class RandomQDrafter(SkewedSampler):
 def test_adaptive_cut_at_t1_never_reads_a_drafts_own_confidence():
     """Chi-square on the first drafted token's marginal (V=5), 3,000 seeds per mode. A drafter whose confidence
     depends on the tokens it sampled ("sampled") would bias the output if the cut read it (before the policy cut
-    sampled drafts on measured per-slot acceptance, core.policy.SlotRates, this mode failed the check at p < 1e-3)."""
+    sampled drafts on measured per-slot acceptance, core.drafting.policy.SlotRates, this mode failed the check at p <
+    1e-3)."""
     from scipy.stats import chisquare
 
     from core.testing import exact_joint_23
@@ -350,7 +351,7 @@ def test_drafts_that_do_not_pay_for_the_drafter_are_skipped_and_the_output_stays
         Unsure.calls = 0
         gen = GenerationConfig(max_new_tokens=24, verify_cost=curve, draft_cost=draft_cost, max_skip=8)
         # a clock that ticks once a reading: drafting and verifying take a tick each, so a call measures half a
-        # plain round (core.policy.CallCost), as the start-up estimate of 0.5 says
+        # plain round (core.drafting.policy.CallCost), as the start-up estimate of 0.5 says
         events = list(generate(tiny_target, [5, 6, 7], gen, Unsure(), clock=itertools.count().__next__))
         out = [tok for ev in events for tok in ev.committed]
         assert out == plain
@@ -390,7 +391,7 @@ class AlwaysDrafts:
 
 
 def test_verify_cost_curves_are_made_sane():
-    from core.verify_cost import sane_curve
+    from core.runtime.verify_cost import sane_curve
 
     assert sane_curve([1.2, 2.5, 2.91, 0.8]) == (1.0, 2.0, 2.91, 1.0)  # within [1, n], otherwise as measured
 
@@ -463,8 +464,8 @@ def test_features_are_captured_only_where_the_network_may_read_them_and_the_outp
 
 
 def test_features_are_captured_after_a_round_that_wanted_the_network_while_its_waits_allow_a_call():
-    from core.engine import captures
-    from core.policy import DraftPolicy
+    from core.decoding.engine import captures
+    from core.drafting.policy import DraftPolicy
 
     gen = GenerationConfig(max_new_tokens=8, verify_cost=(1.0, 1.1), plain_probe_every=16)
     assert captures(DraftPolicy.for_run(gen), (1, 2)) == (1, 2)  # no context_window: every forward captures
@@ -479,7 +480,7 @@ def test_features_are_captured_after_a_round_that_wanted_the_network_while_its_w
 
 
 def test_cached_positions_keep_the_features_of_their_last_run_without_a_gap():
-    from core.engine import Cached
+    from core.decoding.engine import Cached
 
     cached = Cached([1], [torch.zeros(1, 2)])
     cached.add([2, 3], torch.ones(2, 2))
@@ -491,7 +492,7 @@ def test_cached_positions_keep_the_features_of_their_last_run_without_a_gap():
 
 
 def test_what_drafting_measured_carries_over_to_the_next_reply(tiny_target):
-    from core.policy import PolicyState
+    from core.drafting.policy import PolicyState
 
     gen = GenerationConfig(max_new_tokens=40, block_size=4, plain_probe_every=16)
     fresh_clock, carried_clock = Clock(), Clock()
@@ -506,9 +507,9 @@ def test_what_drafting_measured_carries_over_to_the_next_reply(tiny_target):
 
 
 def test_the_phrasebook_offers_its_copy_beside_prompt_lookup_and_the_policy_takes_the_one_that_pays():
-    from core import phrasebook
-    from core.drafting import LookupHybrid
-    from core.policy import DraftPolicy, LookupRates, PolicyState, round_source
+    from core.drafting import phrasebook
+    from core.drafting.base import LookupHybrid
+    from core.drafting.policy import DraftPolicy, LookupRates, PolicyState, round_source
 
     book = phrasebook.build([[3, 4, 50, 51, 52]] * 2, phrasebook.PhrasebookConfig(min_ngram=2, max_ngram=3))
     main = Counting([7, 8, 9, 10, 11], corrupt=0.0, vocab=64)
@@ -541,8 +542,8 @@ def test_the_phrasebook_offers_its_copy_beside_prompt_lookup_and_the_policy_take
 
 
 def test_drafting_with_the_phrasebook_equals_plain_decoding_and_keeps_the_t1_distribution(tiny_target):
-    from core import phrasebook
-    from core.drafting import LookupHybrid
+    from core.drafting import phrasebook
+    from core.drafting.base import LookupHybrid
 
     prompt = [5, 6, 7, 8, 9, 10]
     plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=40))
@@ -583,7 +584,7 @@ class ConfidentSampler(SkewedSampler):
 
 
 def test_the_block_tail_follows_the_committed_tokens():
-    from core.drafting import BlockTail, Copy
+    from core.drafting.base import BlockTail, Copy
 
     tail = BlockTail()
     assert tail.copy(4, 16) is None  # nothing drafted yet
@@ -602,7 +603,7 @@ def test_the_block_tail_follows_the_committed_tokens():
 
 
 def test_the_tail_of_a_cut_block_is_verified_free_and_the_output_stays_exact(tiny_target, monkeypatch):
-    from core.drafting import Copy, LookupHybrid
+    from core.drafting.base import Copy, LookupHybrid
 
     prompt = [5, 6, 7, 8, 9, 10]
     plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=40))

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from core.engine import GenerationConfig, generate_all
+from core.decoding.engine import GenerationConfig, generate_all
 from drafter.checkpoint import save_checkpoint
 from drafter.data import Sequence, blocks_at, draft_vocabulary, target_to_draft_map
 from drafter.drafting import fold_unused, masked

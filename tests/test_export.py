@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.engine import GenerationConfig, generate_all
+from core.decoding.engine import GenerationConfig, generate_all
 from drafter.checkpoint import CheckpointError, save_checkpoint
 from drafter.export import export_dflash, main
 from drafter.registry import build_drafter

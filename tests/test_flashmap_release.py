@@ -8,8 +8,8 @@ import torch
 from flashmap import FlashMapCache, FlashMapConfig, FlashMapDraftModel
 from safetensors.torch import save_file
 
-from core.engine import GenerationConfig, generate_all
-from core.sampling import SamplingConfig
+from core.decoding.engine import GenerationConfig, generate_all
+from core.decoding.sampling import SamplingConfig
 from core.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
 from drafter import runtime
 from drafter.flashmap_release import ReleaseConfig, ReleaseDrafter

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from core.drafting import NgramDrafter
-from core.engine import GenerationConfig, generate_all
-from core.fp8 import (
+from core.decoding.engine import GenerationConfig, generate_all
+from core.drafting.base import NgramDrafter
+from core.runtime.fp8 import (
     FP8_MAX,
     Fp8Linear,
     decoder_linears,
@@ -12,8 +12,8 @@ from core.fp8 import (
     quantize_rows,
     share_row_codes,
 )
-from core.graphs import GraphedSteps
-from core.lean import LeanForward
+from core.runtime.graphs import GraphedSteps
+from core.runtime.lean import LeanForward
 from core.testing import make_target, tiny_llama
 
 pytestmark = pytest.mark.skipif(probe_product(torch.device("cpu")) is not None,

@@ -88,7 +88,7 @@ def test_dry_run_sizes_count_tracked_untracked_and_carried(tmp_path):
 def test_each_command_still_fits_with_its_gguf_half():
     """What a command sends: the tracked tree (less what is withheld) + one GGUF half + the staged prompts, wheel and
     manifest (3.5 MiB when measured on 2026-12-01; 4 allowed). docs/ growing had once pushed it to 64.1 MiB."""
-    from core.target import embedded_gguf_path
+    from core.runtime.target import embedded_gguf_path
 
     half = -(-embedded_gguf_path().stat().st_size // 2)
     assert transfer.transfer_size([])["tracked"] + half + 4 * 2**20 <= transfer.LIMIT

@@ -1,15 +1,15 @@
-"""The fixed-shape steps of core.graphs (CUDA graphs on a GPU), exercised on the CPU without capture: the same
+"""The fixed-shape steps of core.runtime.graphs (CUDA graphs on a GPU), exercised on the CPU without capture: the same
 logits as the lean forward for plain steps, chains and trees, rollback by the cache's index, drafted output equal to
 plain decoding, and the modes refused where they cannot run."""
 import pytest
 import torch
 
-from core.drafting import NgramDrafter
-from core.engine import GenerationConfig, generate_all
-from core.forward import keep_positions, target_forward
-from core.graphs import MIN_SPAN, SPARE_SLOTS, GraphedSteps, attend_span, graph_mode, visible_mask
+from core.decoding.engine import GenerationConfig, generate_all
+from core.decoding.tree import build_trie
+from core.drafting.base import NgramDrafter
+from core.runtime.forward import keep_positions, target_forward
+from core.runtime.graphs import MIN_SPAN, SPARE_SLOTS, GraphedSteps, attend_span, graph_mode, visible_mask
 from core.testing import tiny_llama, tiny_qwen3
-from core.tree import build_trie
 from tests.test_engine import NoisyOracle
 from tests.test_lean import lean_target
 

@@ -1,27 +1,27 @@
-"""The lean forward (core.lean) and its static cache, against transformers' forward; its batch invariance
-(core.exactness) for each precision it offers as exact; and the engine through it."""
+"""The lean forward (core.runtime.lean) and its static cache, against transformers' forward; its batch invariance
+(core.runtime.exactness) for each precision it offers as exact; and the engine through it."""
 import copy
 
 import pytest
 import torch
 
-from core import native
-from core.cpu_linear import amx_products, pack_linears
-from core.engine import GenerationConfig, generate_all
-from core.exactness import check_invariance, probe_prompt
-from core.forward import keep_positions, target_forward
-from core.lean import KEY_BLOCK, PREFILL_ROWS, LeanForward, StaticCache, ancestor_columns, lean_supported
-from core.target import NATIVE_BF16_CPU_FLAGS, TargetConfig, cpu_quant, pick_dtype
+from core.decoding.engine import GenerationConfig, generate_all
+from core.decoding.tree import ancestor_mask, build_trie, position_list, tree_positions
+from core.runtime import native
+from core.runtime.cpu_linear import amx_products, pack_linears
+from core.runtime.exactness import check_invariance, probe_prompt
+from core.runtime.forward import keep_positions, target_forward
+from core.runtime.lean import KEY_BLOCK, PREFILL_ROWS, LeanForward, StaticCache, ancestor_columns, lean_supported
+from core.runtime.target import NATIVE_BF16_CPU_FLAGS, TargetConfig, cpu_quant, pick_dtype
+from core.runtime.threads import cpu_flags
 from core.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
-from core.threads import cpu_flags
-from core.tree import ancestor_mask, build_trie, position_list, tree_positions
 from tests.test_engine import NoisyOracle
 
 NATIVE_BF16 = bool(NATIVE_BF16_CPU_FLAGS & cpu_flags())
 
 
 def native_step():
-    """The compiled decode step (core.native), or skip the test with the reason it could not be built."""
+    """The compiled decode step (core.runtime.native), or skip the test with the reason it could not be built."""
     module, why = native.load()
     if module is None:
         pytest.skip(why)
@@ -170,7 +170,7 @@ def test_q4_is_the_cpu_default_where_bf16_is_native_or_the_native_step_builds():
 def test_the_drafter_tools_keep_the_reference_forward_on_a_cpu(tmp_path):
     """Training data, features and offline records are made with the fp32 transformers forward they always were;
     the app and the bench take the fastest exact precision."""
-    from core.target import TargetConfig, load_target
+    from core.runtime.target import TargetConfig, load_target
     from core.testing import tiny_tokenizer
 
     tiny_qwen3(vocab_size=64).save_pretrained(tmp_path)
@@ -179,16 +179,17 @@ def test_the_drafter_tools_keep_the_reference_forward_on_a_cpu(tmp_path):
     assert reference.model.dtype == torch.float32 and reference.lean is None
     fastest = load_target(TargetConfig(str(tmp_path), device="cpu", cache_dir=""))
     assert fastest.lean is not None
-    if amx_products():  # bf16 may fail the check there and be replaced by fp32 under auto (core.target._checked)
+    # bf16 may fail the check there and be replaced by fp32 under auto (core.runtime.target._checked)
+    if amx_products():
         assert fastest.model.dtype in (torch.bfloat16, torch.float32)
     else:
         assert fastest.model.dtype == (torch.bfloat16 if NATIVE_BF16 else torch.float32)
 
 
 def test_a_precision_that_fails_the_check_is_refused_when_asked_and_replaced_under_auto(tmp_path, monkeypatch):
-    from core import exactness
-    from core.exactness import InvarianceReport
-    from core.target import TargetConfig, TargetLoadError, load_target
+    from core.runtime import exactness
+    from core.runtime.exactness import InvarianceReport
+    from core.runtime.target import TargetConfig, TargetLoadError, load_target
     from core.testing import tiny_tokenizer
 
     tiny_qwen3(vocab_size=64).save_pretrained(tmp_path)
@@ -196,7 +197,7 @@ def test_a_precision_that_fails_the_check_is_refused_when_asked_and_replaced_und
     failing = lambda target, prompt, steps=48: InvarianceReport(  # noqa: E731
         str(target.model.dtype), 48, 0 if target.model.dtype != torch.float32 else 96, 0, 0.5)
     monkeypatch.setattr(exactness, "check_invariance", failing)
-    monkeypatch.setattr("core.target.pick_dtype", lambda requested, device, flags=None: torch.bfloat16
+    monkeypatch.setattr("core.runtime.target.pick_dtype", lambda requested, device, flags=None: torch.bfloat16
                         if requested in ("auto", "bf16") else torch.float32)
     with pytest.raises(TargetLoadError, match="--dtype bf16 cannot run exactly.*not batch-invariant"):
         load_target(TargetConfig(str(tmp_path), device="cpu", dtype="bf16", cache_dir=""))

@@ -46,7 +46,7 @@ def test_a_missing_native_binary_says_how_to_build_it(tmp_path):
 
 @pytest.mark.skipif(not NATIVE_BENCH.is_file(), reason="llama.cpp's own llama-bench (optional) not built")
 def test_the_native_binary_times_a_prompt_and_a_reply():
-    from core.target import TargetConfig, load_target
+    from core.runtime.target import TargetConfig, load_target
 
     native = NativeLlamaCpp(load_target(TargetConfig(quant="q4")), threads=1)
     assert 0 < native.seconds(8, 4) < 60 and 0 < native.seconds(4, 4, depth=8) < 60

@@ -1,11 +1,11 @@
-"""core.native: the compiled decode step is keyed by what it depends on, and anything that stops it from building
-leaves a reason and the Python path, never a crash."""
+"""core.runtime.native: the compiled decode step is keyed by what it depends on, and anything that stops it from
+building leaves a reason and the Python path, never a crash."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from core import native
+from core.runtime import native
 from core.testing import make_target, tiny_llama
 
 
@@ -68,7 +68,7 @@ def test_a_built_step_is_imported_without_the_builder_and_a_dead_builds_lock_is_
 
 
 def test_load_target_falls_back_to_the_python_step_with_one_line(monkeypatch, capsys):
-    from core import target as target_module
+    from core.runtime import target as target_module
 
     monkeypatch.setattr(native, "load", lambda: (None, "no compiler here"))
     tiny = make_target(tiny_llama(vocab_size=64).to(torch.bfloat16))
@@ -77,10 +77,10 @@ def test_load_target_falls_back_to_the_python_step_with_one_line(monkeypatch, ca
     assert capsys.readouterr().out.count("no compiler here") == 1
 
 
-# the builds other CPUs compile (core/csrc/simd.h, products.h, lean_step.cpp), each made here by turning features off:
-# AVX2 lanes and integer products (no AVX-512), plain arrays and fp32 products (no AVX2 either), AVX-512 lanes with
-# AVX2's integer products (AVX-512 without VNNI or BF16), bf16 pair products (AVX512-BF16 without VNNI). Each with the
-# CPU flags without which it is this machine's own build or another one's here (then skipped)
+# the builds other CPUs compile (core/runtime/csrc/simd.h, products.h, lean_step.cpp), each made here by turning
+# features off: AVX2 lanes and integer products (no AVX-512), plain arrays and fp32 products (no AVX2 either), AVX-512
+# lanes with AVX2's integer products (AVX-512 without VNNI or BF16), bf16 pair products (AVX512-BF16 without VNNI). Each
+# with the CPU flags without which it is this machine's own build or another one's here (then skipped)
 LANE_BUILDS = {"avx2": (("avx512f",), ("-mno-avx512f",)), "arrays": (("avx2",), ("-mno-avx512f", "-mno-avx2")),
                "avx512-integer": (("avx512_vnni",), ("-mno-avx512vnni", "-mno-avx512bf16")),
                "avx512-bf16": (("avx512_vnni", "avx512_bf16"), ("-mno-avx512vnni",))}
@@ -88,7 +88,7 @@ LANE_BUILDS = {"avx2": (("avx512f",), ("-mno-avx512f",)), "arrays": (("avx2",), 
 
 def lane_build_flags(lanes: str) -> tuple[str, ...]:
     """The compiler flags of one of LANE_BUILDS, or skip the test where that build is this machine's own."""
-    from core.threads import cpu_flags
+    from core.runtime.threads import cpu_flags
 
     needs, flags = LANE_BUILDS[lanes]
     missing = [flag for flag in needs if flag not in cpu_flags()]
@@ -129,7 +129,7 @@ def assert_rounds_as_torch(module) -> None:
 
 def assert_same_integer_products(first, second) -> None:
     """Two builds' q4 and q8 products of the same weights and rows, each packed in its build's layout, are equal."""
-    from core.cpu_linear import Int4Linear, Int8Linear
+    from core.runtime.cpu_linear import Int4Linear, Int8Linear
 
     torch.manual_seed(1)
     linear = torch.nn.Linear(96, 48)
@@ -145,8 +145,8 @@ def test_the_builds_of_other_cpus_are_exact_too(lanes, monkeypatch, tmp_path):
     """The step as another CPU builds it (LANE_BUILDS): the q4 forward through it is batch-invariant and agrees with
     the op-by-op forward; where it and this CPU's own build both multiply integers (AVX2's and VNNI's products), their
     q4 and q8 products are bit for bit the same."""
-    from core.exactness import check_invariance, probe_prompt
-    from core.lean import LeanForward
+    from core.runtime.exactness import check_invariance, probe_prompt
+    from core.runtime.lean import LeanForward
     from tests.test_lean import lean_target, models
 
     flags = lane_build_flags(lanes)

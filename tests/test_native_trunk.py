@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from core import cpu_linear, native
+from core.runtime import cpu_linear, native
 from drafter import frozen as frozen_module
 from drafter import native_trunk
 from drafter.config import DrafterConfig

@@ -5,8 +5,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from core import phrasebook
-from core.phrasebook import Phrasebook, PhrasebookConfig, PhrasebookError, majority_continuation, ngram_key
+from core.drafting import phrasebook
+from core.drafting.phrasebook import Phrasebook, PhrasebookConfig, PhrasebookError, majority_continuation, ngram_key
 
 TARGET = {"name": "tiny", "model_type": "llama", "vocab_size": 70000, "hidden_size": 8, "num_hidden_layers": 2}
 
@@ -90,7 +90,7 @@ def test_settings_out_of_range_are_refused():
 
 def test_the_registry_loads_the_targets_phrasebook_and_drafts_on_without_a_broken_one(tmp_path, monkeypatch, caplog,
                                                                                        tiny_target):
-    from core.drafting import NgramDrafter
+    from core.drafting.base import NgramDrafter
     from drafter import registry
 
     folder = tmp_path / "phrasebook"

@@ -1,6 +1,6 @@
 import pytest
 
-from core import phrasebook
+from core.drafting import phrasebook
 from drafter.phrasebook_check import copy_acceptance, try_acceptance
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from core.plan import GIB, facts_config, kv_cache_bytes, plan_memory
+from core.runtime.plan import GIB, facts_config, kv_cache_bytes, plan_memory
 
 QWEN3_8B = facts_config("Qwen/Qwen3-8B")
 
@@ -29,8 +29,8 @@ def test_plan_picks_the_fastest_option_that_fits(gib, capability, context, expec
 def test_auto_quant_follows_the_plan_on_a_gpu_and_is_none_on_the_cpu(monkeypatch, capsys):
     import torch
 
-    from core import target as target_mod
-    from core.target import TargetConfig, TargetLoadError, resolve_quant
+    from core.runtime import target as target_mod
+    from core.runtime.target import TargetConfig, TargetLoadError, resolve_quant
 
     cfg = TargetConfig("Qwen/Qwen3-8B")
     assert resolve_quant(cfg, QWEN3_8B, torch.device("cpu")) == "none"
@@ -49,7 +49,7 @@ def test_the_released_flashmap_drafter_is_counted_as_the_release_builds_it():
     sizes: 500M for Qwen3-8B, 475M for Qwen3-4B; the plan reserves them with their context by default."""
     from flashmap import FlashMapConfig, FlashMapDraftModel
 
-    from core.plan import flashmap_drafter_bytes
+    from core.runtime.plan import flashmap_drafter_bytes
 
     dit = dict(layers=2, width=64, heads=4, mlp=96, cond=16, time=8, feature_layers=3)
     model = FlashMapDraftModel(FlashMapConfig(target_hidden_size=48, vocab_size=10, target_layer_ids=[0, 1, 2],

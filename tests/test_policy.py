@@ -3,9 +3,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from core.drafting import Copy, Draft
-from core.engine import GenerationConfig
-from core.policy import (
+from core.decoding.engine import GenerationConfig
+from core.decoding.sampling import SamplingConfig
+from core.drafting.base import Copy, Draft
+from core.drafting.policy import (
     CallCost,
     DraftPolicy,
     FeatureCapture,
@@ -17,7 +18,6 @@ from core.policy import (
     draft_pays,
     expected_tokens,
 )
-from core.sampling import SamplingConfig
 
 
 def test_best_draft_length_trades_expected_tokens_against_verify_cost():
@@ -143,7 +143,7 @@ def test_the_copied_rounds_verdict_outlasts_a_short_slow_patch_that_the_network_
     """PolicyState's copied rounds are judged over a longer window than the network's: 48 rounds that paid (2 tokens in
     1.5 s against plain steps' 1 in 1 s) then 16 that did not (1 token in 1.2 s) still pay over the last 64, where
     the last 16 alone read slower than plain steps."""
-    from core.policy import PolicyState
+    from core.drafting.policy import PolicyState
 
     state = PolicyState()
     for measured in (state.lookup, state.drafter):
@@ -179,7 +179,7 @@ def test_a_drafter_far_slower_than_plain_steps_is_retried_within_the_time_budget
 def test_sampled_drafts_are_cut_on_their_measured_acceptance_per_slot():
     """At T > 0 the cut reads the network's acceptance measured per slot in earlier rounds (SlotRates), not the
     draft's own confidence: a sure-looking draft is verified short until its slots are seen to be accepted."""
-    from core.policy import PolicyState, SlotRates
+    from core.drafting.policy import PolicyState, SlotRates
 
     rates = SlotRates()
     assert torch.allclose(rates.rates(3), torch.full((3,), 0.5))  # the prior
@@ -212,7 +212,7 @@ def test_at_t_above_0_the_network_is_not_called_where_its_measured_slots_cut_any
     """The cut of a sampled draft reads only the measured per-slot acceptance, known before the call: where it keeps
     nothing, the call is skipped (the skips back off as after an empty draft); before any measurement, and at T = 0,
     the network is called."""
-    from core.policy import PolicyState
+    from core.drafting.policy import PolicyState
 
     calls = []
 
@@ -243,7 +243,7 @@ def test_copied_drafts_are_cut_on_their_acceptance_measured_per_depth():
     """A copy whose first token is often rejected but whose later tokens are kept once the first is (a phrase the
     target either starts or not): its deeper slots read their own, higher rates, and the cut verifies more of it than
     one rate for every slot would."""
-    from core.policy import LookupRates, PolicyState
+    from core.drafting.policy import LookupRates, PolicyState
 
     rates = LookupRates()
     assert rates.rates(4, "phrasebook", 3) == pytest.approx([0.7] * 3)  # the prior, before anything was measured
@@ -270,7 +270,7 @@ def test_a_copy_with_a_calibrated_prior_is_cut_on_it_until_the_conversation_meas
     """A phrasebook copy carries its grade's calibrated acceptance: each slot starts from it (not from 0.7, nor from the
     slot before), so a grade that was rarely kept is not verified and one nearly always kept is verified long; rounds
     of this conversation then move each slot towards what they measured."""
-    from core.policy import LookupRates, PolicyState
+    from core.drafting.policy import LookupRates, PolicyState
 
     rates = LookupRates()
     assert rates.rates(50, "phrasebook", 3, prior=(0.1, 0.5)) == pytest.approx([0.1, 0.5, 0.5])  # the last carried
@@ -293,7 +293,7 @@ def test_a_copy_with_a_calibrated_prior_is_cut_on_it_until_the_conversation_meas
 
 
 def test_round_costs_replace_the_lengths_they_measured_within_physical_bounds():
-    from core.policy import RoundCosts
+    from core.drafting.policy import RoundCosts
 
     costs, start = RoundCosts(window=4, min_rounds=2, prior_weight=0.0), (1.0, 1.1, 1.3, 1.5)
     assert costs.curve(start) == start and costs.curve(()) == ()  # nothing measured; no curve, no cut
@@ -320,7 +320,7 @@ def test_a_copy_the_start_up_curve_verifies_is_cut_once_rounds_of_its_length_mea
     start-up curve prices two positions at 1.05 plain rounds, not where its rounds measured 3 (the curve weighing as one
     round of them). A network round counts without its call's own seconds, a tree not at all, and what was measured
     carries to the conversation's next reply."""
-    from core.policy import PolicyState, RoundCosts
+    from core.drafting.policy import PolicyState, RoundCosts
 
     state = PolicyState(costs=RoundCosts(prior_weight=1.0))
     gen = GenerationConfig(verify_cost=(1.0, 1.05, 1.1, 1.15, 1.2))
@@ -373,7 +373,7 @@ def test_two_copies_that_differ_at_their_first_token_are_verified_together_where
     measured at a quarter, the pair's 1.45 expected tokens for three positions at 1.4 does (best_try). Each branch's
     acceptance is then recorded apart by what the round kept, without tries=1 (copy_tries) none is verified, and tries
     measured dear (apart from chains) are no longer made."""
-    from core.policy import PolicyState
+    from core.drafting.policy import PolicyState
 
     gen = GenerationConfig(verify_cost=(1.0, 1.3, 1.4), copy_tries=True)
     state = PolicyState()
@@ -431,7 +431,7 @@ def test_a_verdict_from_the_first_few_rounds_backs_off_without_the_budget_s_long
     for _ in range(13):
         patient.observe(True, 1, 1.5)
     assert len(patient.drafted_rounds) == 16 and patient.wait == 100
-    from core.policy import PolicyState
+    from core.drafting.policy import PolicyState
 
     for temperature, patience in ((0.0, 16), (1.0, 0)):  # the app's replies: patient at T = 0 only
         state = PolicyState()

@@ -1,12 +1,12 @@
-"""core.prefix: a prompt that shares its start with the last prompt and reply prefills only the rest, and every token,
-event and drafter feature is the same as with a fresh prefill."""
+"""core.decoding.prefix: a prompt that shares its start with the last prompt and reply prefills only the rest, and every
+token, event and drafter feature is the same as with a fresh prefill."""
 from itertools import islice
 
 import torch
 
-from core.drafting import Draft
-from core.engine import GenerationConfig, generate
-from core.prefix import PrefixCache, common_prefix, reuses_prefixes
+from core.decoding.engine import GenerationConfig, generate
+from core.decoding.prefix import PrefixCache, common_prefix, reuses_prefixes
+from core.drafting.base import Draft
 from core.testing import tiny_qwen3
 from tests.test_lean import lean_target
 
@@ -107,7 +107,8 @@ def test_a_stopped_reply_leaves_what_its_cache_holds():
 
 
 def test_features_kept_for_the_last_positions_only_are_reused_where_the_prefix_reaches_them():
-    """A reply that captured no features for a while (core.engine.captures) keeps those of its last positions: a
+    """A reply that captured no features for a while (core.decoding.engine.captures) keeps those of its last positions:
+    a
     reused prefix hands on the ones it covers, ending at its own last position."""
     kept = PrefixCache(ids=list(range(10)), features=torch.arange(4.0)[:, None], layers=(1,))  # positions 6 .. 9
     assert kept.reused_features(6) is None

@@ -9,7 +9,7 @@ import pytest
 from app import ui
 from app.remote import RemoteUnavailable, VllmServer, parse_spec_counters, reply_acceptance
 from app.service import REMOTE, ChatService
-from core.engine import GenerationConfig, generate_all
+from core.decoding.engine import GenerationConfig, generate_all
 from core.testing import make_target, tiny_llama
 from drafter.registry import DrafterUnavailable
 

@@ -1,10 +1,10 @@
-"""core/csrc/sampling.cpp: the native kernels compute what torch's ops do (core.sampling runs every test of
-tests/test_sampling.py through both)."""
+"""core/runtime/csrc/sampling.cpp: the native kernels compute what torch's ops do (core.decoding.sampling runs every
+test of tests/test_sampling.py through both)."""
 import pytest
 import torch
 
-from core import sampling
-from core.sampling import greedy_tokens
+from core.decoding import sampling
+from core.decoding.sampling import greedy_tokens
 
 INF = float("inf")
 

@@ -2,7 +2,7 @@
 needs the optional vLLM environment (bash scripts/install_vllm.sh; .ci/run installs it)."""
 import pytest
 
-from core.engine import GenerationConfig, generate_all
+from core.decoding.engine import GenerationConfig, generate_all
 from drafter.export import export_dflash
 from drafter.registry import build_drafter
 from drafter.spec import DrafterSpec

@@ -7,7 +7,7 @@ import pytest
 from app import bench, ui
 from app.openai_api import ChatRequest, settings_for
 from app.service import ChatSettings, engine_settings
-from core.engine import PLAIN_PROBE_EVERY, GenerationConfig
+from core.decoding.engine import PLAIN_PROBE_EVERY, GenerationConfig
 from drafter.spec import CHOICES
 
 CURVE = (1.0, 1.1, 1.3, 1.6)

@@ -1,6 +1,6 @@
 import pytest
 
-from core.stats import AcceptanceStats, speedup, speedup_se
+from core.decoding.stats import AcceptanceStats, speedup, speedup_se
 from core.testing import event
 
 
@@ -33,7 +33,7 @@ def test_each_source_s_share_of_the_reply_s_tokens():
 
 def replay(intervals_and_drafts):
     """A ReplySpeed fed rounds of (seconds, drafted tokens, accepted) after a prefill at t = 0."""
-    from core.stats import ReplySpeed
+    from core.decoding.stats import ReplySpeed
 
     speed, now = ReplySpeed(), 0.0
     speed.add(event(kind="prefill", committed=(1,)), now)

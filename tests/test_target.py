@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from core import fp8
-from core import target as target_mod
-from core.engine import GenerationConfig, generate_all
-from core.target import TargetConfig, TargetLoadError, load_target
+from core.decoding.engine import GenerationConfig, generate_all
+from core.runtime import fp8
+from core.runtime import target as target_mod
+from core.runtime.target import TargetConfig, TargetLoadError, load_target
 from core.testing import QWEN3_TEMPLATE, load_or_refused, tiny_qwen3, tiny_tokenizer
 
 
@@ -60,7 +60,7 @@ def test_a_prequantised_fp8_checkpoint_without_the_kernels_package_is_refused_be
     import transformers.utils
 
     config = tiny_qwen3().config
-    target_mod.check_prequantised_fp8(config)  # a bf16 checkpoint: quantised by core.fp8, nothing to fetch
+    target_mod.check_prequantised_fp8(config)  # a bf16 checkpoint: quantised by core.runtime.fp8, nothing to fetch
     config.quantization_config = {"quant_method": "fp8"}
     monkeypatch.setattr(transformers.utils, "is_kernels_available", lambda: False)
     with pytest.raises(TargetLoadError, match="kernels.*--quant fp8"):
@@ -120,7 +120,8 @@ def test_decode_takes_the_rust_backend_only_where_it_returns_the_tokenizers_text
 
 def test_the_prefill_runs_through_the_native_step_where_its_products_are_integer_or_bf16_is_not_native():
     """native_prefill: AVX2-only CPUs and AVX512-VNNI ones (integer products, no AMX) prefill through the step, which
-    keeps the prefill batch-invariant (core.prefix reuses it); AVX512-BF16 with the step's bf16 products, or AMX,
+    keeps the prefill batch-invariant (core.decoding.prefix reuses it); AVX512-BF16 with the step's bf16 products, or
+    AMX,
     prefill op by op."""
     from types import SimpleNamespace
 

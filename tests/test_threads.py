@@ -1,10 +1,10 @@
-"""The thread policy (core.threads): the choice rule, its per-machine cache, and the environment it sets."""
+"""The thread policy (core.runtime.threads): the choice rule, its per-machine cache, and the environment it sets."""
 import os
 
 import pytest
 
-from core import threads as threads_mod
-from core.threads import DEFAULT_POLICY, ThreadPolicy, choose, load_policy, save_policy, set_wait_policy
+from core.runtime import threads as threads_mod
+from core.runtime.threads import DEFAULT_POLICY, ThreadPolicy, choose, load_policy, save_policy, set_wait_policy
 
 
 def rows(table):

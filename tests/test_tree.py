@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 import torch
 
-from core.drafting import MAX_BLOCK_SIZE, Draft
-from core.engine import GenerationConfig, generate_all
-from core.sampling import SamplingConfig
+from core.decoding.engine import GenerationConfig, generate_all
+from core.decoding.sampling import SamplingConfig
+from core.decoding.tree import ancestor_mask, build_trie, depth_in, greedy_path, is_chain, tree_inputs, walk
+from core.drafting.base import MAX_BLOCK_SIZE, Draft
 from core.testing import assert_sampled_distribution_exact, make_target, tiny_llama, tiny_qwen3
-from core.tree import ancestor_mask, build_trie, depth_in, greedy_path, is_chain, tree_inputs, walk
 
 
 def test_trie_merges_common_prefixes_breadth_first_within_the_budget():

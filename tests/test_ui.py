@@ -7,9 +7,9 @@ import pytest
 
 from app import render, ui
 from app.service import ChatService, ChatSettings
-from core.stats import AcceptanceStats
+from core.decoding.stats import AcceptanceStats
+from core.runtime.verify_cost import CostCurves
 from core.testing import event, make_target, tiny_llama
-from core.verify_cost import CostCurves
 
 SETTINGS = dict(drafter="copies", block_size=4, steps=1, temperature=0.0, top_p=1.0, max_new_tokens=24)
 
@@ -258,7 +258,7 @@ def test_flashmap_drafts_from_zero_noise_at_every_temperature():
 
 
 def test_prompt_lookup_wraps_the_network_drafter_without_loading_it_again(monkeypatch, tmp_path):
-    from core.drafting import LookupHybrid, NgramDrafter
+    from core.drafting.base import LookupHybrid, NgramDrafter
 
     service = ChatService(make_target(tiny_llama(vocab_size=64)), data_dir=tmp_path)
     monkeypatch.setattr("app.service.build_drafter", lambda *args: NgramDrafter())  # stands in for a network

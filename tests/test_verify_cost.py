@@ -2,8 +2,8 @@ import json
 
 import pytest
 
+from core.runtime.verify_cost import CostCurves, cache_file, curve_passes, fitting_contexts, load_cached, save_cached
 from core.testing import make_target, tiny_llama
-from core.verify_cost import CostCurves, cache_file, curve_passes, fitting_contexts, load_cached, save_cached
 
 # seconds of 1, 2, 3 positions after 100 and after 500 cached: the extra rows cost more after the longer context
 CURVES = CostCurves((100, 500), ((1.0, 1.2, 1.4), (2.0, 3.0, 4.0)))
@@ -66,7 +66,7 @@ def test_cached_curves_round_trip_and_an_older_single_curve_file_is_measured_aga
 
 
 def test_interleaved_passes_open_each_round_one_key_later_and_report_every_key():
-    from core.verify_cost import interleaved
+    from core.runtime.verify_cost import interleaved
 
     opened = []
 

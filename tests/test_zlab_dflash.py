@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from core.engine import GenerationConfig, generate_all
+from core.decoding.engine import GenerationConfig, generate_all
 from core.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
 from drafter.registry import DrafterUnavailable, build_drafter
 from drafter.spec import DrafterSpec

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 import drafter.train as train_mod
-from core.engine import GenerationConfig, generate_all
+from core.decoding.engine import GenerationConfig, generate_all
 from drafter.data import write_shard
 from drafter.registry import build_drafter
 from drafter.runtime import load_net, zlab_warm_start

@@ -91,7 +91,7 @@ struct Fp32Linear {  // a packed weight (P, I, 32) and its bias (N,)
 
 #if defined(INTEGER_PRODUCTS)
 // Where the decode step multiplies 8-bit codes (products.h), so does the trunk: weights as GGUF's Q8_0 codes
-// (core.cpu_linear.pack_q8_blocks, layout "bytes"), each row's inputs rounded to 8-bit codes per block of 32. On AVX2
+// (core.runtime.cpu_linear.pack_q8_blocks, layout "bytes"), each row's inputs rounded to 8-bit codes per block of 32. On AVX2
 // the fp32 products ran at ~45 GMAC/s on two cores and read 4 bytes a weight; these read one. The drafts move by the
 // rounding only, and a draft is a proposal the target verifies: the output stays exact.
 constexpr int Q8_ROWS = 4;  // rows sharing one pass over a block's codes (the decode step's q8 tile)

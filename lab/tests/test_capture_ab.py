@@ -1,6 +1,6 @@
-from core.drafting import LookupHybrid
-from core.engine import GenerationConfig, captures, generate_all
-from core.policy import DraftPolicy
+from core.decoding.engine import GenerationConfig, captures, generate_all
+from core.drafting.base import LookupHybrid
+from core.drafting.policy import DraftPolicy
 from lab.capture_ab import BASE, arms
 from tests.test_engine import Clock, WindowedSlowDrafter
 

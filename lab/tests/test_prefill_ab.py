@@ -1,14 +1,14 @@
 import pytest
 import torch
 
-from core.lean import LeanForward
+from core.runtime.lean import LeanForward
 from core.testing import tiny_qwen3
 from lab.prefill_ab import compare
 from tests.test_lean import lean_target
 
 
 def test_both_prefills_are_timed_for_every_prompt_length():
-    from core import native
+    from core.runtime import native
 
     module, why = native.load()
     if module is None:

@@ -26,14 +26,15 @@ def test_a_result_is_printed_and_written_as_one_compact_json_line(tmp_path, caps
 
 @pytest.mark.slow
 def test_a_commits_step_is_built_from_that_commits_sources(tmp_path):
-    """--commit builds the step from the files a commit holds under core/csrc/ (here HEAD's), every one of them."""
+    """--commit builds the step from the files a commit holds under core/runtime/csrc/ (here HEAD's), every one of
+    them."""
     import subprocess
 
     from lab.products_ab import commit_step
 
     module = commit_step("HEAD", tmp_path)
-    names = subprocess.run(["git", "ls-tree", "--name-only", "HEAD", "core/csrc/"], capture_output=True, text=True,
-                           check=True).stdout.split()
+    names = subprocess.run(["git", "ls-tree", "--name-only", "HEAD", "core/runtime/csrc/"], capture_output=True,
+                           text=True, check=True).stdout.split()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n.split("/")[-1] for n in names)
     for name in names:
         shown = subprocess.run(["git", "show", f"HEAD:{name}"], capture_output=True, check=True).stdout

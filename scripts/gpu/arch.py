@@ -15,13 +15,13 @@ from pathlib import Path
 import torch
 
 from app import bench
-from core.drafting import MAX_BLOCK_SIZE, Draft, NgramDrafter
-from core.engine import GenerationConfig, generate_all
-from core.plan import QWEN3_FACTS, estimate_weight_bytes, facts_config, plan_memory
-from core.stats import AcceptanceStats
-from core.target import Target, TargetConfig, load_target
-from core.verify_cost import synchronize as sync
-from core.verify_cost import verify_cost
+from core.decoding.engine import GenerationConfig, generate_all
+from core.decoding.stats import AcceptanceStats
+from core.drafting.base import MAX_BLOCK_SIZE, Draft, NgramDrafter
+from core.runtime.plan import QWEN3_FACTS, estimate_weight_bytes, facts_config, plan_memory
+from core.runtime.target import Target, TargetConfig, load_target
+from core.runtime.verify_cost import synchronize as sync
+from core.runtime.verify_cost import verify_cost
 from drafter.zlab_dflash import assumed_layout
 from scripts.gpu.stages import Command
 
@@ -267,7 +267,7 @@ def zlab_cost(target: Target, sz: dict) -> dict:
 
 
 def _greedy():
-    from core.sampling import SamplingConfig
+    from core.decoding.sampling import SamplingConfig
 
     return SamplingConfig(0.0)
 
@@ -278,12 +278,13 @@ H200_BYTES_PER_S = 4.8e12  # HBM3e bandwidth: the floor of a decode step is read
 
 
 def compiled_step(cmd: Command) -> dict:
-    """Plain decoding through transformers' eager forward, the lean forward (core.lean, static cache) and its
-    fixed-shape steps replayed from CUDA graphs (core.graphs; in --cpu-sim the same steps without capture) on the
+    """Plain decoding through transformers' eager forward, the lean forward (core.runtime.lean, static cache) and its
+    fixed-shape steps replayed from CUDA graphs (core.runtime.graphs; in --cpu-sim the same steps without capture) on
+    the
     same random Qwen3-8B-architecture weights: tokens/s against the bandwidth floor, the verify cost 1..17 at both
     contexts, identical tokens, and an oracle drafter (rate 0.8) through the graphs equal to plain decoding."""
-    from core.graphs import GraphedSteps
-    from core.lean import LeanForward
+    from core.runtime.graphs import GraphedSteps
+    from core.runtime.lean import LeanForward
 
     sz = sizes(cmd)
     target = cmd.state.get("random_target")
@@ -348,7 +349,8 @@ def oracle_through_graphs(target: Target, prompt: list[int], gen: GenerationConf
 # ---- FP8 through the app's real loading path -------------------------------------------------------------
 
 def qwen3_fp8(cmd: Command) -> dict:
-    """Save the random model, load it back with load_target(--quant fp8) (core.fp8: e4m3 codes made on the GPU from
+    """Save the random model, load it back with load_target(--quant fp8) (core.runtime.fp8: e4m3 codes made on the GPU
+    from
     the bf16 checkpoint, torch alone), and measure memory and speed as for bf16. In --cpu-sim the same save/load path
     runs with --quant none (tests/test_fp8.py covers the FP8 modules on the CPU)."""
     sz = sizes(cmd)
@@ -391,12 +393,13 @@ def qwen3_fp8(cmd: Command) -> dict:
 
 
 def unshared_speed(target: Target, prompt: list[int], gen: GenerationConfig) -> dict:
-    """Plain decoding with every FP8 linear quantising its own input again (core.fp8.share_row_codes(share=False)),
+    """Plain decoding with every FP8 linear quantising its own input again
+    (core.runtime.fp8.share_row_codes(share=False)),
     through a forward built and captured afresh, beside the shared codes' figure: what sharing q/k/v's and gate/up's
     input codes saves a step. The tokens must not change (the codes are the same)."""
-    from core.fp8 import share_row_codes
-    from core.graphs import GraphedSteps
-    from core.lean import LeanForward
+    from core.runtime.fp8 import share_row_codes
+    from core.runtime.graphs import GraphedSteps
+    from core.runtime.lean import LeanForward
 
     before = timed_run(target, prompt, gen)["tokens"]
     share_row_codes(target.model, share=False)
@@ -436,10 +439,11 @@ def exactness(cmd: Command) -> dict:
 
 
 def through_graphs(target: Target, name: str, drafters: list[tuple[str, object]], mode: str) -> list[dict]:
-    """The same checks, for three of those drafters, through the lean forward's fixed-shape steps (core.graphs), and
+    """The same checks, for three of those drafters, through the lean forward's fixed-shape steps (core.runtime.graphs),
+    and
     their plain decoding against transformers' forward."""
-    from core.graphs import GraphedSteps
-    from core.lean import LeanForward
+    from core.runtime.graphs import GraphedSteps
+    from core.runtime.lean import LeanForward
 
     prompt, gen = [5, 6, 7, 5, 6, 7, 5], GenerationConfig(max_new_tokens=24)
     reference, _ = generate_all(target, prompt, gen)

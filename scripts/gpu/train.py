@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from core.prompts import read_jsonl
-from core.target import EMBEDDED_GGUF, EMBEDDED_PACKAGE, TargetConfig, load_target
+from core.runtime.target import EMBEDDED_GGUF, EMBEDDED_PACKAGE, TargetConfig, load_target
 from drafter.config import DrafterConfig
 from drafter.data import generate_rows, load_sequences, with_features_in_memory
 from drafter.train import TrainConfig, train_on
@@ -148,7 +148,7 @@ def prompt_rows(cmd: Command, name: str) -> list[dict]:
 
 def greedy_check(cmd: Command) -> list[dict]:
     """The target's greedy continuation of a few eval prompts on this device, for the CPU to compare."""
-    from core.engine import GenerationConfig, generate_all
+    from core.decoding.engine import GenerationConfig, generate_all
 
     tgt = cmd.state["target"]
     half = CHECK_PROMPTS // 2

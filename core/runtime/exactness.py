@@ -1,7 +1,7 @@
 """Is a loaded target's forward batch-invariant? Each position's logits must come out bit for bit the same whether
 the position is fed alone (plain decoding), among K + 1 chain positions (a verify round) or in a tree (several
 drafts merged, App. D). Only then does speculative decoding give exactly plain decoding's tokens in that precision,
-whatever the near-ties: a precision that fails here is not offered as exact (core.target).
+whatever the near-ties: a precision that fails here is not offered as exact (core.runtime.target).
 
 Shape letters: T = positions fed in one forward, V = vocabulary.
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from core import native
-from core.forward import keep_positions, target_forward
-from core.threads import cpu_flags
-from core.tree import build_trie
+from core.decoding.tree import build_trie
+from core.runtime import native
+from core.runtime.forward import keep_positions, target_forward
+from core.runtime.threads import cpu_flags
 
 CHAIN_SIZES = (17, 5)  # K + 1 at K = 16, and a short block
 PROBE_STEPS = 48

@@ -10,7 +10,7 @@ anchor plus the accepted drafts, and the target's own token becomes the next anc
 Plain decoding is this loop with no drafter (K = 0), so baseline and speculative runs share
 every line but the draft. A draft with alternatives (several noise draws, paper App. D) is merged
 into a trie of at most K nodes and verified as a tree in the same one forward (at T > 0 by the target's own draws
-along the trie, core.tree.walk); the cache then keeps the anchor and the accepted path (`keep_positions`).
+along the trie, core.decoding.tree.walk); the cache then keeps the anchor and the accepted path (`keep_positions`).
 """
 from __future__ import annotations
 
@@ -20,12 +20,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from core.detokenize import IncrementalText
-from core.drafting import MAX_BLOCK_SIZE, Draft, Drafter
-from core.forward import keep_positions, target_forward
-from core.policy import DraftPolicy, PolicyState, kept_source, shown_source
-from core.prefix import PrefixCache, reuses_prefixes
-from core.sampling import (
+from core.decoding.detokenize import IncrementalText
+from core.decoding.prefix import PrefixCache, reuses_prefixes
+from core.decoding.sampling import (
     SamplingConfig,
     Verdict,
     draw_token,
@@ -33,8 +30,11 @@ from core.sampling import (
     verify_greedy,
     verify_logits,
 )
-from core.target import Target
-from core.tree import Trie, build_trie, followed_branch, greedy_path, walk
+from core.decoding.tree import Trie, build_trie, followed_branch, greedy_path, walk
+from core.drafting.base import MAX_BLOCK_SIZE, Draft, Drafter
+from core.drafting.policy import DraftPolicy, PolicyState, kept_source, shown_source
+from core.runtime.forward import keep_positions, target_forward
+from core.runtime.target import Target
 
 PLAIN_PROBE_EVERY = 16  # the app's drafting replies: a plain step at least every 16 rounds (< 3% of their speed)
 
@@ -50,12 +50,12 @@ class GenerationConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stop_strings: tuple[str, ...] = ()
     seed: int = 0
-    # relative cost of one target forward over 1, 2, ... positions (core.verify_cost); when given, a draft
+    # relative cost of one target forward over 1, 2, ... positions (core.runtime.verify_cost); when given, a draft
     # with confidences is cut to the length with the most expected tokens per unit of cost
     verify_cost: tuple[float, ...] = ()
-    # one drafter call relative to a one-position target forward (core.verify_cost.draft_cost): where it is charged
-    # (charges_draft_cost), a draft whose best expected tokens per unit of cost, this included, do not beat a plain
-    # step counts as empty for the skips below
+    # one drafter call relative to a one-position target forward (core.runtime.verify_cost.draft_cost): where it is
+    # charged (charges_draft_cost), a draft whose best expected tokens per unit of cost, this included, do not beat a
+    # plain step counts as empty for the skips below
     draft_cost: float = 0.0
     # with a cost curve: after drafts that did not pay (draft_pays), skip the drafter's call for 1, 2, 4, ... rounds,
     # at most this many (0: never skip); a FlashMap jump costs ~0.24 of a target step on this CPU, two jumps ~0.58
@@ -67,7 +67,7 @@ class GenerationConfig:
     # drafter for 1, 2, 4, ... rounds, at most this many (MeasuredPays; 0: never)
     max_measured_wait: int = 32
     # with a cost curve: two copied drafts that differ at their first token may be verified together as a trie, at
-    # every temperature (core.policy.DraftPolicy.best_try; the spec's tries=1)
+    # every temperature (core.drafting.policy.DraftPolicy.best_try; the spec's tries=1)
     copy_tries: bool = False
 
     def __post_init__(self):
@@ -107,8 +107,9 @@ class RoundEvent:
     finish_reason: str | None = None  # None while running; eos | stop | length | cancelled
     branches: int = 1  # drafts merged into the verified trie (App. D); `drafted` is the one followed furthest
     source: str = "plain"  # what the round verified: "plain" (nothing), "drafter" (the network) or a copy's source
-    # where its kept draft tokens came from (core.policy.kept_source): `source`, or the alternative the target followed
-    # (a copy beside the network's draft); "" where it kept none, and for events made elsewhere (then: `source`)
+    # where its kept draft tokens came from (core.drafting.policy.kept_source): `source`, or the alternative the target
+    # followed (a copy beside the network's draft); "" where it kept none, and for events made elsewhere (then:
+    # `source`)
     kept_from: str = ""
 
     @property
@@ -230,9 +231,11 @@ def generate(
     prefix: PrefixCache | None = None,
 ) -> Iterator[RoundEvent]:
     """Yield one RoundEvent per target forward until EOS, a stop string, the budget or cancel. `measured` carries
-    what drafting measured in earlier replies of a conversation (core.policy.PolicyState; updated in place), so a
+    what drafting measured in earlier replies of a conversation (core.drafting.policy.PolicyState; updated in place),
+    so a
     reply starts from it instead of measuring again; None: this reply measures on its own. `prefix` holds what the
-    previous generation left in its cache (core.prefix.PrefixCache; updated in place): the prompt's prefill starts
+    previous generation left in its cache (core.decoding.prefix.PrefixCache; updated in place): the prompt's prefill
+    starts
     after the tokens it shares with it; None: the whole prompt is prefilled."""
     block_size = block_size_for(gen, drafter)
     check_prompt(target, prompt_ids, gen, block_size)
@@ -269,14 +272,15 @@ class _Run:
 @dataclass
 class Cached:
     """The positions a generation's cache holds (everything committed but the anchor) and the drafter features of the
-    last of them, for core.prefix.PrefixCache."""
+    last of them, for core.decoding.prefix.PrefixCache."""
 
     ids: list[int]
     features: list[torch.Tensor]  # (N_i, F) each, in order: the features of the last sum(N_i) positions
     keep_features: bool = True  # False: ids only (no prefix cache will take them; a long reply's features add up)
 
     def add(self, ids: list[int], features: torch.Tensor | None) -> None:
-        """Positions (N,) and their features (N, F), or None where none were captured (core.engine.captures), which
+        """Positions (N,) and their features (N, F), or None where none were captured (core.decoding.engine.captures),
+        which
         leaves only the positions after them with features."""
         self.ids += ids
         if features is None:

@@ -1,4 +1,4 @@
-// Which products the native kernels (core/csrc/lean_step.cpp, drafter/csrc/dit_trunk.cpp) build, chosen once from
+// Which products the native kernels (core/runtime/csrc/lean_step.cpp, drafter/csrc/dit_trunk.cpp) build, chosen once from
 // the build's instruction set, and the integer products' shared parts.
 //
 // INTEGER_PRODUCTS: each row's inputs are rounded to signed 8-bit codes per block of 32 with one fp32 scale (GGUF's
@@ -16,7 +16,7 @@
 // BF16_PRODUCTS: AVX512-BF16 without VNNI: pair dot products (bf16 activations times the weight codes, unrounded).
 // Else none of them: fp32 products.
 //
-// Weights with 8-bit codes (core.cpu_linear.pack_q8_blocks, layout "bytes", GGUF's Q8_0 scheme): blocks of 16 outputs
+// Weights with 8-bit codes (core.runtime.cpu_linear.pack_q8_blocks, layout "bytes", GGUF's Q8_0 scheme): blocks of 16 outputs
 // x 32 inputs, per block 128 int32 words of signed codes (word 16m + j holds output j's codes of inputs 4m .. 4m + 3),
 // then the 16 outputs' scales as fp16 (8 words): w = code * scale.
 #pragma once

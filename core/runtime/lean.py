@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from core.drafting import MAX_BLOCK_SIZE
+from core.drafting.base import MAX_BLOCK_SIZE
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 # their final norms: x / sqrt(mean(x^2) + eps) * weight, which the native step computes after the layers
@@ -91,7 +91,8 @@ def fixed_order_attention(q: torch.Tensor, keys: torch.Tensor, values_1: torch.T
     ones after each value) hold plan.past cached positions and then the T fed ones.
 
     Why this shape of computation: oneDNN's bf16 matrix products give each output element the same value whatever
-    the number of rows and however many zero terms trail its sum (core.exactness checks it on the machine at hand),
+    the number of rows and however many zero terms trail its sum (core.runtime.exactness checks it on the machine at
+    hand),
     but they pair and group the terms of a sum by their index, and sdpa's kernels and fp32 GEMV/GEMM pick their
     reduction order by shape. So every row's weighted sum is cut into KEY_BLOCK-long pieces aligned to absolute
     positions, each piece a bf16 matmul over keys laid out as a chain would lay them out (a tree row's ancestors
@@ -251,11 +252,11 @@ class LayerLinears:
 
 
 def layer_linears(layer, weights: str, native=None) -> LayerLinears | None:
-    """weights "packed": on the CPU with prepacked linears (core.cpu_linear), q, k, v and gate, up fused and
+    """weights "packed": on the CPU with prepacked linears (core.runtime.cpu_linear), q, k, v and gate, up fused and
     prepacked, the modules' own packed copies dropped (they fall back to their weights), so memory stays one packed
-    copy; "q4": every product from 4-bit codes (core.cpu_linear.Int4Linear, by the native step's kernel where
+    copy; "q4": every product from 4-bit codes (core.runtime.cpu_linear.Int4Linear, by the native step's kernel where
     `native` is given); "modules" (a GPU, quantised modules): None, the modules are called as they are."""
-    from core.cpu_linear import Int4Linear, PackedLinear
+    from core.runtime.cpu_linear import Int4Linear, PackedLinear
 
     attn, mlp = layer.self_attn, layer.mlp
     fusable = [attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj]
@@ -277,7 +278,7 @@ class LeanForward:
                  native_prefill: bool = False):
         """fixed_order: attend with fixed_order_attention (None: in bf16 on the CPU, where it makes every
         position's logits independent of how many are fed; elsewhere sdpa). weights: see layer_linears. native: the
-        compiled decode step (core.native), which runs a q4 forward's layers over at most a verify round's
+        compiled decode step (core.runtime.native), which runs a q4 forward's layers over at most a verify round's
         positions in one call; None: those run here in Python. native_prefill: a prompt's prefill also runs through
         the native step, a verify round's worth of positions at a time (where the CPU has no bf16 products, the
         op-by-op prefill's bf16 weights cost more than the step's own kernel)."""
@@ -304,7 +305,7 @@ class LeanForward:
         self._native_weights = self._collect_native_weights() if self.native is not None else []
         self._final_norm = self._native_final_norm()
         # the one-call step (native_step): with the native layers and final norm, the 8-bit LM head and bf16 embeddings
-        from core.cpu_linear import Int8Linear
+        from core.runtime.cpu_linear import Int8Linear
 
         self._steps = (self.native is not None and hasattr(self.native, "step") and self._final_norm.numel() > 0
                        and isinstance(self.lm_head, Int8Linear) and self.dtype == torch.bfloat16
@@ -316,9 +317,10 @@ class LeanForward:
 
     def _lm_head(self, model):
         """The LM head as the forward calls it: in q4 with the native step, from 8-bit codes per block of 32 (GGUF's
-        Q8_0, the embedded file's own scheme for it; core.cpu_linear.Int8Linear), half the bytes of the bf16 copy a
+        Q8_0, the embedded file's own scheme for it; core.runtime.cpu_linear.Int8Linear), half the bytes of the bf16
+        copy a
         decode step reads whole (it was ~45% of a step); the prepacked bf16 copy is then dropped. Else the model's."""
-        from core.cpu_linear import Int8Linear, PackedLinear, q4_fits
+        from core.runtime.cpu_linear import Int8Linear, PackedLinear, q4_fits
 
         head = model.lm_head
         if self.native is None or not q4_fits(head):

@@ -7,7 +7,7 @@ Three kinds of source per round, in this order: a copied draft (free: no network
 prompt lookup in the conversation, or the target's phrasebook), the drafter's network, or none (a plain step). Their
 parts:
 - the adaptive cut (clip_draft, best_draft_length): the prefix with the most expected committed tokens per unit of
-  this machine's verify cost (core.verify_cost), from per-slot confidence;
+  this machine's verify cost (core.runtime.verify_cost), from per-slot confidence;
 - copy tries (DraftPolicy.best_try): two copies that differ at their first token verified together as a trie, where
   the pair's expected tokens per unit of verify cost beat either alone;
 - SkipEmpty: after drafts whose expected tokens do not pay for the drafter's own call, skip it for 1, 2, 4 ... rounds;
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from core.drafting import LOOKUP_STRONG, Copy, Draft, Drafter, lookup_plan
-from core.prefix import common_prefix
-from core.sampling import SamplingConfig
+from core.decoding.prefix import common_prefix
+from core.decoding.sampling import SamplingConfig
+from core.drafting.base import LOOKUP_STRONG, Copy, Draft, Drafter, lookup_plan
 
 EMPTY = Draft(torch.empty(0, dtype=torch.long), None)
 COPIED = ("lookup", "phrasebook", "tail")  # the free sources' round names (Draft.lookup_source)
@@ -58,7 +58,8 @@ class SkipEmpty:
 
 @dataclass
 class FeatureCapture:
-    """When the engine captures the drafter's features (core.engine.captures) and when its network has enough of them
+    """When the engine captures the drafter's features (core.decoding.engine.captures) and when its network has enough
+    of them
     to be called. The network is asked only in rounds where no copy pays, ~1 in 10-20 on math and code, yet its
     features were captured, kept and handed to it in every forward: capturing only as below made the app's default
     1.7% +- 0.6% faster, pooled over ten paired sets (`python -m lab.capture_ab`, docs/engine.md). The prompt's
@@ -295,7 +296,8 @@ class SlotRates:
 class CallCost:
     """What a call of the drafter's network costs, in plain steps, as measured in this reply: the median of its recent
     calls' seconds over the median plain round's (the plain rounds MeasuredPays keeps). The bench's start-up estimate
-    (core.verify_cost.draft_cost, a warm drafter called beside one-position forwards) read 0.55 of a step where calls
+    (core.runtime.verify_cost.draft_cost, a warm drafter called beside one-position forwards) read 0.55 of a step where
+    calls
     in a reply took 0.73 (math, AVX2 EPYC, 2026-12-02): there each call first projects every position committed since
     the last one, and its weights come back from memory. Measured on past rounds only, so exact like every policy
     input."""
@@ -322,7 +324,8 @@ class RoundCosts:
     """What a round that fed n positions costs in this reply and conversation, relative to a plain round: the median
     over the recent rounds that fed n positions of their seconds (a network call's own aside: CallCost charges those)
     over the median plain round's at the time, once `min_rounds` of them were measured; the start-up curve
-    (core.verify_cost, timed forwards at load) for the lengths not measured yet. Each round is set against the plain
+    (core.runtime.verify_cost, timed forwards at load) for the lengths not measured yet. Each round is set against the
+    plain
     rounds of its own time because this shared machine's speed moves by half within minutes, and a rare length's
     rounds can be minutes old. Two things make the start-up curve a poor guide on its own: it times bare forwards,
     where a copied round also pays the Python around them, cold after each forward (a one-token copy cost 1.28-1.32
@@ -444,8 +447,8 @@ class DraftPolicy:
     measured acceptance (LookupRates) and the plain probes (PlainProbe). A policy only: whatever it decides,
     verification keeps the output exact."""
 
-    # relative cost of 1, 2, ... positions the cut weighs: the start-up curve (core.verify_cost; () for no cut) with the
-    # lengths this reply and conversation measured (RoundCosts), renewed as rounds are measured
+    # relative cost of 1, 2, ... positions the cut weighs: the start-up curve (core.runtime.verify_cost; () for no cut)
+    # with the lengths this reply and conversation measured (RoundCosts), renewed as rounds are measured
     verify_cost: tuple[float, ...]
     # what a network draft is charged for the drafter's call in the skips (draft_pays) until this reply has measured it
     # (CallCost); 0: nothing charged (T > 0, or no cost curve)
@@ -463,7 +466,8 @@ class DraftPolicy:
 
     @classmethod
     def for_run(cls, gen, state: PolicyState | None = None, window: int | None = None) -> "DraftPolicy":
-        """The policy of one generation (gen: core.engine.GenerationConfig), from what `state` measured before; window:
+        """The policy of one generation (gen: core.decoding.engine.GenerationConfig), from what `state` measured before;
+        window:
         the drafter's context window (Drafter.context_window), for FeatureCapture."""
         state = state or PolicyState()
         for measured in (state.drafter, state.lookup):
@@ -551,7 +555,8 @@ class DraftPolicy:
         second branch, another copy whose first token differs, cut where the pair's expected tokens per unit of cost
         peak (the second's acceptance as measured beside a first, LookupRates' beside keys; the cost as copy tries
         measured it, PolicyState.tries). At most one of
-        the two first tokens is the target's (at T > 0 the target draws one token, core.tree.walk), so the second
+        the two first tokens is the target's (at T > 0 the target draws one token, core.decoding.tree.walk), so the
+        second
         branch adds its expected tokens to the first's. -> (the best such draft, its expected tokens per unit of
         verify cost), (None, 0.0) where no pair fits in k nodes."""
         best, best_value = None, 0.0

@@ -2,7 +2,7 @@
 
 Each decoder linear keeps its weight as float8 e4m3 codes with one fp32 scale per output row; at run time every
 input row is quantised the same way (its own amax) and the product is torch._scaled_mm with row-wise scales. One
-byte a weight (the memory plan's FP8 row, core.plan) and no package beyond torch: transformers' own FP8 modules
+byte a weight (the memory plan's FP8 row, core.runtime.plan) and no package beyond torch: transformers' own FP8 modules
 (FineGrainedFP8Config) fetch a Triton kernel from the Hugging Face hub through the `kernels` package at first use,
 which a machine without that package or without network cannot do (the H200 run of 2026-12-04 failed there).
 

@@ -8,14 +8,14 @@ prompts ("Here are some tips", "def is_prime(n):", "= 2 * 3 ="), so what most of
 is a draft that costs no network call. Each kept n-gram (2 to 4 tokens) maps to its majority continuation: the token
 that most often came next, then the one that most often came after that among those occurrences, and so on while
 at least `min_support` occurrences agree (up to `length` tokens). The policy verifies such a draft as it verifies a
-conversation lookup (core.policy: measured acceptance per source and grade, the cut under the verify cost),
+conversation lookup (core.drafting.policy: measured acceptance per source and grade, the cut under the verify cost),
 so the output stays exact whatever the phrasebook holds.
 
 How far a copy can be trusted varies with the n-gram more than with its length: where few of its occurrences went on
 with the stored first token, the target keeps that token rarely. Each n-gram carries an agreement class (its
 occurrences' share that continued with the stored first token, and how many occurrences there were), and the book a
 calibration: per match length and class, how often each copied slot was kept on held-out replies (`calibrate`). The
-policy measures a copy's acceptance per that grade and starts from the calibration (core.policy.LookupRates).
+policy measures a copy's acceptance per that grade and starts from the calibration (core.drafting.policy.LookupRates).
 
 Stored as `config.json` (format, the target's identity, the settings, the data it was built from and the calibration)
 and `index.safetensors`: `keys` (N,) the n-grams' 32-bit keys (int32 bit patterns), sorted; `lengths` (N,) uint8,

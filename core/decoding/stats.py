@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from core.drafting import MAX_BLOCK_SIZE
-from core.engine import RoundEvent
+from core.decoding.engine import RoundEvent
+from core.drafting.base import MAX_BLOCK_SIZE
 
 
 @dataclass

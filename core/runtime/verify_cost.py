@@ -2,9 +2,9 @@
 after a context of C cached positions. It bounds every speedup: a round that commits gamma tokens
 costs draft + verify(K+1), against gamma plain forwards of verify(1).
 
-python -m core.verify_cost [--cached 256] [--repeats 20] [--target ID] [--out FILE.json] [--compare-cpu-linear]
+python -m core.runtime.verify_cost [--cached 256] [--repeats 20] [--target ID] [--out FILE.json] [--compare-cpu-linear]
 
---compare-cpu-linear times the target with both CPU linear kernels (core.cpu_linear: prepacked oneDNN, torch's
+--compare-cpu-linear times the target with both CPU linear kernels (core.runtime.cpu_linear: prepacked oneDNN, torch's
 own) in one run, their passes interleaved so that load on the machine hits both alike.
 """
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Iterator
 
 import torch
 
-from core import native
-from core.drafting import MAX_BLOCK_SIZE
-from core.forward import keep_positions, target_forward
-from core.sampling import SamplingConfig
-from core.target import CPU_LINEARS, add_target_args, load_target, target_config_from_args
+from core.decoding.sampling import SamplingConfig
+from core.drafting.base import MAX_BLOCK_SIZE
+from core.runtime import native
+from core.runtime.forward import keep_positions, target_forward
+from core.runtime.target import CPU_LINEARS, add_target_args, load_target, target_config_from_args
 
 POSITIONS = (1, 2, 4, 8, 16, 17)
 
@@ -87,7 +87,8 @@ def interleaved_costs(targets: dict, context: int, repeats: int, positions=POSIT
 
 def draft_cost(target, drafter, context: int = 256, repeats: int = 10) -> float:
     """One drafter call (a whole block at T = 0 after `context` positions) relative to a one-position target forward,
-    medians, the two interleaved so that load on the machine hits both alike: what core.policy.draft_pays charges a
+    medians, the two interleaved so that load on the machine hits both alike: what core.drafting.policy.draft_pays
+    charges a
     draft for the drafter's own time. Leaves the drafter reset."""
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (context + repeats + 1,), generator=gen)
@@ -120,7 +121,8 @@ def _seconds(device: torch.device, work) -> float:
 # the cached positions the curves are measured after: a short chat's and a long one's. Each new position attends to
 # every cached one, so a verify's extra rows cost more in a longer conversation: 4 positions cost 1.58x one after 256
 # cached and 1.79-1.89x after 512-1,800, 9 positions 3.0x and 3.5-3.9x (AVX2 EPYC, 2026-12-03,
-# `python -m core.verify_cost --cached N`); one curve measured after 256 under-priced a long chat's verified rows
+# `python -m core.runtime.verify_cost --cached N`); one curve measured after 256 under-priced a long chat's verified
+# rows
 CONTEXTS = (256, 1024)
 
 

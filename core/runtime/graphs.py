@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from core.lean import PREFILL_ROWS, AttentionPlan, LeanForward, StaticCache
+from core.runtime.lean import PREFILL_ROWS, AttentionPlan, LeanForward, StaticCache
 
 GRAPH_MODES = ("auto", "off", "sim", "cuda")  # auto: "cuda" on a GPU with the lean forward, else off
 SPARE_SLOTS = PREFILL_ROWS  # capacity kept free past the valid positions: a capture's warm-up writes there
@@ -52,7 +52,7 @@ def graph_mode(requested: str, lean: LeanForward | None) -> str:
     if requested == "off" or (requested == "auto" and (lean is None or lean.device.type != "cuda")):
         return "off"
     if lean is None:
-        raise ValueError("--graphs needs the lean forward (core.lean); this target runs transformers' forward")
+        raise ValueError("--graphs needs the lean forward (core.runtime.lean); this target runs transformers' forward")
     if lean.fixed_order or lean.native is not None:
         raise ValueError("--graphs replaces attention with sdpa over a mask; this CPU forward stays exact only through "
                          "its fixed-order attention or native step (use --graphs off)")

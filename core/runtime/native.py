@@ -1,6 +1,6 @@
 """The engine's native kernels, built once per machine with the system's C++ compiler through torch's extension
-builder, cached on disk, loaded on later starts in about a second: the decode step (core/csrc/lean_step.cpp) and
-extensions of the packages above core (the drafter's forward, drafter/csrc/), all sharing core/csrc/simd.h.
+builder, cached on disk, loaded on later starts in about a second: the decode step (core/runtime/csrc/lean_step.cpp) and
+extensions of the packages above core (the drafter's forward, drafter/csrc/), all sharing core/runtime/csrc/simd.h.
 
 Why a native step: the q4 forward of the embedded target spent most of a decode step dispatching ~55 small tensor
 ops a layer from Python (norms, rotary, attention pieces, casts); one native call for all layers leaves the weights'
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from core.threads import cpu_flags
+from core.runtime.threads import cpu_flags
 
 CSRC = Path(__file__).parent / "csrc"
 # -march=native: the build is keyed by the CPU's flags, so a cache shared between machines never runs code built

@@ -1,5 +1,5 @@
 // The decoder layers of a q4 (4-bit weight, bf16 activation) forward over at most a verify round's positions, as one
-// native call: core/native.py builds it, core/lean.py calls it. Python used to dispatch ~55 small ops a layer here,
+// native call: core/runtime/native.py builds it, core/runtime/lean.py calls it. Python used to dispatch ~55 small ops a layer here,
 // which cost more than the weights themselves; this does the norms, rotary embedding, cache writes, attention and
 // activations in plain loops, and the products from 4-bit codes (q4_mm below).
 //
@@ -114,7 +114,7 @@ at::Tensor rms_norm(const at::Tensor& residual, const at::Tensor& weight, double
 }
 
 // ---- products from 4-bit and 8-bit codes ---------------------------------------------------------------------------
-// The weights of a linear layer (O, I) as blocks of 16 outputs x 32 inputs. q4 (core.cpu_linear.pack_q4_blocks): per
+// The weights of a linear layer (O, I) as blocks of 16 outputs x 32 inputs. q4 (core.runtime.cpu_linear.pack_q4_blocks): per
 // block 64 int32 words of codes, then 16 fp16 scales and 16 fp16 minimums, w = code * scale + minimum. Word (q, j)
 // holds output j's codes for inputs 8q .. 8q + 7: input 8q + 2k in bits 4k .. 4k + 3, input 8q + 2k + 1 in bits
 // 16 + 4k .. 19 + 4k, so (word >> 4k) & 0x000F000F is the code pair of inputs 2p, 2p + 1 (p = 4q + k) as two 16-bit
@@ -141,7 +141,7 @@ inline float group_sum(const bf16* x) { return sum(load(x) + load(x + LANES)); }
 #if defined(BF16_PRODUCTS)
 using Pairs = __m512bh;  // 16 lanes of two bf16 codes
 using Operand = bf16;  // the rows as the pair step reads them
-constexpr const char* LAYOUT = "pairs";  // the codes' arrangement in a block (core.cpu_linear.pack_q4_blocks)
+constexpr const char* LAYOUT = "pairs";  // the codes' arrangement in a block (core.runtime.cpu_linear.pack_q4_blocks)
 constexpr const char* Q8_LAYOUT = "pairs";  // and in a q8 block (pack_q8_blocks)
 constexpr const char* ACTIVATIONS = "bf16";
 inline const Operand* prepare_rows(const bf16* x, int64_t, int64_t, std::vector<Operand>&) { return x; }
@@ -426,7 +426,7 @@ at::Tensor blocks_mm(const at::Tensor& x, const at::Tensor& blocks, int64_t outs
   const int64_t n = x.size(0), in = x.size(1), groups = in / GROUP, tiles = outs / TILE;
   TORCH_CHECK(in % GROUP == 0 && outs % TILE == 0, "the weight must be whole blocks of 16 x 32");
   TORCH_CHECK(blocks.scalar_type() == at::kInt && blocks.is_contiguous() && blocks.numel() == tiles * groups * Kind::WORDS,
-              "blocks must be core.cpu_linear's packed int32 tensor for this shape and kind");
+              "blocks must be core.runtime.cpu_linear's packed int32 tensor for this shape and kind");
   TORCH_CHECK(!bias.numel() || (bias.scalar_type() == at::kBFloat16 && bias.numel() == outs), "bias must be (O,) bf16");
   const bf16* xs = x.data_ptr<bf16>();
   std::vector<Operand> storage;
@@ -799,7 +799,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_mm", &q8_mm, "x (N, I) bf16 times a weight packed in blocks of 16 x 32 8-bit codes -> (N, O) fp32");
   m.attr("SLOTS") = SLOTS;
   m.attr("MAX_HEAD_DIM") = LANES * MAX_CHUNKS;  // the attention holds a head in registers
-  m.attr("LAYOUT") = LAYOUT;  // how q4_mm's blocks arrange the codes (core.cpu_linear)
+  m.attr("LAYOUT") = LAYOUT;  // how q4_mm's blocks arrange the codes (core.runtime.cpu_linear)
   m.attr("Q8_LAYOUT") = Q8_LAYOUT;  // and q8_mm's
   m.attr("ACTIVATIONS") = ACTIVATIONS;  // what the products multiply the weight codes by
 }

@@ -6,7 +6,7 @@ forward over K + 1 = 17 positions cost ~1.9x one position (and 2 positions ~1.8x
 almost twice per round just to break even. oneDNN's linear with its weight reordered once at load time
 (`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU freezing uses) skips that: measured here on
 SmolLM2-135M's shapes, 2 threads, the 49152 x 576 LM head takes 5.0 ms for 1 position and 6.1 ms for 17 (MKL:
-11.5 and 26.0), a 1536 x 576 MLP weight 0.05 and 0.16 ms (0.10 and 0.42); `python -m core.verify_cost` shows
+11.5 and 26.0), a 1536 x 576 MLP weight 0.05 and 0.16 ms (0.10 and 0.42); `python -m core.runtime.verify_cost` shows
 the whole forward.
 
 Exactness: each row of the output comes out bit-identical whether it is computed alone or among 17 rows for most
@@ -24,7 +24,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from core.threads import cpu_flags
+from core.runtime.threads import cpu_flags
 
 # oneDNN reorders a bf16 weight only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT (it raises on AVX2-only ones)
 BF16_PACK_FLAGS = (frozenset({"avx512bw", "avx512vl", "avx512dq"}), frozenset({"avx_ne_convert"}))
@@ -37,7 +37,8 @@ INVARIANT_INNER = 1024
 
 def amx_products(flags: frozenset[str] | None = None) -> bool:
     """Whether oneDNN may multiply bf16 with AMX here: the CPU has it and the ISA cap (core/__init__.py sets one below
-    AMX unless the environment chose another) allows it. Its products are not batch-invariant (core.exactness)."""
+    AMX unless the environment chose another) allows it. Its products are not batch-invariant
+    (core.runtime.exactness)."""
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
     return "amx_bf16" in (cpu_flags() if flags is None else flags) and any(w in isa for w in ("AMX", "ALL", "DEFAULT"))
 
@@ -77,7 +78,7 @@ class PackedLinear(torch.nn.Linear):
                                   for w in self.weight.detach().chunk(n_slices, dim=1)]
 
     def drop_packed(self) -> None:
-        """Free the packed copy (another holds these weights packed, core.lean); forward then uses F.linear."""
+        """Free the packed copy (another holds these weights packed, core.runtime.lean); forward then uses F.linear."""
         self.packed_slices = None
 
     def _packed_applies(self, x: torch.Tensor) -> bool:
@@ -134,7 +135,8 @@ def quantize_q4(weight: torch.Tensor, group: int = Q4_GROUP) -> tuple[torch.Tens
 
 def pack_q4_blocks(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, layout: str = "pairs"
                    ) -> torch.Tensor:
-    """quantize_q4's codes in the native step's layout (core/csrc/lean_step.cpp, q4_mm): per block of 16 outputs x 32
+    """quantize_q4's codes in the native step's layout (core/runtime/csrc/lean_step.cpp, q4_mm): per block of 16 outputs
+    x 32
     inputs, 64 int32 words of codes, then the 16 outputs' scales and minimums as fp16 (8 words each). "pairs" (bf16 or
     fp32 pair products): word (q, j) holds output j's inputs 8q .. 8q + 7, input 8q + 2k in bits 4k .., input
     8q + 2k + 1 in bits 16 + 4k ..; "bytes" (8-bit integer products, AVX2): byte 32m + 4l + i holds output l's code of
@@ -214,7 +216,8 @@ def quantize_q8(weight: torch.Tensor, group: int = Q4_GROUP) -> tuple[torch.Tens
 
 
 def pack_q8_blocks(codes: torch.Tensor, scale: torch.Tensor, layout: str = "pairs") -> torch.Tensor:
-    """quantize_q8's codes in the native step's layout (core/csrc/lean_step.cpp, q8_mm): per block of 16 outputs x 32
+    """quantize_q8's codes in the native step's layout (core/runtime/csrc/lean_step.cpp, q8_mm): per block of 16 outputs
+    x 32
     inputs, 128 int32 words of codes ("pairs": 8 words per input pair p, output j's codes of inputs 2p, 2p + 1 in
     bytes 2j, 2j + 1; "bytes": word 16m + j holds output j's codes of inputs 4m .. 4m + 3), then the 16 outputs'
     scales as fp16 (8 words). codes (O, I) int8, scale (O, I/32) -> (O/16, I/32, 136)"""
@@ -260,11 +263,12 @@ class Int8Linear(torch.nn.Module):
 class Int4Linear(torch.nn.Module):
     """A linear layer computed from 4-bit weight codes (quantize_q4) with bf16 activations. Inference only.
 
-    With the native step's module (core.native), by its q4_mm: the codes unpacked once per block for every row fed
+    With the native step's module (core.runtime.native), by its q4_mm: the codes unpacked once per block for every row
+    fed
     and summed by bf16 pair dot products (AVX512-BF16 where the CPU has it), 2-2.6x faster than torch's kernel at 1
     to 17 rows on SmolLM2's shapes (two threads, `python -m lab.kernel_timing`). Without it, by torch's
     CPU int4 kernel, whose dequantisation is w = (code - 8) * scale + zero, so zero = minimum + 8 * scale. Either way
-    each output row is computed independently of the others (core.exactness checks it on the machine)."""
+    each output row is computed independently of the others (core.runtime.exactness checks it on the machine)."""
 
     def __init__(self, linear: torch.nn.Linear, group: int = Q4_GROUP, native=None):
         super().__init__()

@@ -1,4 +1,4 @@
-// Sixteen-lane float arithmetic shared by the native kernels (core/csrc/lean_step.cpp, drafter/csrc/dit_trunk.cpp):
+// Sixteen-lane float arithmetic shared by the native kernels (core/runtime/csrc/lean_step.cpp, drafter/csrc/dit_trunk.cpp):
 // AVX-512 where the build has it, else plain arrays doing the same lane-wise operations, so the portable build
 // computes what the vector build computes. Built with -ffp-contract=off: a product and a sum fuse only where written.
 #pragma once
