@@ -37,7 +37,8 @@ from core.decoding.prefix import PrefixCache  # noqa: E402
 from core.decoding.sampling import SamplingConfig  # noqa: E402
 from core.decoding.stats import AcceptanceStats, pooled_rate, speedup, speedup_se  # noqa: E402
 from core.drafting.base import MAX_BLOCK_SIZE  # noqa: E402
-from core.drafting.policy import COPIED, PolicyState  # noqa: E402
+from core.drafting.policy.sources import COPIED  # noqa: E402
+from core.drafting.policy.state import PolicyState  # noqa: E402
 from core.prompts import HeldOutError, read_prompt_file, refuse_held_out, resolve_prompt_file  # noqa: E402
 from core.runtime.target import Target, TargetConfig, add_target_args, load_target, target_config_from_args  # noqa: E402
 from core.runtime.threads import apply_thread_policy, wait_idle, wait_policy  # noqa: E402
@@ -126,7 +127,7 @@ class Runner:
     def with_draft_cost(self, target: Target) -> "Runner":
         """This runner with its drafter's cost measured now (core.runtime.verify_cost.draft_cost), when its spec is
         adaptive:
-        the skip policy charges each draft for it (core.drafting.policy.draft_pays)."""
+        the skip policy charges each draft for it (core.drafting.policy.cut.draft_pays)."""
         if not self.spec.adaptive or self.drafter is None:
             return self
         return replace(self, draft_cost=measure_draft_cost(target, self.drafter))
@@ -194,6 +195,7 @@ def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: li
         "per_slot_acceptance": stats.per_slot(k) if stats.rounds else None,
         "rounds": stats.rounds,  # with the counts below, runs pool exactly (docs/benchmarks.md)
         "rounds_by_source": stats.sources,  # plain steps, the network's drafts, prompt-lookup drafts
+        "plain_rounds_by_reason": stats.plain_reasons,  # why those plain steps drafted nothing (the policy's decisions)
         "tokens_by_source": stats.tokens,  # the replies' tokens: accepted drafts by source, the target's own
         "round_costs": round_costs(base, spec),  # what each kind of round cost, in plain rounds, and committed
         "per_slot_reached": stats.reached[:k],

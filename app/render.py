@@ -75,7 +75,8 @@ COPY_MARKS = {  # round source -> (its mark in the panel, what the mark's title 
 
 def render_round(tokenizer, index: int, ev: RoundEvent) -> str:
     """One row: each drafted slot marked accepted / rejected / not reached, then the target's token."""
-    cells = [f"<span class='fm-round'>#{index}</span>"]
+    why = f" title='{html.escape(ev.decision.text(), quote=True)}'" if ev.decision is not None else ""
+    cells = [f"<span class='fm-round'{why}>#{index}</span>"]
     if ev.source in COPY_MARKS:  # a copied draft: no network call
         mark, title = COPY_MARKS[ev.source]
         cells.append(f"<span class='fm-slot fm-unr' title='{title}'>{mark}</span>")
@@ -93,10 +94,22 @@ def render_plain_run(tokenizer, first: int, events: list[RoundEvent]) -> str:
     """Consecutive rounds without a draft (plain steps: the adaptive cut kept nothing, the drafter was skipped, or
     a plain-step probe) in one row of target tokens, so the rounds that drafted stay in view."""
     label = f"#{first}" if len(events) == 1 else f"#{first}–{first + len(events) - 1}"
-    cells = [f"<span class='fm-round' title='plain steps: no draft'>{label}</span>"]
+    title = html.escape(plain_title(events), quote=True)
+    cells = [f"<span class='fm-round' title='{title}'>{label}</span>"]
     cells += [f"<span class='fm-slot fm-bonus' title='target'>★{token_text(tokenizer, ev.target_token)}</span>"
               for ev in events]
     return "<div class='fm-row fm-plain'>" + "".join(cells) + "</div>"
+
+
+def plain_title(events: list[RoundEvent]) -> str:
+    """Why a run of plain steps drafted nothing, from their decisions, the commonest reason first."""
+    reasons: dict[str, int] = {}
+    for ev in events:
+        if ev.decision is not None:
+            why = f"copies {ev.decision.copies}; network {ev.decision.network}"
+            reasons[why] = reasons.get(why, 0) + 1
+    ranked = sorted(reasons.items(), key=lambda item: -item[1])
+    return "\n".join(["plain steps: no draft", *(f"{n}× {why}" for why, n in ranked)])
 
 
 def render_panel(tokenizer, events: list[RoundEvent]) -> str:

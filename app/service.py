@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 
 from app.conversations import ConversationStore
-from core.decoding.engine import PLAIN_PROBE_EVERY, GenerationConfig, RoundEvent, generate
+from core.decoding.engine import GenerationConfig, RoundEvent, generate
 from core.decoding.prefix import PrefixCache
 from core.decoding.sampling import SamplingConfig
 from core.decoding.stats import ReplySpeed
 from core.drafting.base import MAX_BLOCK_SIZE
-from core.drafting.policy import PolicyState
+from core.drafting.policy.state import PolicyState
 from core.runtime.target import Target
 from core.runtime.threads import apply_thread_policy
 from core.runtime.verify_cost import CostCurves, curve_passes, load_cached, save_cached
@@ -96,13 +96,14 @@ def engine_settings(spec: DrafterSpec, gen: GenerationConfig, verify_cost: tuple
     """gen (the reply's length, K, sampling, stops, seed) with what the drafter spec asks of the engine, one rule for
     the UI, the API and the bench: where the spec is adaptive, the verify-cost curve, the drafter's call cost, the
     skips and the measured verdicts' longest wait; a drafting reply makes a plain step at least every
-    PLAIN_PROBE_EVERY rounds, so its speed is always compared with plain decoding measured inside it
+    PolicyConfig.app_probe_every rounds, so its speed is always compared with plain decoding measured inside it
     (core.decoding.stats.ReplySpeed)."""
     adaptive = spec.adaptive  # the choice decides: FlashMap and DFlash-style draft every round
+    policy = replace(gen.policy, max_skip=spec.max_skip, copy_tries=spec.copy_tries,
+                     plain_probe_every=gen.policy.app_probe_every if drafting else 0,
+                     max_measured_wait=gen.policy.max_measured_wait if adaptive else 0)
     return replace(gen, verify_cost=verify_cost if adaptive else (), draft_cost=draft_cost if adaptive else 0.0,
-                   max_skip=spec.max_skip, copy_tries=spec.copy_tries,
-                   plain_probe_every=PLAIN_PROBE_EVERY if drafting else 0,
-                   max_measured_wait=GenerationConfig.max_measured_wait if adaptive else 0)
+                   policy=policy)
 
 
 def describe(curves: CostCurves) -> str:
@@ -127,7 +128,7 @@ class ChatService:
         self._drafters: dict[DrafterSpec, object] = {}
         self._draft_costs: dict[int, float] = {}  # id(drafter) -> its call's cost relative to a target step
         # id(drafter) -> what drafting measured against plain steps in the replies so far
-        # (core.drafting.policy.PolicyState)
+        # (core.drafting.policy.state.PolicyState)
         self._measured: dict[int, PolicyState] = {}
         self.prefix = PrefixCache()  # what the last reply left in its cache: the next prompt's prefill starts after it
         self.unavailable: dict[str, str] = {}

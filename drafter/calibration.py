@@ -2,12 +2,12 @@
 
 Shape letters: R = rounds (held-out anchors), K = block size.
 
-The engine's adaptive cut (core.drafting.policy.best_draft_length) reads each slot's confidence c_k as the probability
-that slot k is accepted given that the slots before it were, and drafts the prefix with the most expected tokens
-per unit of verify cost. A drafter's confidence is the largest probability of each slot's distribution; a flow
-map distilled onto its teacher's sharp flow from x0 = 0 is far too sure of itself (offline on held-out responses,
-K = 16, T = 0: slot 1 confident 0.79 on average where 0.53 is accepted; expected accepted slots per round 2.4
-where 1.0 are): the cut then drafts long and never stops drafting where drafting does not pay (chat).
+The engine's adaptive cut (core.drafting.policy.cut.best_draft_length) reads each slot's confidence c_k as the
+probability that slot k is accepted given that the slots before it were, and drafts the prefix with the most expected
+tokens per unit of verify cost. A drafter's confidence is the largest probability of each slot's distribution; a flow
+map distilled onto its teacher's sharp flow from x0 = 0 is far too sure of itself (offline on held-out responses, K =
+16, T = 0: slot 1 confident 0.79 on average where 0.53 is accepted; expected accepted slots per round 2.4 where 1.0
+are): the cut then drafts long and never stops drafting where drafting does not pay (chat).
 
 Calibration maps c_k to sigmoid(a_k logit(c_k) + b_k) (Platt scaling, per slot), fitted on held-out rounds at
 T = 0 by the acceptance each slot met when it was reached. It is a function of the distributions alone, never of

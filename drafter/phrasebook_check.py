@@ -5,13 +5,13 @@ network).
 For every position of every held-out reply, the phrasebook is looked up on the tokens before it (as the engine looks
 it up on the conversation); a copy keeps its tokens up to the first that differs from the reply. Reported per held-out
 folder: how often a copy exists (hit), tokens kept per position, and per matched suffix length, each slot's
-acceptance given the earlier slots accepted (what core.drafting.policy.LookupRates measures in a conversation), with the
-copies that reached it.
+acceptance given the earlier slots accepted (what core.drafting.policy.rates.LookupRates measures in a conversation),
+with the copies that reached it.
 
 python -m drafter.phrasebook_check --held data/smollm2-val data/smollm2-magpie-check \\
     [--book weights/smollm2-135m-instruct/phrasebook | --data DIR ... --length 16] [--tries] [--out FILE.json]
 
---tries also scores copy tries (core.drafting.policy.DraftPolicy.best_try): where the conversation's copy and the
+--tries also scores copy tries (core.drafting.policy.policy.DraftPolicy.best_try): where the conversation's copy and the
 phrasebook's
 differ at their first token, how often each first token is the target's.
 """
@@ -41,7 +41,8 @@ def copy_acceptance(book: phrasebook.Phrasebook, replies: list[tuple[list[int], 
 
 
 def try_acceptance(book: phrasebook.Phrasebook, replies: list[tuple[list[int], int]]) -> dict:
-    """Copy tries (core.drafting.policy.DraftPolicy.best_try), offline at T = 0: at each position of each held-out reply
+    """Copy tries (core.drafting.policy.policy.DraftPolicy.best_try), offline at T = 0: at each position of each
+    held-out reply
     (tokens,
     prompt length), the conversation's copy (prompt lookup over everything before it) and the phrasebook's; where both
     exist and differ at their first token, how often each first token is the reply's (the target's greedy token), by

@@ -14,7 +14,7 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
   k=K          block size; unset = the drafter's own (the block it was trained for), and never above it
   adaptive=1   cut each draft to its best expected length under the measured verify cost
   skip=N       with adaptive: skip the drafter for up to N rounds after drafts that did not pay for its call
-               (core.drafting.policy.draft_pays; 0: never; default 8)
+               (core.drafting.policy.cut.draft_pays; 0: never; default 8)
   calibrated=0 network drafters: the cut reads the raw confidence, not the checkpoint's calibration.json
                (drafter/calibration.py; applied at T = 0 when one was fitted for this way of drafting)
   lookup=1     network drafters: prompt lookup joins each round (core.drafting.base.LookupHybrid): at T = 0 its
@@ -23,10 +23,9 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
   phrasebook=0 with lookup: without the target's phrasebook (core.drafting.phrasebook), the second free source that
                copies what the target's own replies most often continue the latest tokens with
   tries=1      with lookup: two copies that differ at their first token may be verified together as a trie where
-               the pair pays (core.drafting.policy.DraftPolicy.best_try), at every temperature; off by default: on the
-               CPUs
-               measured they did not pay (docs/engine.md)
-  weights=DIR  a checkpoint other than weights/<target>/<name>
+               the pair pays (core.drafting.policy.policy.DraftPolicy.best_try), at every temperature; off by default:
+               on the CPUs measured they did not pay (docs/engine.md) weights=DIR  a checkpoint other than
+               weights/<target>/<name>
 
 `DrafterSpec.__post_init__` holds every rule about which option suits which drafter; `validate(sampling)`
 the rules that depend on the temperature. Building the drafter is `drafter.registry.build_drafter`.

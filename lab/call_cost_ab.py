@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from app import bench
 from core.decoding.engine import GenerationConfig, generate
-from core.drafting.policy import PolicyState
+from core.drafting.policy.state import PolicyState
 from lab.harness import mean_se, prepare, rotated
 
 FRACTIONS = (1.0, 0.5, 0.25)

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from core.drafting.base import LookupHybrid, NoNetwork
-from core.drafting.policy import PolicyState
+from core.drafting.policy.state import PolicyState
 from lab.copies_window_ab import summary
 from lab.harness import prepare, run_prompts
 

@@ -1,4 +1,4 @@
-"""How many rounds the copied rounds' verdict reads (core.drafting.policy.PolicyState.lookup), side by side in one
+"""How many rounds the copied rounds' verdict reads (core.drafting.policy.state.PolicyState.lookup), side by side in one
 process: the app's default with the verdict over the last 64 rounds of each kind (the default since 0.34.0), over 16
 (before), and never skipping copies, each prompt's plain reply and the three drafted ones in rotated order, every arm
 carrying its own PolicyState from prompt to prompt as the app does from reply to reply.
@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.drafting.policy import COPIED_WINDOW, MeasuredPays, PolicyState
+from core.drafting.policy.config import DEFAULTS
+from core.drafting.policy.state import PolicyState
+from core.drafting.policy.waits import MeasuredPays
 from lab.harness import paired_summary, prepare, run_prompts
 
 
@@ -26,7 +28,7 @@ class NeverSkip(MeasuredPays):
 
 
 ARMS = {  # label -> the copied rounds' verdict
-    f"window {COPIED_WINDOW}": lambda: MeasuredPays(window=COPIED_WINDOW),
+    f"window {DEFAULTS.copied_window}": lambda: MeasuredPays(window=DEFAULTS.copied_window),
     "window 16": lambda: MeasuredPays(window=16),
     "never skip": NeverSkip,
 }

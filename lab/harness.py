@@ -14,7 +14,7 @@ import torch
 
 from app import bench
 from core.decoding.engine import GenerationConfig
-from core.drafting.policy import PolicyState
+from core.drafting.policy.state import PolicyState
 from core.runtime.target import load_target
 from core.runtime.verify_cost import cost_curves
 from drafter.spec import choice_spec

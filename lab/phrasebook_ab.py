@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from core.drafting import phrasebook
 from core.drafting.base import LookupHybrid
-from core.drafting.policy import PolicyState
+from core.drafting.policy.state import PolicyState
 from lab.copies_window_ab import summary
 from lab.harness import prepare, print_and_save, rounded, run_prompts
 

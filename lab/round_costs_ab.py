@@ -1,5 +1,5 @@
-"""Whether the adaptive cut should weigh the verify cost it measures in replies (core.drafting.policy.RoundCosts, the
-default since 0.35.0) or the start-up curve alone, side by side in one process: each prompt's plain reply and the
+"""Whether the adaptive cut should weigh the verify cost it measures in replies (core.drafting.policy.costs.RoundCosts,
+the default since 0.35.0) or the start-up curve alone, side by side in one process: each prompt's plain reply and the
 drafted ones in rotated order, every arm carrying its own PolicyState from prompt to prompt as the app does from reply
 to reply. The start-up curve is measured once at the start, as the bench and the app measure it; the arms also run on a
 curve whose every step past one position is half again as steep, as a start-up on a busy machine can read it.
@@ -18,7 +18,8 @@ from pathlib import Path
 
 from app import bench
 from core.decoding.engine import GenerationConfig
-from core.drafting.policy import PolicyState, RoundCosts
+from core.drafting.policy.costs import RoundCosts
+from core.drafting.policy.state import PolicyState
 from lab.harness import mean_se, prepare, run_arms
 
 STEEPER = 1.5  # the steep start-up: 1 + 1.5 (c_n - 1)

@@ -1,10 +1,10 @@
-"""When the copied rounds' verdict (core.drafting.policy.PolicyState.lookup) may set its long wait, side by side in one
-process: from its first verdict (three copied and three plain rounds, as in 0.40.0) or, at T = 0, only once 16 copied
-rounds were measured (PolicyState.copied_patience, the default since 0.41.0: before that a losing verdict only backs off
-1, 2, 4 ... rounds). At T > 0 the two arms are the same since 0.41.0 (the T = 1 runs in docs/engine.md were made with
-the patience at every temperature, which lost there). Each prompt's plain reply and the arms' drafted ones run in
-rotated order; every arm carries its own PolicyState from prompt to prompt as the app does from reply to reply, and all
-of them start afresh every --restart-every prompts (a new start of the app: the first replies after one are where a
+"""When the copied rounds' verdict (core.drafting.policy.state.PolicyState.lookup) may set its long wait, side by side
+in one process: from its first verdict (three copied and three plain rounds, as in 0.40.0) or, at T = 0, only once 16
+copied rounds were measured (PolicyState.copied_patience, the default since 0.41.0: before that a losing verdict only
+backs off 1, 2, 4 ... rounds). At T > 0 the two arms are the same since 0.41.0 (the T = 1 runs in docs/engine.md were
+made with the patience at every temperature, which lost there). Each prompt's plain reply and the arms' drafted ones run
+in rotated order; every arm carries its own PolicyState from prompt to prompt as the app does from reply to reply, and
+all of them start afresh every --restart-every prompts (a new start of the app: the first replies after one are where a
 verdict read from a few rounds had switched copies off).
 
 python -m lab.verdict_ab --prompts tuning_math --limit 24 --restart-every 8 [--patience 8 16 32] --quant q4 \
@@ -16,7 +16,8 @@ T = 0 every reply is checked against plain decoding.
 """
 from __future__ import annotations
 
-from core.drafting.policy import COPIED_PATIENCE, PolicyState
+from core.drafting.policy.config import DEFAULTS
+from core.drafting.policy.state import PolicyState
 from lab.copies_window_ab import summary
 from lab.harness import prepare, print_and_save, rounded, run_prompts
 
@@ -31,7 +32,7 @@ def arms_for(patience: list[int]) -> dict:
 
 def add_args(parser) -> None:
     parser.add_argument("--restart-every", type=int, default=8, help="prompts between fresh starts of every arm")
-    parser.add_argument("--patience", type=int, nargs="+", default=[COPIED_PATIENCE],
+    parser.add_argument("--patience", type=int, nargs="+", default=[DEFAULTS.copied_patience],
                         help="copied rounds before the long wait, one arm each (default: the app's)")
 
 

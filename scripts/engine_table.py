@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from core.drafting.policy import COPIED  # the free sources' rounds (core.drafting.policy.round_source)
+from core.drafting.policy.sources import COPIED  # the free sources' rounds (core.drafting.policy.sources.round_source)
 
 ORDER = ("q4", "q4-python", "bf16", "fp32", "fp32-transformers")
 DOMAINS = ("math", "code", "chat")

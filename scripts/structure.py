@@ -42,6 +42,18 @@ def modules() -> dict[str, set[str]]:
     return graph
 
 
+def nested(names: list[str]) -> list[str]:
+    """A group's modules, a package inside it as 'package/(a · b)'."""
+    out, inner = [], {}
+    for name in names:
+        head, _, rest = name.partition(".")
+        if rest:
+            inner.setdefault(head, []).append(rest)
+        else:
+            out.append(name)
+    return out + [f"{head}/({' · '.join(rest)})" for head, rest in inner.items()]
+
+
 def listing(graph: dict[str, set[str]], package: str) -> list[str]:
     """A package's modules for its box: the top-level ones on one line, then one line per subpackage (its job)."""
     top, groups = [], {}
@@ -53,7 +65,7 @@ def listing(graph: dict[str, set[str]], package: str) -> list[str]:
             top.append(parts[1])
         else:
             groups.setdefault(parts[1], []).append(".".join(parts[2:]))
-    lines = [f"<i>{group}/</i> {' · '.join(names)}" for group, names in groups.items()]
+    lines = [f"<i>{group}/</i> {' · '.join(nested(names))}" for group, names in groups.items()]
     return ([" · ".join(top)] if top else []) + lines
 
 

@@ -6,6 +6,7 @@ import torch
 
 from core.decoding.engine import GenerationConfig, generate_all
 from core.decoding.sampling import SamplingConfig
+from core.drafting.policy.config import PolicyConfig
 from core.testing import assert_sampled_distribution_exact, make_target, tiny_llama
 from drafter import drafting
 from drafter.blocks import Blocks
@@ -460,7 +461,8 @@ def test_drafter_calls_are_skipped_after_empty_adaptive_drafts(setup, tiny_targe
     costly = (1.0, 50.0, 50.0, 50.0, 50.0)  # any draft costs 50 plain steps: the cut keeps nothing
     for max_skip, want_calls in ((8, 5), (0, 22)):  # 22 rounds draft (k > 0); skipping: rounds 1, 3, 6, 11, 20
         calls.clear()
-        gen = GenerationConfig(max_new_tokens=24, block_size=4, verify_cost=costly, max_skip=max_skip)
+        gen = GenerationConfig(max_new_tokens=24, block_size=4, verify_cost=costly,
+                               policy=PolicyConfig(max_skip=max_skip))
         out, events = generate_all(tiny_target, prompt, gen, drafter)
         assert out == plain and all(not ev.drafted for ev in events)
         assert len(calls) == want_calls

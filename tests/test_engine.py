@@ -9,6 +9,7 @@ import torch
 from core.decoding.engine import GenerationConfig, PromptError, generate, generate_all
 from core.decoding.sampling import SamplingConfig
 from core.drafting.base import MAX_BLOCK_SIZE, Draft, NgramDrafter
+from core.drafting.policy.config import PolicyConfig
 from core.testing import assert_sampled_distribution_exact, make_target, tiny_llama
 
 
@@ -249,8 +250,9 @@ def test_drafting_with_prompt_lookup_equals_plain_decoding(tiny_target):
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # repeats, so lookup has something to copy
     plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=40))
     settings = (GenerationConfig(max_new_tokens=40, block_size=6),  # no cost curve: strong lookups whole
+                # the app's: cut by measured acceptance, measured rounds
                 GenerationConfig(max_new_tokens=40, block_size=6, verify_cost=(1.0, 1.1, 1.2, 1.5, 1.8, 2.0, 2.2),
-                                 plain_probe_every=16))  # the app's: cut by measured acceptance, measured rounds
+                                 policy=PolicyConfig(plain_probe_every=16)))
     sources, branches = set(), 0
     for gen in settings:
         for corrupt in (0.0, 0.5):
@@ -265,7 +267,9 @@ def test_drafting_with_prompt_lookup_equals_plain_decoding(tiny_target):
 
 def test_lookup_drafts_are_cut_by_their_measured_acceptance_and_stay_exact_at_t1():
     from core.drafting.base import Copy, LookupHybrid
-    from core.drafting.policy import DraftPolicy, LookupRates, PolicyState
+    from core.drafting.policy.policy import DraftPolicy
+    from core.drafting.policy.rates import LookupRates
+    from core.drafting.policy.state import PolicyState
 
     rates = LookupRates()
     assert rates.rate(2) == pytest.approx(0.7)  # the prior, before anything was measured
@@ -307,8 +311,8 @@ class RandomQDrafter(SkewedSampler):
 def test_adaptive_cut_at_t1_never_reads_a_drafts_own_confidence():
     """Chi-square on the first drafted token's marginal (V=5), 3,000 seeds per mode. A drafter whose confidence
     depends on the tokens it sampled ("sampled") would bias the output if the cut read it (before the policy cut
-    sampled drafts on measured per-slot acceptance, core.drafting.policy.SlotRates, this mode failed the check at p <
-    1e-3)."""
+    sampled drafts on measured per-slot acceptance, core.drafting.policy.rates.SlotRates, this mode failed the check at
+    p < 1e-3)."""
     from scipy.stats import chisquare
 
     from core.testing import exact_joint_23
@@ -349,9 +353,10 @@ def test_drafts_that_do_not_pay_for_the_drafter_are_skipped_and_the_output_stays
     plain, _ = generate_all(tiny_target, [5, 6, 7], GenerationConfig(max_new_tokens=24))
     for draft_cost, few in ((0.0, False), (0.5, True)):
         Unsure.calls = 0
-        gen = GenerationConfig(max_new_tokens=24, verify_cost=curve, draft_cost=draft_cost, max_skip=8)
+        gen = GenerationConfig(max_new_tokens=24, verify_cost=curve, draft_cost=draft_cost,
+                               policy=PolicyConfig(max_skip=8))
         # a clock that ticks once a reading: drafting and verifying take a tick each, so a call measures half a
-        # plain round (core.drafting.policy.CallCost), as the start-up estimate of 0.5 says
+        # plain round (core.drafting.policy.costs.CallCost), as the start-up estimate of 0.5 says
         events = list(generate(tiny_target, [5, 6, 7], gen, Unsure(), clock=itertools.count().__next__))
         out = [tok for ev in events for tok in ev.committed]
         assert out == plain
@@ -365,7 +370,8 @@ def test_plain_probes_keep_a_reply_measurable_and_exact(tiny_target):
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
     plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=60))
     for every in (0, 4):
-        gen = GenerationConfig(max_new_tokens=60, block_size=4, plain_probe_every=every, max_measured_wait=0)
+        gen = GenerationConfig(max_new_tokens=60, block_size=4,
+                               policy=PolicyConfig(plain_probe_every=every, max_measured_wait=0))
         out, events = generate_all(tiny_target, prompt, gen, AlwaysDrafts())
         assert out == plain
         drafted = [bool(ev.drafted) for ev in events if ev.kind == "round"]
@@ -420,8 +426,8 @@ class Clock:
 def slow_reply(target, drafter: SlowDrafter, prompt: list[int], temperature: float, max_new_tokens: int) -> list:
     """A reply with a slow drafter (its clock) and plain probes, checked against plain decoding at T = 0 -> events."""
     gen = GenerationConfig(max_new_tokens=max_new_tokens, block_size=4, sampling=SamplingConfig(temperature), seed=3,
-                           plain_probe_every=16)
-    plain, _ = generate_all(target, prompt, replace(gen, plain_probe_every=0))
+                           policy=PolicyConfig(plain_probe_every=16))
+    plain, _ = generate_all(target, prompt, replace(gen, policy=replace(gen.policy, plain_probe_every=0)))
     events = list(generate(target, prompt, gen, drafter, clock=drafter.clock))
     if temperature == 0:  # at T > 0 exactness is the distribution's (test_sampled_output_distribution_...)
         assert [t for ev in events for t in ev.committed] == plain
@@ -465,9 +471,9 @@ def test_features_are_captured_only_where_the_network_may_read_them_and_the_outp
 
 def test_features_are_captured_after_a_round_that_wanted_the_network_while_its_waits_allow_a_call():
     from core.decoding.engine import captures
-    from core.drafting.policy import DraftPolicy
+    from core.drafting.policy.policy import DraftPolicy
 
-    gen = GenerationConfig(max_new_tokens=8, verify_cost=(1.0, 1.1), plain_probe_every=16)
+    gen = GenerationConfig(max_new_tokens=8, verify_cost=(1.0, 1.1), policy=PolicyConfig(plain_probe_every=16))
     assert captures(DraftPolicy.for_run(gen), (1, 2)) == (1, 2)  # no context_window: every forward captures
     policy = DraftPolicy.for_run(gen, window=WindowedSlowDrafter.context_window)
     assert captures(policy, (1, 2), prefill=True) == (1, 2)  # the prompt's
@@ -492,9 +498,9 @@ def test_cached_positions_keep_the_features_of_their_last_run_without_a_gap():
 
 
 def test_what_drafting_measured_carries_over_to_the_next_reply(tiny_target):
-    from core.drafting.policy import PolicyState
+    from core.drafting.policy.state import PolicyState
 
-    gen = GenerationConfig(max_new_tokens=40, block_size=4, plain_probe_every=16)
+    gen = GenerationConfig(max_new_tokens=40, block_size=4, policy=PolicyConfig(plain_probe_every=16))
     fresh_clock, carried_clock = Clock(), Clock()
     fresh, carried = SlowDrafter(fresh_clock), SlowDrafter(carried_clock)
     measured = PolicyState()
@@ -509,7 +515,10 @@ def test_what_drafting_measured_carries_over_to_the_next_reply(tiny_target):
 def test_the_phrasebook_offers_its_copy_beside_prompt_lookup_and_the_policy_takes_the_one_that_pays():
     from core.drafting import phrasebook
     from core.drafting.base import LookupHybrid
-    from core.drafting.policy import DraftPolicy, LookupRates, PolicyState, round_source
+    from core.drafting.policy.policy import DraftPolicy
+    from core.drafting.policy.rates import LookupRates
+    from core.drafting.policy.sources import round_source
+    from core.drafting.policy.state import PolicyState
 
     book = phrasebook.build([[3, 4, 50, 51, 52]] * 2, phrasebook.PhrasebookConfig(min_ngram=2, max_ngram=3))
     main = Counting([7, 8, 9, 10, 11], corrupt=0.0, vocab=64)
@@ -553,7 +562,8 @@ def test_drafting_with_the_phrasebook_equals_plain_decoding_and_keeps_the_t1_dis
     curve = (1.0, 1.1, 1.2, 1.5, 1.8, 2.0, 2.2)
     sources = set()
     for book in (right, wrong):
-        gen = GenerationConfig(max_new_tokens=40, block_size=6, verify_cost=curve, plain_probe_every=16)
+        gen = GenerationConfig(max_new_tokens=40, block_size=6, verify_cost=curve,
+                               policy=PolicyConfig(plain_probe_every=16))
         oracle = NoisyOracle(plain, corrupt=0.5, vocab=64, seed=1)
         oracle.prompt_len = len(prompt)
         out, events = generate_all(tiny_target, prompt, gen, LookupHybrid(oracle, branch=3, phrasebook=book))
@@ -614,7 +624,7 @@ def test_the_tail_of_a_cut_block_is_verified_free_and_the_output_stays_exact(tin
         oracle.prompt_len = len(prompt)
         hybrid = LookupHybrid(oracle, branch=0)
         hybrid.use_tail = use_tail
-        gen = GenerationConfig(max_new_tokens=40, block_size=8, verify_cost=curve, max_skip=0)
+        gen = GenerationConfig(max_new_tokens=40, block_size=8, verify_cost=curve, policy=PolicyConfig(max_skip=0))
         out, events = generate_all(tiny_target, prompt, gen, hybrid)
         assert out == plain
         sources[use_tail] = [ev.source for ev in events[1:]]

@@ -6,18 +6,11 @@ import torch
 from core.decoding.engine import GenerationConfig
 from core.decoding.sampling import SamplingConfig
 from core.drafting.base import Copy, Draft
-from core.drafting.policy import (
-    CallCost,
-    DraftPolicy,
-    FeatureCapture,
-    MeasuredPays,
-    RoundCosts,
-    SkipEmpty,
-    best_cut,
-    best_draft_length,
-    draft_pays,
-    expected_tokens,
-)
+from core.drafting.policy.config import PolicyConfig
+from core.drafting.policy.costs import CallCost, RoundCosts
+from core.drafting.policy.cut import best_cut, best_draft_length, draft_pays, expected_tokens
+from core.drafting.policy.policy import DraftPolicy
+from core.drafting.policy.waits import FeatureCapture, MeasuredPays, SkipEmpty
 
 
 def test_best_draft_length_trades_expected_tokens_against_verify_cost():
@@ -83,7 +76,8 @@ def test_the_skips_charge_the_call_cost_measured_in_the_reply():
     """The start-up estimate charges until three calls and three plain rounds are measured; then the median call
     over the median plain round. A round that called the network counts as drafting even when its draft was cut to
     nothing (its time is the call's, not a plain step's)."""
-    gen = GenerationConfig(verify_cost=(1.0, 1.1, 1.2), draft_cost=0.2, max_skip=0)  # no skips: a call each round
+    gen = GenerationConfig(verify_cost=(1.0, 1.1, 1.2), draft_cost=0.2,
+                           policy=PolicyConfig(max_skip=0))  # no skips: a call each round
     policy = DraftPolicy.for_run(gen)
     greedy, generator = SamplingConfig(temperature=0.0), torch.Generator()
     assert policy.call_cost() == 0.2
@@ -114,9 +108,9 @@ def test_skip_empty_backs_off_after_empty_drafts_and_resets_on_a_kept_one():
         pattern.append(calls)
         skip.drafted(paid)
     assert pattern == [0, 1, 2, 4, 4, 0]  # 1, 2, 4 then capped at 4; a draft that paid resets
-    assert SkipEmpty(max_skip=0).draft_now() and GenerationConfig(max_skip=0).max_skip == 0
+    assert SkipEmpty(max_skip=0).draft_now() and GenerationConfig(policy=PolicyConfig(max_skip=0)).policy.max_skip == 0
     with pytest.raises(ValueError, match="max_skip"):
-        GenerationConfig(max_skip=-1)
+        GenerationConfig(policy=PolicyConfig(max_skip=-1))
 
 
 def test_measured_pays_backs_off_while_drafting_rounds_commit_fewer_tokens_a_second():
@@ -143,7 +137,7 @@ def test_the_copied_rounds_verdict_outlasts_a_short_slow_patch_that_the_network_
     """PolicyState's copied rounds are judged over a longer window than the network's: 48 rounds that paid (2 tokens in
     1.5 s against plain steps' 1 in 1 s) then 16 that did not (1 token in 1.2 s) still pay over the last 64, where
     the last 16 alone read slower than plain steps."""
-    from core.drafting.policy import PolicyState
+    from core.drafting.policy.state import PolicyState
 
     state = PolicyState()
     for measured in (state.lookup, state.drafter):
@@ -179,7 +173,8 @@ def test_a_drafter_far_slower_than_plain_steps_is_retried_within_the_time_budget
 def test_sampled_drafts_are_cut_on_their_measured_acceptance_per_slot():
     """At T > 0 the cut reads the network's acceptance measured per slot in earlier rounds (SlotRates), not the
     draft's own confidence: a sure-looking draft is verified short until its slots are seen to be accepted."""
-    from core.drafting.policy import PolicyState, SlotRates
+    from core.drafting.policy.rates import SlotRates
+    from core.drafting.policy.state import PolicyState
 
     rates = SlotRates()
     assert torch.allclose(rates.rates(3), torch.full((3,), 0.5))  # the prior
@@ -212,7 +207,7 @@ def test_at_t_above_0_the_network_is_not_called_where_its_measured_slots_cut_any
     """The cut of a sampled draft reads only the measured per-slot acceptance, known before the call: where it keeps
     nothing, the call is skipped (the skips back off as after an empty draft); before any measurement, and at T = 0,
     the network is called."""
-    from core.drafting.policy import PolicyState
+    from core.drafting.policy.state import PolicyState
 
     calls = []
 
@@ -243,7 +238,8 @@ def test_copied_drafts_are_cut_on_their_acceptance_measured_per_depth():
     """A copy whose first token is often rejected but whose later tokens are kept once the first is (a phrase the
     target either starts or not): its deeper slots read their own, higher rates, and the cut verifies more of it than
     one rate for every slot would."""
-    from core.drafting.policy import LookupRates, PolicyState
+    from core.drafting.policy.rates import LookupRates
+    from core.drafting.policy.state import PolicyState
 
     rates = LookupRates()
     assert rates.rates(4, "phrasebook", 3) == pytest.approx([0.7] * 3)  # the prior, before anything was measured
@@ -270,7 +266,8 @@ def test_a_copy_with_a_calibrated_prior_is_cut_on_it_until_the_conversation_meas
     """A phrasebook copy carries its grade's calibrated acceptance: each slot starts from it (not from 0.7, nor from the
     slot before), so a grade that was rarely kept is not verified and one nearly always kept is verified long; rounds
     of this conversation then move each slot towards what they measured."""
-    from core.drafting.policy import LookupRates, PolicyState
+    from core.drafting.policy.rates import LookupRates
+    from core.drafting.policy.state import PolicyState
 
     rates = LookupRates()
     assert rates.rates(50, "phrasebook", 3, prior=(0.1, 0.5)) == pytest.approx([0.1, 0.5, 0.5])  # the last carried
@@ -293,7 +290,7 @@ def test_a_copy_with_a_calibrated_prior_is_cut_on_it_until_the_conversation_meas
 
 
 def test_round_costs_replace_the_lengths_they_measured_within_physical_bounds():
-    from core.drafting.policy import RoundCosts
+    from core.drafting.policy.costs import RoundCosts
 
     costs, start = RoundCosts(window=4, min_rounds=2, prior_weight=0.0), (1.0, 1.1, 1.3, 1.5)
     assert costs.curve(start) == start and costs.curve(()) == ()  # nothing measured; no curve, no cut
@@ -320,7 +317,8 @@ def test_a_copy_the_start_up_curve_verifies_is_cut_once_rounds_of_its_length_mea
     start-up curve prices two positions at 1.05 plain rounds, not where its rounds measured 3 (the curve weighing as one
     round of them). A network round counts without its call's own seconds, a tree not at all, and what was measured
     carries to the conversation's next reply."""
-    from core.drafting.policy import PolicyState, RoundCosts
+    from core.drafting.policy.costs import RoundCosts
+    from core.drafting.policy.state import PolicyState
 
     state = PolicyState(costs=RoundCosts(prior_weight=1.0))
     gen = GenerationConfig(verify_cost=(1.0, 1.05, 1.1, 1.15, 1.2))
@@ -373,9 +371,9 @@ def test_two_copies_that_differ_at_their_first_token_are_verified_together_where
     measured at a quarter, the pair's 1.45 expected tokens for three positions at 1.4 does (best_try). Each branch's
     acceptance is then recorded apart by what the round kept, without tries=1 (copy_tries) none is verified, and tries
     measured dear (apart from chains) are no longer made."""
-    from core.drafting.policy import PolicyState
+    from core.drafting.policy.state import PolicyState
 
-    gen = GenerationConfig(verify_cost=(1.0, 1.3, 1.4), copy_tries=True)
+    gen = GenerationConfig(verify_cost=(1.0, 1.3, 1.4), policy=PolicyConfig(copy_tries=True))
     state = PolicyState()
     state.rates.prior_rate, state.rates.beside_prior = 0.2, 0.25
     lookup, phrase = Copy([5, 6], matched=3), Copy([7, 8], matched=2, source="phrasebook")
@@ -389,7 +387,7 @@ def test_two_copies_that_differ_at_their_first_token_are_verified_together_where
     assert state.rates.reached[("lookup", 3)] == [1] and state.rates.accepted[("lookup", 3)] == [0]
     assert state.rates.reached[("phrasebook", 2, "beside")] == [1]
     assert state.rates.accepted[("phrasebook", 2, "beside")] == [1]
-    off = DraftPolicy.for_run(replace(gen, copy_tries=False), PolicyState())
+    off = DraftPolicy.for_run(replace(gen, policy=replace(gen.policy, copy_tries=False)), PolicyState())
     off.state.rates.prior_rate = 0.2
     assert len(off.best_lookup((lookup, phrase), 3).ids) == 0
     empty = Draft(torch.empty(0, dtype=torch.long), None)
@@ -431,7 +429,7 @@ def test_a_verdict_from_the_first_few_rounds_backs_off_without_the_budget_s_long
     for _ in range(13):
         patient.observe(True, 1, 1.5)
     assert len(patient.drafted_rounds) == 16 and patient.wait == 100
-    from core.drafting.policy import PolicyState
+    from core.drafting.policy.state import PolicyState
 
     for temperature, patience in ((0.0, 16), (1.0, 0)):  # the app's replies: patient at T = 0 only
         state = PolicyState()
@@ -443,7 +441,8 @@ def test_the_network_may_be_called_once_its_verdict_s_wait_and_then_the_skips_ha
     """may_call_within(n) answers whether draft could call the network in one of the next n rounds: the measured
     verdict's wait runs down first, then the skips' (draft asks them in that order)."""
     for wait, skip in ((0, 0), (3, 0), (0, 2), (3, 2)):
-        policy = DraftPolicy.for_run(GenerationConfig(max_new_tokens=8, verify_cost=(1.0, 1.1), plain_probe_every=16))
+        policy = DraftPolicy.for_run(GenerationConfig(max_new_tokens=8, verify_cost=(1.0, 1.1),
+                                                      policy=PolicyConfig(plain_probe_every=16)))
         policy.state.drafter.wait, policy.skip.wait = wait, skip
         policy.state.drafter.plain_rounds = [(1, 1.0)] * 3  # measured: no alternation before the first verdict
         answers = [policy.may_call_within(n) for n in range(1, 8)]
@@ -484,3 +483,71 @@ def test_a_round_without_a_copy_that_pays_calls_the_network_only_once_it_has_its
         draft = policy.draft(network, 3, 2, greedy, None)
         assert (Network.calls, len(draft.tokens) > 0) == ((1, True) if forward == FeatureCapture.ready else (0, False))
         assert policy.captures()  # each round wanted it: every forward captures
+
+
+def test_every_drafting_round_says_why_it_verified_what_it_did(tiny_target):
+    """Each round's event carries the policy's decision: its source as the event says it, and for the copies and the
+    network what they came to or why they were not asked; plain steps name their reasons, which the stats count."""
+    from core.decoding.engine import generate_all
+    from core.decoding.stats import AcceptanceStats
+    from core.drafting.base import LookupHybrid
+    from core.drafting.policy import sources
+    from tests.test_engine import NoisyOracle
+
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=60))
+    gen = GenerationConfig(max_new_tokens=60, block_size=6, verify_cost=(1.0, 1.1, 1.2, 1.5, 1.8, 2.0, 2.2),
+                           policy=PolicyConfig(plain_probe_every=4))
+    oracle = NoisyOracle(plain, corrupt=0.5, vocab=64, seed=1)
+    oracle.prompt_len = len(prompt)
+    out, events = generate_all(tiny_target, prompt, gen, LookupHybrid(oracle, branch=3))
+    rounds = [ev for ev in events if ev.kind == "round"][:-1]  # the last one has room for the target's token only
+    assert out == plain and rounds and all(ev.decision is not None for ev in rounds)
+    assert all(ev.decision.source == ev.source for ev in rounds)
+    known = {sources.PROBE, sources.NONE_FOUND, sources.NONE_PAYS, sources.SLOWER, sources.MEASURING,
+             sources.DID_NOT_PAY, sources.COPY_TAKEN, sources.NO_FEATURES, sources.SAMPLED_EMPTY, sources.CUT_EMPTY}
+    for ev in rounds:
+        if ev.source == "plain":
+            assert ev.decision.network in known and ev.decision.copies in known
+        elif ev.source == "drafter":
+            assert ev.decision.network.startswith("called: ")
+        else:
+            assert ev.decision.network == sources.COPY_TAKEN and ev.decision.copies.endswith("tokens verified")
+    assert any(ev.decision.copies == sources.PROBE for ev in rounds)  # a probe every 4 drafting rounds
+    stats = AcceptanceStats().add_all(events)
+    assert sum(stats.plain_reasons.values()) == sum(ev.source == "plain" for ev in rounds) > 0
+    assert generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=8))[1][1].decision is None  # no drafter
+
+
+def test_the_policy_state_is_built_from_its_config():
+    """PolicyState() is the defaults' PolicyState.of; another config reaches every measured part; a config out of
+    range is refused."""
+    from core.drafting.policy.config import DEFAULTS
+    from core.drafting.policy.state import PolicyState
+
+    assert PolicyState() == PolicyState.of(DEFAULTS)
+    cfg = replace(DEFAULTS, network_window=5, copied_window=7, min_rounds=2, copy_prior=0.4, beside_prior=0.1,
+                  sampled_prior=0.3, call_window=9, cost_window=11, curve_weight=3.0, try_curve_weight=1.0,
+                  copied_patience=2, lookup_strong=2)
+    state = PolicyState.of(cfg)
+    assert (state.drafter.window, state.lookup.window, state.lookup.min_rounds) == (5, 7, 2)
+    assert (state.rates.prior_rate, state.rates.beside_prior, state.rates.strong, state.sampled.prior_rate) == \
+        (0.4, 0.1, 2, 0.3)
+    assert (state.call_cost.window, state.costs.window, state.costs.prior_weight, state.tries.prior_weight) == \
+        (9, 11, 3.0, 1.0)
+    assert state.copied_patience == 2 and state.rates.key(3) == ("lookup", 2)
+    policy = DraftPolicy.for_run(GenerationConfig(verify_cost=(1.0, 1.1), policy=cfg), window=64)
+    assert (policy.capture.armed, policy.capture.ready) == (cfg.capture_armed, cfg.capture_ready)
+    for bad in ({"max_skip": -1}, {"network_window": 0}, {"try_budget": 0.0}, {"stall": 0.5}):
+        with pytest.raises(ValueError):
+            PolicyConfig(**bad)
+
+
+def test_the_policy_package_reads_in_one_sitting():
+    """No module of the drafting policy is longer than 250 lines."""
+    from pathlib import Path
+
+    import core.drafting.policy as package
+
+    lengths = {path.name: len(path.read_text().splitlines()) for path in Path(package.__file__).parent.glob("*.py")}
+    assert max(lengths.values()) < 250, lengths

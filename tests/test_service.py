@@ -7,7 +7,8 @@ import pytest
 from app import bench, ui
 from app.openai_api import ChatRequest, settings_for
 from app.service import ChatSettings, engine_settings
-from core.decoding.engine import PLAIN_PROBE_EVERY, GenerationConfig
+from core.decoding.engine import GenerationConfig
+from core.drafting.policy.config import DEFAULTS
 from drafter.spec import CHOICES
 
 CURVE = (1.0, 1.1, 1.3, 1.6)
@@ -30,7 +31,8 @@ def test_ui_api_and_bench_build_the_same_generation_config(choice, temperature):
     assert from_ui.generation(CURVE, drafting) == from_bench
     adaptive = choice in ("auto", "copies")
     assert from_bench.verify_cost == (CURVE if adaptive else ()) and from_bench.block_size == 4
-    assert from_bench.plain_probe_every == (PLAIN_PROBE_EVERY if drafting else 0)
+    assert from_bench.policy.plain_probe_every == (DEFAULTS.app_probe_every if drafting else 0)
+    assert from_bench.policy.max_measured_wait == (DEFAULTS.max_measured_wait if adaptive else 0)
 
 
 def test_the_drafters_call_cost_is_charged_only_where_the_spec_is_adaptive():

@@ -231,6 +231,21 @@ def test_plain_steps_fold_into_one_row_so_drafted_rounds_stay_in_view():
     assert panel.count("fm-row fm-plain") == 1 and "#2–31" in panel and panel.count("fm-acc") == 2  # + legend
 
 
+def test_each_row_says_why_the_round_verified_what_it_did():
+    from core.drafting.policy.sources import Decision
+
+    tokenizer = make_target(tiny_llama(vocab_size=64)).tokenizer
+    called = Decision("drafter", "none found", "called: 16 drafted, 2 verified")
+    waiting = Decision("plain", "none pays under the cut", "waiting: measured slower than plain steps in this reply")
+    probe = Decision("plain", "not asked: a plain step is due (plain probe)", "not asked: a plain step is due")
+    events = [event(drafted=(10, 11), n_accepted=1, target_token=20, source="drafter", decision=called),
+              *[event(target_token=21, decision=waiting)] * 2, event(target_token=22, decision=probe)]
+    panel = render.render_panel(tokenizer, events)
+    assert "title='drafter: copies none found; network called: 16 drafted, 2 verified'" in panel
+    assert "2× copies none pays under the cut; network waiting: measured slower than plain steps" in panel
+    assert "1× copies not asked: a plain step is due (plain probe)" in panel
+
+
 def test_history_sent_back_by_the_browser_keeps_every_turn(service):
     """Gradio's Chatbot returns content as typed parts: earlier turns must still reach the prompt."""
     browser = [{"role": "user", "content": [{"type": "text", "text": "w10 w11"}]},

@@ -32,11 +32,12 @@ from core.decoding.sampling import (
 )
 from core.decoding.tree import Trie, build_trie, followed_branch, greedy_path, walk
 from core.drafting.base import MAX_BLOCK_SIZE, Draft, Drafter
-from core.drafting.policy import DraftPolicy, PolicyState, kept_source, shown_source
+from core.drafting.policy.config import PolicyConfig
+from core.drafting.policy.policy import DraftPolicy
+from core.drafting.policy.sources import Decision, kept_source, shown_source
+from core.drafting.policy.state import PolicyState
 from core.runtime.forward import keep_positions, target_forward
 from core.runtime.target import Target
-
-PLAIN_PROBE_EVERY = 16  # the app's drafting replies: a plain step at least every 16 rounds (< 3% of their speed)
 
 
 class PromptError(ValueError):
@@ -55,34 +56,18 @@ class GenerationConfig:
     verify_cost: tuple[float, ...] = ()
     # one drafter call relative to a one-position target forward (core.runtime.verify_cost.draft_cost): where it is
     # charged (charges_draft_cost), a draft whose best expected tokens per unit of cost, this included, do not beat a
-    # plain step counts as empty for the skips below
+    # plain step counts as empty for the policy's skips
     draft_cost: float = 0.0
-    # with a cost curve: after drafts that did not pay (draft_pays), skip the drafter's call for 1, 2, 4, ... rounds,
-    # at most this many (0: never skip); a FlashMap jump costs ~0.24 of a target step on this CPU, two jumps ~0.58
-    max_skip: int = 8
-    # with a drafter: if no round of the last N was a plain step (an empty draft), make the next one plain, so a
-    # reply always carries plain-step timings measured under its own load (the app's honest speed ratio); 0: never
-    plain_probe_every: int = 0
-    # with plain probes: while drafting rounds measure fewer tokens a second than plain steps in this reply, skip the
-    # drafter for 1, 2, 4, ... rounds, at most this many (MeasuredPays; 0: never)
-    max_measured_wait: int = 32
-    # with a cost curve: two copied drafts that differ at their first token may be verified together as a trie, at
-    # every temperature (core.drafting.policy.DraftPolicy.best_try; the spec's tries=1)
-    copy_tries: bool = False
+    # when to draft and how much to verify: every constant of the drafting policy (core.drafting.policy.config)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def __post_init__(self):
         if self.block_size is not None and not 1 <= self.block_size <= MAX_BLOCK_SIZE:
             raise ValueError(f"block size K must be in 1..{MAX_BLOCK_SIZE}, got {self.block_size}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.max_skip < 0:
-            raise ValueError(f"max_skip must be >= 0, got {self.max_skip}")
         if not self.draft_cost >= 0:
             raise ValueError(f"draft_cost must be >= 0, got {self.draft_cost}")
-        if self.plain_probe_every < 0:
-            raise ValueError(f"plain_probe_every must be >= 0, got {self.plain_probe_every}")
-        if self.max_measured_wait < 0:
-            raise ValueError(f"max_measured_wait must be >= 0, got {self.max_measured_wait}")
 
     def charges_draft_cost(self) -> bool:
         """Whether the skips charge each draft for the drafter's call: with a cost curve, at T = 0 only. At T > 0 a
@@ -107,10 +92,13 @@ class RoundEvent:
     finish_reason: str | None = None  # None while running; eos | stop | length | cancelled
     branches: int = 1  # drafts merged into the verified trie (App. D); `drafted` is the one followed furthest
     source: str = "plain"  # what the round verified: "plain" (nothing), "drafter" (the network) or a copy's source
-    # where its kept draft tokens came from (core.drafting.policy.kept_source): `source`, or the alternative the target
-    # followed (a copy beside the network's draft); "" where it kept none, and for events made elsewhere (then:
-    # `source`)
+    # where its kept draft tokens came from (core.drafting.policy.sources.kept_source): `source`, or the alternative
+    # the target followed (a copy beside the network's draft); "" where it kept none, and for events made elsewhere
+    # (then: `source`)
     kept_from: str = ""
+    # why the round verified what it did (core.drafting.policy.sources.Decision); None for prefill, plain decoding and
+    # events made elsewhere
+    decision: Decision | None = None
 
     @property
     def finished(self) -> bool:
@@ -231,12 +219,10 @@ def generate(
     prefix: PrefixCache | None = None,
 ) -> Iterator[RoundEvent]:
     """Yield one RoundEvent per target forward until EOS, a stop string, the budget or cancel. `measured` carries
-    what drafting measured in earlier replies of a conversation (core.drafting.policy.PolicyState; updated in place),
-    so a
-    reply starts from it instead of measuring again; None: this reply measures on its own. `prefix` holds what the
-    previous generation left in its cache (core.decoding.prefix.PrefixCache; updated in place): the prompt's prefill
-    starts
-    after the tokens it shares with it; None: the whole prompt is prefilled."""
+    what drafting measured in earlier replies of a conversation (core.drafting.policy.state.PolicyState; updated in
+    place), so a reply starts from it instead of measuring again; None: this reply measures on its own. `prefix` holds
+    what the previous generation left in its cache (core.decoding.prefix.PrefixCache; updated in place): the prompt's
+    prefill starts after the tokens it shares with it; None: the whole prompt is prefilled."""
     block_size = block_size_for(gen, drafter)
     check_prompt(target, prompt_ids, gen, block_size)
     cancel = cancel or Never()
@@ -343,6 +329,7 @@ def _generate(target: Target, prompt_ids: list[int], reused: int, gen: Generatio
                 committed=tuple(committed), text=state.text, draft_s=t1 - t0, verify_s=t2 - t1, finish_reason=reason,
                 branches=1 + len(draft.alternatives), source=shown_source(draft),
                 kept_from=kept_source(draft, followed) if len(kept) > 1 else "",
+                decision=policy.decision if drafting else None,
             )
             policy.observe(draft, event.n_accepted, len(event.committed), event.draft_s + event.verify_s, event.draft_s,
                            kept[1:])

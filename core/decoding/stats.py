@@ -20,6 +20,8 @@ class AcceptanceStats:
     # the reply's tokens by where they came from: a round's accepted draft tokens by its source, every other token
     # (the prefill's, each round's own from the target, plain steps) as "target"
     tokens: dict[str, int] = field(default_factory=dict)
+    # the rounds that verified nothing by why (their Decision's reasons: "copies ...; network ..."), where known
+    plain_reasons: dict[str, int] = field(default_factory=dict)
 
     def add(self, ev: RoundEvent) -> None:
         drafted = min(ev.n_accepted, len(ev.committed)) if ev.kind == "round" else 0
@@ -30,6 +32,9 @@ class AcceptanceStats:
             return  # prefill commits one token whatever the drafter; a cancelled round did no forward
         self.rounds += 1
         self.sources[ev.source] = self.sources.get(ev.source, 0) + 1
+        if ev.source == "plain" and ev.decision is not None:
+            why = f"copies {ev.decision.copies}; network {ev.decision.network}"
+            self.plain_reasons[why] = self.plain_reasons.get(why, 0) + 1
         self.committed += ev.n_accepted + 1
         for slot in range(len(ev.drafted)):
             self.reached[slot] += 1

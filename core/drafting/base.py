@@ -18,6 +18,7 @@ import torch
 
 from core.decoding.sampling import SamplingConfig
 from core.drafting.phrasebook import Phrasebook
+from core.drafting.policy.config import DEFAULTS
 
 MAX_BLOCK_SIZE = 16  # the largest block K the engine verifies in one round (and the UI offers)
 
@@ -35,14 +36,14 @@ class Draft:
     # `tokens` into a trie and verifies it as a tree, exactly at every temperature (core.decoding.tree.walk)
     alternatives: tuple[tuple[int, ...], ...] = ()
     # a copied draft (LookupHybrid.propose_lookups): the key the policy's measured acceptance is kept by
-    # (core.drafting.policy.LookupRates; Copy.key: the matched suffix's length, or a phrasebook copy's grade); 0 for
-    # every other draft
+    # (core.drafting.policy.rates.LookupRates; Copy.key: the matched suffix's length, or a phrasebook copy's grade);
+    # 0 for every other draft
     lookup_match: int = 0
     # where a copied draft comes from: "lookup" (earlier in the conversation) or "phrasebook" (the target's own
     # replies to other prompts, core.drafting.phrasebook); the round's source in its event
     lookup_source: str = "lookup"
-    # a copy try (core.drafting.policy.DraftPolicy.best_try): the copied alternative's (source, matched suffix length),
-    # whose acceptance beside this draft the policy measures apart; None for every other draft
+    # a copy try (core.drafting.policy.copy_choice.best_try): the copied alternative's (source, matched suffix
+    # length), whose acceptance beside this draft the policy measures apart; None for every other draft
     beside: tuple[str, int] | None = None
     # a copy joined as an alternative beside the network's draft (LookupHybrid.propose): where it comes from, "lookup"
     # or "phrasebook"; "" where no alternative is a copy
@@ -69,7 +70,7 @@ class Copy:
 
     @property
     def key(self) -> int:
-        """The key its acceptance is measured by (core.drafting.policy.LookupRates; Draft.lookup_match)."""
+        """The key its acceptance is measured by (core.drafting.policy.rates.LookupRates; Draft.lookup_match)."""
         return self.matched if self.grade is None else self.grade
 
     def draft(self, n: int) -> Draft:
@@ -83,7 +84,7 @@ class Drafter(Protocol):
     max_block_size: int  # the largest block it can propose (K it was trained for); the engine never asks for more
     # optional: the committed positions before the anchor whose features a proposal reads (a network's context
     # window); for such a drafter the engine captures features only around the rounds that could call the network
-    # (core.drafting.policy.FeatureCapture). Absent or None: every position's features are captured
+    # (core.drafting.policy.waits.FeatureCapture). Absent or None: every position's features are captured
     context_window: int | None
 
     def reset(self) -> None:
@@ -169,14 +170,10 @@ class NgramDrafter:
         return [], 0
 
 
-# without a cost curve: a suffix of LOOKUP_STRONG tokens matched with LOOKUP_BRANCH to copy is verified alone; a
-# lookup beside a network draft joins its trie as a branch of at most LOOKUP_BRANCH tokens
-LOOKUP_STRONG = 3
-LOOKUP_BRANCH = 4
 
 
-def lookup_plan(copied: list[int], matched: int, strong: int = LOOKUP_STRONG,
-                branch: int = LOOKUP_BRANCH) -> tuple[bool, tuple[int, ...]]:
+def lookup_plan(copied: list[int], matched: int, strong: int = DEFAULTS.lookup_strong,
+                branch: int = DEFAULTS.lookup_branch) -> tuple[bool, tuple[int, ...]]:
     """What a round without a cost curve does with a lookup (copied continuation, matched suffix length): (verify it
     alone without calling the drafter, the tokens it contributes: all of them, or the first `branch` as one more
     trie branch). With a cost curve the policy cuts every lookup by its measured acceptance instead."""
@@ -210,7 +207,7 @@ class BlockTail:
 
     def copy(self, anchor: int, block_size: int) -> Copy | None:
         """The tail after `anchor` when the block foresaw it, as a copy keyed by its first slot's confidence in fifths
-        (1..5: the policy measures each bucket's acceptance, core.drafting.policy.LookupRates); None otherwise."""
+        (1..5: the policy measures each bucket's acceptance, core.drafting.policy.rates.LookupRates); None otherwise."""
         if len(self.ahead) < 2 or self.ahead[0] != anchor:
             return None
         first = self.confidence[0] if self.confidence else 0.0
@@ -231,7 +228,7 @@ class LookupHybrid:
     trie is not exact, the network's block goes alone. Every choice depends on committed tokens and past rounds only,
     never on the token being sampled, so the output stays exact."""
 
-    def __init__(self, main: Drafter, branch: int = LOOKUP_BRANCH, phrasebook: Phrasebook | None = None):
+    def __init__(self, main: Drafter, branch: int = DEFAULTS.lookup_branch, phrasebook: Phrasebook | None = None):
         self.main, self.branch, self.phrasebook = main, branch, phrasebook
         self.ngram = NgramDrafter()
         self.tail = BlockTail()

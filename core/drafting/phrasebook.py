@@ -15,7 +15,8 @@ How far a copy can be trusted varies with the n-gram more than with its length: 
 with the stored first token, the target keeps that token rarely. Each n-gram carries an agreement class (its
 occurrences' share that continued with the stored first token, and how many occurrences there were), and the book a
 calibration: per match length and class, how often each copied slot was kept on held-out replies (`calibrate`). The
-policy measures a copy's acceptance per that grade and starts from the calibration (core.drafting.policy.LookupRates).
+policy measures a copy's acceptance per that grade and starts from the calibration
+(core.drafting.policy.rates.LookupRates).
 
 Stored as `config.json` (format, the target's identity, the settings, the data it was built from and the calibration)
 and `index.safetensors`: `keys` (N,) the n-grams' 32-bit keys (int32 bit patterns), sorted; `lengths` (N,) uint8,

@@ -87,7 +87,7 @@ def interleaved_costs(targets: dict, context: int, repeats: int, positions=POSIT
 
 def draft_cost(target, drafter, context: int = 256, repeats: int = 10) -> float:
     """One drafter call (a whole block at T = 0 after `context` positions) relative to a one-position target forward,
-    medians, the two interleaved so that load on the machine hits both alike: what core.drafting.policy.draft_pays
+    medians, the two interleaved so that load on the machine hits both alike: what core.drafting.policy.cut.draft_pays
     charges a
     draft for the drafter's own time. Leaves the drafter reset."""
     gen = torch.Generator().manual_seed(0)

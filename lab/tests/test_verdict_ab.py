@@ -1,5 +1,5 @@
 from core.decoding.engine import GenerationConfig
-from core.drafting.policy import DraftPolicy
+from core.drafting.policy.policy import DraftPolicy
 from lab.verdict_ab import BASE, arms_for
 
 
