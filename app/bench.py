@@ -45,7 +45,15 @@ from core.runtime.threads import apply_thread_policy, wait_idle, wait_policy  # 
 from core.runtime.verify_cost import cost_curves  # noqa: E402
 from core.runtime.verify_cost import draft_cost as measure_draft_cost  # noqa: E402
 from drafter.registry import DrafterUnavailable, build_drafter  # noqa: E402
-from drafter.spec import APP_DEFAULT, CHOICES, ENGINE_DRAFTERS, HF_BASELINES, DrafterSpec, SpecError, choice_spec  # noqa: E402
+from drafter.spec import (  # noqa: E402
+    APP_DEFAULT,
+    CHOICES,
+    ENGINE_DRAFTERS,
+    HF_BASELINES,
+    RunSpec,
+    SpecError,
+    choice_spec,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +70,7 @@ class RunConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class BenchConfig(RunConfig):
-    spec: DrafterSpec
+    spec: RunSpec
     # "llama.cpp": also run llama.cpp on the same GGUF, prompts and budget (app/llamacpp.py); "flashmap-reference":
     # the FlashMap authors' own loop with the same released-format drafter (app/flashmap_reference.py)
     vs: str | None = None
@@ -72,7 +80,7 @@ class BenchConfig(RunConfig):
     conversation: bool = False
 
     def __post_init__(self):
-        self.spec.validate(self.sampling)
+        self.spec.drafter.validate(self.sampling)
 
 
 def read_prompts(path: str, limit: int | None) -> list[str]:
@@ -118,7 +126,7 @@ def run_hf(target: Target, prompt_ids: list[int], gen: GenerationConfig, prompt_
 class Runner:
     """One drafter spec made runnable: run(prompt_ids, gen) -> Run, and the block size K it drafts."""
 
-    spec: DrafterSpec
+    spec: RunSpec
     block_size: int  # K resolved: the spec's, capped by the drafter's own (engine.block_size_for); 0 for plain
     run: Callable[[list[int], GenerationConfig], Run]
     drafter: object | None = None  # the engine drafter it runs, if any
@@ -169,20 +177,21 @@ def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: li
         stats.add_all(run.events)
     base_runs, spec_runs = ([(len(r.tokens), r.seconds) for r in runs] for runs in (base, spec))  # (tokens, s) each
     base_tps, spec_tps = pooled_rate(base_runs), pooled_rate(spec_runs)
-    k, d = runner.block_size, runner.spec
+    k, run_spec = runner.block_size, runner.spec
+    d = run_spec.drafter
     return {
         "target": target.name,
         "precision": target.precision,
         "threads": f"{torch.get_num_threads()} (OpenMP wait: {wait_policy()})",
         "drafter": d.name,
-        "spec": d.text(),
+        "spec": run_spec.text(),
         "steps": d.steps,
         "noise": d.noise,
         "block_size": k,
-        "adaptive": d.adaptive,
+        "adaptive": run_spec.adaptive,
         "best_of": d.best_of,
         "tree": d.tree,
-        "max_skip": d.max_skip,
+        "max_skip": run_spec.max_skip,
         "draft_cost": runner.draft_cost,
         "temperature": sampling.temperature,
         "prompts": len(spec),
@@ -209,12 +218,13 @@ def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: li
     }
 
 
-def make_runner(spec: DrafterSpec, target: Target, allow_download: bool = False) -> Runner:
+def make_runner(run_spec: RunSpec, target: Target, allow_download: bool = False) -> Runner:
     """The runner for one spec; the baseline is always the engine with no drafter."""
+    spec = run_spec.drafter
     if spec.is_hf_baseline:
         lookup = spec.name == "hf-prompt-lookup"
         k = spec.block_size or MAX_BLOCK_SIZE
-        return Runner(spec, k, lambda ids, gen: run_hf(target, ids, gen, lookup))
+        return Runner(run_spec, k, lambda ids, gen: run_hf(target, ids, gen, lookup))
     try:
         drafter = build_drafter(spec, target, allow_download)
     except DrafterUnavailable as err:
@@ -222,7 +232,7 @@ def make_runner(spec: DrafterSpec, target: Target, allow_download: bool = False)
     k = block_size_for(GenerationConfig(block_size=spec.block_size), drafter)
     measured = PolicyState()  # carried from prompt to prompt, as the app carries it from reply to reply
     prefix = PrefixCache()  # each runner reuses its own previous prompt's cache, as the app and llama.cpp do
-    return Runner(spec, k, lambda ids, gen: run_engine(target, ids, gen, drafter, measured, prefix), drafter)
+    return Runner(run_spec, k, lambda ids, gen: run_engine(target, ids, gen, drafter, measured, prefix), drafter)
 
 
 def warm_up(target: Target) -> None:
@@ -375,17 +385,17 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
                         help="drafter checkpoint folder or hub id (default: weights/<target>/<drafter>)")
 
 
-def choice_from_args(choice: str, args) -> DrafterSpec:
+def choice_from_args(choice: str, args) -> RunSpec:
     """One of the app's drafter choices (drafter.spec.choice_spec) with the flags a user sets in the app."""
     adaptive = True if args.adaptive is None else args.adaptive
     try:
         spec = choice_spec(choice, args.steps or 1, args.tree or 1, args.block_size, adaptive)
-        return replace(spec, weights=args.weights) if args.weights else spec
+        return replace(spec, drafter=replace(spec.drafter, weights=args.weights)) if args.weights else spec
     except SpecError as err:
         raise SystemExit(f"--choice {choice}: {err}") from err
 
 
-def spec_from_args(text: str, args) -> DrafterSpec:
+def spec_from_args(text: str, args) -> RunSpec:
     """The spec text (a name, or name,option=value...) with the flags that were given filled in; `default` is the
     app's default choice, auto (choice_from_args)."""
     if text == APP_DEFAULT:
@@ -393,7 +403,7 @@ def spec_from_args(text: str, args) -> DrafterSpec:
     flags = {"steps": args.steps, "noise": args.noise, "block_size": args.block_size, "best_of": args.best_of,
              "tree": args.tree, "adaptive": args.adaptive, "max_skip": args.max_skip, "weights": args.weights}
     try:
-        return DrafterSpec.parse(text, **{k: v for k, v in flags.items() if v is not None})
+        return RunSpec.parse(text, **{k: v for k, v in flags.items() if v is not None})
     except SpecError as err:
         raise SystemExit(f"--drafter {text}: {err}") from err
 

@@ -27,7 +27,7 @@ from core.runtime.threads import apply_thread_policy
 from core.runtime.verify_cost import CostCurves, curve_passes, load_cached, save_cached
 from core.runtime.verify_cost import draft_cost as measure_draft_cost
 from drafter.registry import DrafterUnavailable, build_drafter, with_lookup
-from drafter.spec import CHOICES, DrafterSpec, choice_spec
+from drafter.spec import CHOICES, DrafterSpec, RunSpec, choice_spec
 
 APP_DRAFTERS = CHOICES  # what the UI and the API offer (drafter.spec.choice_spec; the teacher is for analysis)
 REMOTE = "vllm"  # the drafter choice that sends replies to the vLLM server (--backend vllm, app/remote.py)
@@ -72,16 +72,16 @@ class ChatSettings:
 
     def __post_init__(self):
         self.generation()  # validates K, max new tokens and sampling settings up front
-        self.spec().validate(self.sampling())  # which options suit the drafter and the temperature (SpecError)
+        self.spec().drafter.validate(self.sampling())  # which options suit the drafter and the temperature (SpecError)
 
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(self.temperature, self.top_p)
 
-    def spec(self) -> DrafterSpec:
+    def spec(self) -> RunSpec:
         """The drafter spec of this choice (drafter.spec.choice_spec, shared with the bench); the vLLM server drafts
         with its own drafter, so this engine's side of it is plain."""
         if self.drafter == REMOTE:
-            return DrafterSpec("none")
+            return RunSpec(DrafterSpec("none"))
         return choice_spec(self.drafter, self.steps, self.tree, self.block_size, self.adaptive)
 
     def generation(self, verify_cost: tuple[float, ...] = (), drafting: bool = False) -> GenerationConfig:
@@ -91,7 +91,7 @@ class ChatSettings:
         return engine_settings(self.spec(), base, verify_cost, drafting)
 
 
-def engine_settings(spec: DrafterSpec, gen: GenerationConfig, verify_cost: tuple[float, ...] = (),
+def engine_settings(spec: RunSpec, gen: GenerationConfig, verify_cost: tuple[float, ...] = (),
                     drafting: bool = False, draft_cost: float = 0.0) -> GenerationConfig:
     """gen (the reply's length, K, sampling, stops, seed) with what the drafter spec asks of the engine, one rule for
     the UI, the API and the bench: where the spec is adaptive, the verify-cost curve, the drafter's call cost, the
@@ -160,8 +160,8 @@ class ChatService:
                 raise DrafterUnavailable("no vLLM server: start the app with --backend vllm --vllm-url URL")
             return self.remote
         if settings.drafter == "auto" and "flashmap" in self.unavailable:
-            return self.drafter(replace(settings, drafter="copies", steps=1, tree=1).spec())
-        return self.drafter(settings.spec())
+            return self.drafter(replace(settings, drafter="copies", steps=1, tree=1).spec().drafter)
+        return self.drafter(settings.spec().drafter)
 
     def drafter(self, spec: DrafterSpec):
         """The drafter for this spec on this target (cached; K is the engine's business, not the drafter's),

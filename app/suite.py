@@ -28,23 +28,23 @@ from app import bench
 from core.decoding.engine import GenerationConfig
 from core.runtime.target import load_target
 from core.runtime.verify_cost import cost_curves
-from drafter.spec import DrafterSpec, SpecError
+from drafter.spec import RunSpec, SpecError
 
 
 @dataclass(frozen=True, kw_only=True)
 class SuiteConfig(bench.RunConfig):
     variants: tuple[str, ...]  # drafter specs as typed: the labels of the results
-    specs: tuple[DrafterSpec, ...]
+    specs: tuple[RunSpec, ...]
 
     def __post_init__(self):
         for spec in self.specs:
-            spec.validate(self.sampling)
+            spec.drafter.validate(self.sampling)
 
 
-def parse_variant(text: str, block_size: int | None = None) -> DrafterSpec:
-    """'flashmap,steps=2,noise=shuffled,k=8' -> DrafterSpec; --block-size fills k where the text has none."""
+def parse_variant(text: str, block_size: int | None = None) -> RunSpec:
+    """'flashmap,steps=2,noise=shuffled,k=8' -> RunSpec; --block-size fills k where the text has none."""
     try:
-        return DrafterSpec.parse(text, **({"block_size": block_size} if block_size else {}))
+        return RunSpec.parse(text, **({"block_size": block_size} if block_size else {}))
     except SpecError as err:
         raise SystemExit(f"variant {text!r}: {err}") from err
 

@@ -23,12 +23,14 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
   phrasebook=0 with lookup: without the target's phrasebook (core.drafting.phrasebook), the second free source that
                copies what the target's own replies most often continue the latest tokens with
   tries=1      with lookup: two copies that differ at their first token may be verified together as a trie where
-               the pair pays (core.drafting.policy.policy.DraftPolicy.best_try), at every temperature; off by default:
-               on the CPUs measured they did not pay (docs/engine.md) weights=DIR  a checkpoint other than
-               weights/<target>/<name>
+               the pair pays (core.drafting.policy.copy_choice.best_try), at every temperature; off by default: on
+               the CPUs measured they did not pay (docs/engine.md)
+  weights=DIR  a checkpoint other than weights/<target>/<name>
 
-`DrafterSpec.__post_init__` holds every rule about which option suits which drafter; `validate(sampling)`
-the rules that depend on the temperature. Building the drafter is `drafter.registry.build_drafter`.
+adaptive, skip and tries say what the engine's policy does with the drafts, not what the drafter is: they live in
+RunSpec beside the DrafterSpec (RunSpec.parse reads the whole text form). `DrafterSpec.refusal` holds every rule about
+which option suits which drafter, `RunSpec.refusal` those about the policy's options; `validate(sampling)` the rules
+that depend on the temperature. Building the drafter is `drafter.registry.build_drafter`.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from pathlib import Path
 
 from core.decoding.sampling import SamplingConfig
 from core.drafting.base import MAX_BLOCK_SIZE
+from core.drafting.policy.config import DEFAULTS
 
 FLASHMAP_STEPS = (1, 2, 3, 4)  # jumps of a FlashMap draft: the release's grids (drafter.flashmap_release)
 FLOW_DRAFTERS = ("flashmap", "flashmap-teacher")  # draw noise: steps, noise, best-of and trees apply
@@ -65,12 +68,9 @@ class DrafterSpec:
     tree: int = 1
     noise_scale: float = 1.0
     block_size: int | None = None  # K; None: the drafter's own
-    adaptive: bool = False
-    max_skip: int = 8
     calibrated: bool = True
     lookup: bool = False
     phrasebook: bool = True  # with lookup: the target's phrasebook beside prompt lookup, where it has one
-    copy_tries: bool = False  # with lookup: two copies that differ at their first token verified together
     weights: str | None = None
 
     def __post_init__(self):
@@ -83,8 +83,8 @@ class DrafterSpec:
         flow, name = self.name in FLOW_DRAFTERS, self.name
         if name not in ENGINE_DRAFTERS + HF_BASELINES:
             return f"unknown drafter {name!r}; choose from {', '.join(ENGINE_DRAFTERS + HF_BASELINES)}"
-        if min(self.steps, self.best_of, self.tree) < 1 or self.max_skip < 0:
-            return "steps, best_of and tree must be >= 1, skip >= 0"
+        if min(self.steps, self.best_of, self.tree) < 1:
+            return "steps, best_of and tree must be >= 1"
         if name == "flashmap" and self.steps not in FLASHMAP_STEPS:
             return (f"FlashMap drafts in {', '.join(map(str, FLASHMAP_STEPS))} jumps (a released drafter: the ones its "
                     f"jump_grids list), got steps={self.steps}; the teacher (flashmap-teacher) takes any number")
@@ -98,14 +98,12 @@ class DrafterSpec:
             return f"scale (>= 0) applies to the flow drafters ({', '.join(FLOW_DRAFTERS)}) only"
         if self.tree > 1 and self.best_of > 1:
             return "choose best-of-M or a tree of M drafts, not both"
-        if name in HF_BASELINES and (self.adaptive or self.weights):
-            return "transformers' generate takes no adaptive cut and no drafter weights"
+        if name in HF_BASELINES and self.weights:
+            return "transformers' generate takes no drafter weights"
         if not self.calibrated and name not in NET_DRAFTERS:
             return f"calibrated applies to the network drafters ({', '.join(NET_DRAFTERS)}) only"
         if not self.phrasebook and not (self.lookup or name == "copies"):
             return "phrasebook=0 turns off a part of lookup; it needs lookup=1 (or the copies drafter)"
-        if self.copy_tries and not (self.lookup or name == "copies"):
-            return "tries=1 verifies two copies together; it needs lookup=1 (or the copies drafter)"
         if self.lookup and name not in NET_DRAFTERS:
             return (f"lookup joins the network drafters ({', '.join(NET_DRAFTERS)}); n-gram and copies are lookup "
                     "themselves")
@@ -128,8 +126,9 @@ class DrafterSpec:
     def label(self) -> str:
         return LABELS[self.name]
 
-    def describe(self) -> str:
-        """A label for people: 'FlashMap 1-step, tree of 4 drafts, K=4' (reports, the UI)."""
+    def describe(self, policy: tuple[str, ...] = ()) -> str:
+        """A label for people: 'FlashMap 1-step, tree of 4 drafts, K=4' (reports, the UI); `policy`: what the engine
+        does with the drafts, in words after K (RunSpec.describe)."""
         teacher = "flow teacher, 1 step (its t = 0 pass)" if self.steps == 1 else f"flow teacher, {self.steps} steps"
         base = {"flashmap": f"FlashMap {self.steps}-step", "flashmap-teacher": teacher}
         words = [base.get(self.name, LABELS[self.name])]
@@ -138,24 +137,15 @@ class DrafterSpec:
         words += [f"tree of {self.tree} drafts"] if self.tree > 1 else []
         words += [f"noise × {self.noise_scale:g}"] if self.noise_scale != 1.0 else []
         words += [f"K={self.block_size}"] if self.block_size else []
-        every_round = (", drafter called every round" if self.max_skip == 0
-                       else " (drafter skipped after drafts that did not pay)")
-        words += [f"adaptive K{every_round}"] if self.adaptive else []
+        words += list(policy)
         words += ["raw confidence"] if not self.calibrated else []
         words += [f"with prompt lookup{' and the phrasebook' if self.phrasebook else ''}"] if self.lookup else []
-        words += ["copy tries"] if self.copy_tries else []
         words += [f"{Path(self.weights).parent.name} checkpoint"] if self.weights else []
         return ", ".join(words)
 
     def text(self) -> str:
         """The canonical text form: the name, then every option that differs from its default."""
-        defaults = {f.name: f.default for f in fields(DrafterSpec)}
-        options = []
-        for key, field in KEYS.items():
-            value = getattr(self, field)
-            if value != defaults[field]:
-                options.append(f"{key}={int(value) if isinstance(value, bool) else value}")
-        return ",".join([self.name, *options])
+        return ",".join([self.name, *options_text(self)])
 
     def sampler_key(self) -> str:
         """How the drafter drafts, without what the engine does with it (K, adaptive cut, skips, weights): the
@@ -164,15 +154,91 @@ class DrafterSpec:
 
     @classmethod
     def parse(cls, text: str, **defaults) -> "DrafterSpec":
-        """'flashmap,steps=2,tree=4' -> DrafterSpec; `defaults` fill fields the text leaves out."""
-        name, *options = text.strip().split(",")
-        values = dict(defaults)
-        for option in options:
-            key, _, raw = option.partition("=")
-            if key not in KEYS or not raw:
-                raise SpecError(f"{text!r}: options are {', '.join(k + '=' for k in KEYS)} (see drafter/spec.py)")
-            values[KEYS[key]] = _cast(KEYS[key], raw, text)
+        """'flashmap,steps=2,tree=4' -> DrafterSpec; `defaults` fill fields the text leaves out. The policy's options
+        (adaptive, skip, tries) are RunSpec.parse's."""
+        name, values = parse_options(text, defaults)
+        policy = sorted(set(values) & set(POLICY_FIELDS))
+        if policy:
+            raise SpecError(f"{text!r}: {', '.join(policy)} say what the engine does with the drafts (RunSpec), not "
+                            "what the drafter is")
         return cls(name=name, **values)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a run drafts with: the drafter, and what the engine's policy does with its drafts (the adaptive cut under
+    the measured verify cost, the skips after drafts that did not pay for the call, copy tries). Its text form is the
+    drafter's with these options among the others (`flashmap,adaptive=1,lookup=1`); app.service.engine_settings turns
+    it into the engine's GenerationConfig."""
+
+    drafter: DrafterSpec = DrafterSpec()
+    adaptive: bool = False  # cut each draft to its best expected length under the measured verify cost
+    max_skip: int = DEFAULTS.max_skip  # with adaptive: the longest skip after drafts that did not pay for the call
+    copy_tries: bool = False  # with lookup: two copies that differ at their first token verified together
+
+    def __post_init__(self):
+        why = self.refusal()
+        if why:
+            raise SpecError(f"{self.text()}: {why}")
+
+    def refusal(self) -> str | None:
+        """Why the policy's options do not fit this drafter (None: they do)."""
+        if self.max_skip < 0:
+            return "skip must be >= 0"
+        if self.drafter.is_hf_baseline and self.adaptive:
+            return "transformers' generate takes no adaptive cut"
+        if self.copy_tries and not (self.drafter.lookup or self.drafter.name == "copies"):
+            return "tries=1 verifies two copies together; it needs lookup=1 (or the copies drafter)"
+        return None
+
+    def text(self) -> str:
+        """The canonical text form: the drafter's name, then every option (the drafter's and the policy's) that
+        differs from its default, in KEYS' order."""
+        return ",".join([self.drafter.name, *options_text(self.drafter, self)])
+
+    def describe(self) -> str:
+        """The drafter's description with the policy's options: 'FlashMap 1-step, adaptive K (drafter skipped after
+        drafts that did not pay), with prompt lookup and the phrasebook'."""
+        every_round = (", drafter called every round" if self.max_skip == 0
+                       else " (drafter skipped after drafts that did not pay)")
+        words = [f"adaptive K{every_round}"] if self.adaptive else []
+        words += ["copy tries"] if self.copy_tries else []
+        return self.drafter.describe(tuple(words))
+
+    @classmethod
+    def parse(cls, text: str, **defaults) -> "RunSpec":
+        """'flashmap,steps=2,adaptive=1' -> RunSpec; `defaults` fill fields (the drafter's or the policy's) the text
+        leaves out."""
+        name, values = parse_options(text, defaults)
+        policy = {key: values.pop(key) for key in POLICY_FIELDS if key in values}
+        return cls(DrafterSpec(name=name, **values), **policy)
+
+
+POLICY_FIELDS = ("adaptive", "max_skip", "copy_tries")  # RunSpec's fields in the text form
+
+
+def options_text(*specs) -> list[str]:
+    """'key=value' for every field of the specs (a DrafterSpec, a RunSpec) that differs from its default, in KEYS'
+    order."""
+    values = {}
+    for spec in specs:
+        defaults = {f.name: f.default for f in fields(spec)}
+        values |= {name: getattr(spec, name) for name in defaults if name in KEYS.values()
+                   and getattr(spec, name) != defaults[name]}
+    return [f"{key}={int(values[name]) if isinstance(values[name], bool) else values[name]}"
+            for key, name in KEYS.items() if name in values]
+
+
+def parse_options(text: str, defaults: dict) -> tuple[str, dict]:
+    """'name,key=value,...' -> (name, fields by name, `defaults` under them)."""
+    name, *options = text.strip().split(",")
+    values = dict(defaults)
+    for option in options:
+        key, _, raw = option.partition("=")
+        if key not in KEYS or not raw:
+            raise SpecError(f"{text!r}: options are {', '.join(k + '=' for k in KEYS)} (see drafter/spec.py)")
+        values[KEYS[key]] = _cast(KEYS[key], raw, text)
+    return name, values
 
 
 # The drafter choices the app offers, alike in the UI, the API and the bench (choice_spec makes each one spec):
@@ -188,7 +254,7 @@ APP_DEFAULT = "default"  # the bench's older name for the app's default choice, 
 
 
 def choice_spec(choice: str = "auto", steps: int = 1, tree: int = 1, block_size: int | None = None,
-                adaptive: bool = True) -> DrafterSpec:
+                adaptive: bool = True) -> RunSpec:
     """The spec of one of the app's drafter choices (CHOICES) with the options a user sets; SpecError says what the
     choice allows where an option does not fit it. Auto: adaptive K under the measured verify cost, skips after drafts
     that did not pay, prompt lookup and the target's phrasebook beside the network at every temperature (T = 0:
@@ -204,14 +270,14 @@ def choice_spec(choice: str = "auto", steps: int = 1, tree: int = 1, block_size:
         raise SpecError(f"{CHOICE_LABELS[choice]} drafts without a network: steps and drafts per round must be 1 "
                         f"(FlashMap's choices: steps {', '.join(map(str, FLASHMAP_STEPS))}, any number of drafts)")
     if choice == "none":
-        return DrafterSpec("none")
+        return RunSpec(DrafterSpec("none"))
     if choice == "copies":
-        return DrafterSpec("copies", block_size=block_size, adaptive=adaptive)
+        return RunSpec(DrafterSpec("copies", block_size=block_size), adaptive=adaptive)
     noise = 0.0 if network == "flashmap" and tree == 1 else 1.0
     if choice == "auto":
-        return DrafterSpec("flashmap", steps=steps, tree=tree, block_size=block_size, adaptive=adaptive,
-                           noise_scale=noise, lookup=True)
-    return DrafterSpec(network, steps=steps, tree=tree, block_size=block_size, noise_scale=noise)
+        return RunSpec(DrafterSpec("flashmap", steps=steps, tree=tree, block_size=block_size, noise_scale=noise,
+                                   lookup=True), adaptive=adaptive)
+    return RunSpec(DrafterSpec(network, steps=steps, tree=tree, block_size=block_size, noise_scale=noise))
 
 
 def _cast(field: str, raw: str, text: str):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from app import bench, suite
 from core.runtime.target import load_target
-from drafter.spec import DrafterSpec
+from drafter.spec import RunSpec
 
 ARMS = {  # label suffix -> (spec options, GenerationConfig overrides)
     "new": ({}, {}),
@@ -51,7 +51,8 @@ def main(argv=None) -> None:
     for text in args.drafters:
         for arm in args.arms:
             options, overrides = ARMS[arm]
-            spec = replace(DrafterSpec.parse(text), adaptive=True, **options)
+            parsed = RunSpec.parse(text)
+            spec = RunSpec(replace(parsed.drafter, **options), adaptive=True, max_skip=parsed.max_skip)
             labels.append(f"{spec.text()} [{arm}]")
             specs.append(spec)
             runners.append((spec, overrides))

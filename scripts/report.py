@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from drafter.spec import DrafterSpec  # noqa: E402
+from drafter.spec import RunSpec  # noqa: E402
 from scripts.results import read_json  # noqa: E402
 
 DOMAINS = ("math", "code", "chat")
@@ -202,7 +202,7 @@ def offline_target_rows(val: dict | None, sparse: dict | None) -> list[str]:
 
 def label(variant: str) -> str:
     """The people's label of a variant, from its drafter spec (drafter/spec.py)."""
-    return DrafterSpec.parse(variant).describe()
+    return RunSpec.parse(variant).describe()
 
 
 def paired_delta(a: dict, b: dict, domain: str, run: dict) -> tuple[float, float, int] | None:

@@ -6,6 +6,7 @@ import torch
 
 from app import bench
 from core.testing import tiny_llama, tiny_tokenizer
+from drafter.spec import DrafterSpec
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +107,9 @@ def test_suite_runs_variants_against_one_baseline(tiny_folder, tmp_path):
     with pytest.raises(SystemExit):
         suite.parse_variant("ngram,depth=3")
     v = suite.parse_variant("flashmap,tree=4,k=4,adaptive=1,skip=0", 16)
-    assert (v.name, v.tree, v.block_size, v.adaptive, v.max_skip) == ("flashmap", 4, 4, True, 0)
-    assert suite.parse_variant("flashmap", 8).block_size == 8 and suite.parse_variant("flashmap").block_size is None
+    assert (v.drafter.name, v.drafter.tree, v.drafter.block_size, v.adaptive, v.max_skip) == ("flashmap", 4, 4, True, 0)
+    assert suite.parse_variant("flashmap", 8).drafter.block_size == 8
+    assert suite.parse_variant("flashmap").drafter.block_size is None
     with pytest.raises(SystemExit, match="flow drafters"):
         suite.parse_variant("ngram,tree=4")
     with pytest.raises(SystemExit, match="temperature 0"):
@@ -182,12 +184,12 @@ def test_draft_cost_is_the_drafter_call_against_one_target_step(tiny_folder):
     fast, slow = SleepyDrafter(0.0), SleepyDrafter(0.02)
     fast_cost, slow_cost = draft_cost(target, fast, context=16, repeats=3), draft_cost(target, slow, 16, 3)
     assert 0 < fast_cost < slow_cost and slow.extended == 0  # measured after a real context, then reset
-    runner = bench.Runner(bench.DrafterSpec("dflash", adaptive=True), 4, lambda ids, gen: None, slow)
+    runner = bench.Runner(bench.RunSpec(DrafterSpec("dflash"), adaptive=True), 4, lambda ids, gen: None, slow)
     measured = runner.with_draft_cost(target)
     assert measured.draft_cost > 0 and measured.generation(bench.GenerationConfig(), (1.0, 1.1)).draft_cost > 0
     hot = bench.GenerationConfig(sampling=bench.SamplingConfig(temperature=1.0))
     assert not measured.generation(hot, (1.0, 1.1)).charges_draft_cost()  # T > 0: the engine does not charge it
-    plain = bench.Runner(bench.DrafterSpec("dflash"), 4, lambda ids, gen: None, slow)
+    plain = bench.Runner(bench.RunSpec(DrafterSpec("dflash")), 4, lambda ids, gen: None, slow)
     assert plain.with_draft_cost(target) is plain and plain.generation(bench.GenerationConfig(), ()).draft_cost == 0
 
 
@@ -245,4 +247,4 @@ def test_the_bench_default_runs_what_the_app_runs(tmp_path, temperature):
     cfg, _ = bench.parse_args(["--prompts", str(prompts), "--drafter", "default", "--temperature", str(temperature),
                                "--out", str(tmp_path / "r.json")])
     assert cfg.spec == ChatSettings(temperature=temperature).spec()
-    assert cfg.spec.adaptive and cfg.spec.noise_scale == 0.0  # x0 = 0 at every temperature
+    assert cfg.spec.adaptive and cfg.spec.drafter.noise_scale == 0.0  # x0 = 0 at every temperature

@@ -11,7 +11,7 @@ from drafter.calibrate import report_rows, two_fold
 from drafter.checkpoint import save_checkpoint
 from drafter.data import draft_vocabulary
 from drafter.runtime import build_net, calibration_for, load_engine_drafter
-from drafter.spec import DrafterSpec, SpecError
+from drafter.spec import DrafterSpec, RunSpec, SpecError
 from tests.test_drafter import tiny_cfg, tiny_seqs
 
 
@@ -90,8 +90,8 @@ def test_a_calibration_belongs_to_its_weights_and_way_of_drafting(checkpoint, ca
     fitted = calib.SlotCalibration((0.5, 0.4), (-1.0, -0.5))
     calib.save(checkpoint, spec.sampler_key(), fitted, {"rounds": 1})
     assert calibration_for(spec, checkpoint) == fitted
-    assert calibration_for(DrafterSpec("flashmap", adaptive=True, noise_scale=0.0, block_size=2,
-                                       weights=str(checkpoint)), checkpoint) == fitted  # the cut's own options
+    assert calibration_for(DrafterSpec("flashmap", noise_scale=0.0, block_size=2, weights=str(checkpoint)),
+                           checkpoint) == fitted  # K is the cut's business
     assert calibration_for(DrafterSpec("flashmap", weights=str(checkpoint)), checkpoint) is None  # other sampler
     assert calibration_for(DrafterSpec("flashmap", noise_scale=0.0, calibrated=False), checkpoint) is None
     weights = checkpoint / "model.safetensors"
@@ -117,7 +117,7 @@ def test_saving_another_sampler_keeps_the_first_and_new_weights_drop_both(checkp
 
 
 def test_the_engine_drafter_cuts_on_calibrated_confidence_at_t0_only_and_stays_exact(checkpoint, tiny_target):
-    spec = DrafterSpec("flashmap", noise_scale=0.0, adaptive=True, weights=str(checkpoint))
+    spec = DrafterSpec("flashmap", noise_scale=0.0, weights=str(checkpoint))
     low = calib.SlotCalibration((1.0,), (-30.0,))  # "nothing will be accepted": every draft cut to nothing
     calib.save(checkpoint, spec.sampler_key(), low, {})
     drafter = load_engine_drafter(spec, tiny_target)
@@ -139,9 +139,13 @@ def test_the_engine_drafter_cuts_on_calibrated_confidence_at_t0_only_and_stays_e
 
 
 def test_spec_calibrated_option_round_trips_and_suits_network_drafters_only():
-    spec = DrafterSpec.parse("flashmap,scale=0,adaptive=1,calibrated=0,k=8")
-    assert not spec.calibrated and spec.text() == "flashmap,scale=0.0,k=8,adaptive=1,calibrated=0"
-    assert spec.sampler_key() == "flashmap,scale=0.0" and "raw confidence" in spec.describe()
+    run = RunSpec.parse("flashmap,scale=0,adaptive=1,calibrated=0,k=8")
+    spec = run.drafter
+    assert not spec.calibrated and run.text() == "flashmap,scale=0.0,k=8,adaptive=1,calibrated=0"
+    assert spec.text() == "flashmap,scale=0.0,k=8,calibrated=0" and run.adaptive
+    assert spec.sampler_key() == "flashmap,scale=0.0" and "raw confidence" in run.describe()
+    with pytest.raises(SpecError, match="what the engine does with the drafts"):
+        DrafterSpec.parse("flashmap,adaptive=1")
     assert DrafterSpec.parse("dflash").calibrated
     with pytest.raises(SpecError, match="network drafters"):
         DrafterSpec.parse("ngram,calibrated=0")

@@ -162,7 +162,7 @@ def test_the_apps_default_settings_draft_with_a_release_folder(folder, tiny_qwen
     from drafter.spec import choice_spec
 
     spec = choice_spec()
-    drafter = build_drafter(replace(spec, weights=str(folder)), tiny_qwen3_target)
+    drafter = build_drafter(replace(spec.drafter, weights=str(folder)), tiny_qwen3_target)
     assert isinstance(drafter.main, ReleaseDrafter) and drafter.main.noise_scale == 0.0
     gen = GenerationConfig(max_new_tokens=30, block_size=BLOCK, verify_cost=(1.0, 1.1, 1.2, 1.3, 1.4))
     for prompt in ([5, 6, 7, 5, 6, 7, 5], [9, 10, 11, 12]):

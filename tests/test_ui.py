@@ -259,17 +259,19 @@ def test_history_sent_back_by_the_browser_keeps_every_turn(service):
 def test_flashmap_drafts_from_zero_noise_at_every_temperature():
     """The path chosen by measurement: FlashMap's jumps from x0 = 0, one or two, at T = 0 and T > 0; trees need
     noise. Prompt lookup and the phrasebook join a network drafter at every temperature."""
-    assert ChatSettings().spec().noise_scale == 0.0 and ChatSettings().spec().text().startswith("flashmap,scale=0")
+    assert ChatSettings().spec().drafter.noise_scale == 0.0
+    assert ChatSettings().spec().text().startswith("flashmap,scale=0")
     for zero in (dict(steps=2), dict(temperature=1.0), dict(steps=2, temperature=0.7)):
-        assert ChatSettings(**zero).spec().noise_scale == 0.0
+        assert ChatSettings(**zero).spec().drafter.noise_scale == 0.0
     for other in (dict(tree=4), dict(drafter="dflash")):
-        assert ChatSettings(**other).spec().noise_scale == 1.0
-    assert ChatSettings().spec().lookup and ChatSettings(temperature=1.0).spec().lookup  # auto
+        assert ChatSettings(**other).spec().drafter.noise_scale == 1.0
+    assert ChatSettings().spec().drafter.lookup and ChatSettings(temperature=1.0).spec().drafter.lookup  # auto
     for network in ("flashmap", "dflash"):  # the network every round: no free sources, no adaptive cut or skip
         spec = ChatSettings(drafter=network, adaptive=True).spec()
-        assert spec.name == network and not spec.lookup and not spec.adaptive
-    assert ChatSettings(drafter="flashmap").spec().noise_scale == 0.0
-    assert ChatSettings(drafter="copies").spec().name == "copies" and ChatSettings(drafter="none").spec().name == "none"
+        assert spec.drafter.name == network and not spec.drafter.lookup and not spec.adaptive
+    assert ChatSettings(drafter="flashmap").spec().drafter.noise_scale == 0.0
+    assert ChatSettings(drafter="copies").spec().drafter.name == "copies"
+    assert ChatSettings(drafter="none").spec().drafter.name == "none"
 
 
 def test_prompt_lookup_wraps_the_network_drafter_without_loading_it_again(monkeypatch, tmp_path):
@@ -278,7 +280,7 @@ def test_prompt_lookup_wraps_the_network_drafter_without_loading_it_again(monkey
     service = ChatService(make_target(tiny_llama(vocab_size=64)), data_dir=tmp_path)
     monkeypatch.setattr("app.service.build_drafter", lambda *args: NgramDrafter())  # stands in for a network
     service.unavailable.clear()
-    spec = ChatSettings().spec()
+    spec = ChatSettings().spec().drafter
     hybrid, network = service.drafter(spec), service.drafter(replace(spec, lookup=False))
     assert isinstance(hybrid, LookupHybrid) and hybrid.main is network  # one network loaded, not two
     assert service.drafter_for(ChatSettings()) is hybrid
@@ -297,7 +299,7 @@ def test_an_adaptive_reply_charges_drafts_for_the_drafter_measured_once(service,
                                                                                                       *a, **k))
     monkeypatch.setattr(service, "cost_curves", CostCurves((256,), ((1.0,) * 17,)))
     settings = ChatSettings(**SETTINGS)
-    drafter = service.drafter(settings.spec())
+    drafter = service.drafter(settings.spec().drafter)
     for _ in range(2):
         service.run_once(service.prompt_ids([], "w10 w11", settings), settings, drafter)
     service.run_once(service.prompt_ids([], "w10 w11", settings), ChatSettings(**SETTINGS, adaptive=False), drafter)
