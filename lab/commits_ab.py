@@ -66,10 +66,23 @@ def run_side(folder: Path, run_args: list[str], out: Path) -> list[dict]:
     return json.loads(out.read_text())
 
 
-def paired(head: list[list[dict]], base: list[list[dict]], key: str) -> dict:
-    """Head's tokens a second over base's, per prompt and repeat -> mean and standard error."""
-    ratios = [(len(h[f"{key}tokens"]) / h[f"{key}s"]) / (len(b[f"{key}tokens"]) / b[f"{key}s"])
-              for head_rows, base_rows in zip(head, base) for h, b in zip(head_rows, base_rows)]
+def default_rate(row: dict) -> float:
+    return len(row["tokens"]) / row["s"]
+
+
+def plain_rate(row: dict) -> float:
+    return len(row["plain_tokens"]) / row["plain_s"]
+
+
+def speedup(row: dict) -> float:
+    """The default's speed-up over plain decoding in the same process: the drift between the sides' processes, which
+    moves plain decoding too, divided out."""
+    return default_rate(row) / plain_rate(row)
+
+
+def paired(head: list[list[dict]], base: list[list[dict]], measure) -> dict:
+    """measure(head's row) / measure(base's row), per prompt and repeat -> mean and standard error."""
+    ratios = [measure(h) / measure(b) for head_rows, base_rows in zip(head, base) for h, b in zip(head_rows, base_rows)]
     mean = sum(ratios) / len(ratios)
     se = (sum((r - mean) ** 2 for r in ratios) / (len(ratios) - 1) / len(ratios)) ** 0.5 if len(ratios) > 1 else 0.0
     return {"mean": round(mean, 4), "se": round(se, 4), "pairs": len(ratios)}
@@ -82,11 +95,12 @@ def summary(runs: dict[str, list[list[dict]]]) -> dict:
     same = all(row["tokens"] == ref["tokens"] and row["plain_tokens"] == ref["plain_tokens"]
                for rows in (*base, *head, *runs.get("control", [])) for row, ref in zip(rows, first))
     out = {"replies_identical_at_both_commits": same,
-           "default_equals_plain": all(row["tokens"] == row["plain_tokens"] for row in first),
-           "default head / base": paired(head, base, ""), "plain head / base": paired(head, base, "plain_")}
-    if "control" in runs:
-        out["default control / base (same build)"] = paired(runs["control"], base, "")
-        out["plain control / base (same build)"] = paired(runs["control"], base, "plain_")
+           "default_equals_plain": all(row["tokens"] == row["plain_tokens"] for row in first)}
+    pairs = {"head / base": head, **({"control / base (same build)": runs["control"]} if "control" in runs else {})}
+    for label, side_runs in pairs.items():
+        out[f"default {label}"] = paired(side_runs, base, default_rate)
+        out[f"plain {label}"] = paired(side_runs, base, plain_rate)
+        out[f"speed-up over plain {label}"] = paired(side_runs, base, speedup)
     return out
 
 
@@ -100,17 +114,23 @@ def main(argv=None) -> None:
     parser.add_argument("--control", action="store_true", help="run the base twice a repeat (a same-build pair)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--runs", default=str(WORKTREES / "runs"),
+                        help="where each side's run is kept as SIDE-REPEAT.json (default %(default)s)")
+    parser.add_argument("--summarize", action="store_true", help="summarize the runs kept there, without running")
     args, run_args = parser.parse_known_args(argv)
-    sides = {"base": checkout(args.base), "head": checkout(args.head)}
-    if args.control:
-        sides["control"] = sides["base"]
-    runs = {name: [] for name in sides}
-    scratch = WORKTREES / "runs"
+    names = ["base", "head", *(["control"] if args.control else [])]
+    scratch = Path(args.runs)
     scratch.mkdir(parents=True, exist_ok=True)
-    names = list(sides)
-    for repeat in range(args.repeats):
-        for name in names[repeat % len(names):] + names[: repeat % len(names)]:
-            runs[name].append(run_side(sides[name], run_args, scratch / f"{name}-{repeat}.json"))
+    runs = {name: [] for name in names}
+    if args.summarize:
+        runs = {name: [json.loads((scratch / f"{name}-{repeat}.json").read_text()) for repeat in range(args.repeats)]
+                for name in names}
+    else:
+        folders = {"base": checkout(args.base), "head": checkout(args.head)}
+        for repeat in range(args.repeats):
+            for name in names[repeat % len(names):] + names[: repeat % len(names)]:
+                runs[name].append(run_side(folders.get(name, folders["base"]), run_args,
+                                           scratch / f"{name}-{repeat}.json"))
     result = {"base": git("rev-parse", args.base), "head": git("rev-parse", args.head), "repeats": args.repeats,
               "run": run_args, **summary(runs),
               "per_prompt_seconds": {name: [[(round(r["s"], 4), round(r["plain_s"], 4)) for r in rows]

@@ -29,6 +29,7 @@ from drafter.zlab_dflash import is_zlab_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+VLLM_READY = ROOT / ".venv-vllm" / ".installed"  # written when scripts/install_vllm.sh has finished
 DOMAINS = ("math", "code", "chat")
 
 
@@ -48,7 +49,7 @@ def engine_run(target, prompt_ids: list[list[int]], max_tokens: int, drafter=Non
 
 
 def vllm_runs(target_dir: Path, drafters: list[str], prompt_ids, max_tokens: int) -> dict:
-    if not VLLM_PYTHON.exists():
+    if not VLLM_READY.exists():
         raise SystemExit(f"no vLLM environment at {VLLM_PYTHON.parent.parent}: bash scripts/install_vllm.sh")
     with tempfile.TemporaryDirectory() as tmp:
         req, out = Path(tmp) / "req.json", Path(tmp) / "out.json"

@@ -129,7 +129,7 @@ def test_the_fold_is_exact_on_the_embedded_default(embedded_target, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (Path(__file__).parent.parent / ".venv-vllm" / "bin" / "python").exists(),
+@pytest.mark.skipif(not (Path(__file__).parent.parent / ".venv-vllm" / ".installed").exists(),
                     reason="the converter runs in the vLLM environment (bash scripts/install_vllm.sh)")
 def test_llama_cpps_own_converter_reads_the_export(embedded_target, tmp_path):
     """llama.cpp's convert_hf_to_gguf.py (the source llama-cpp-python 0.3.36 vendors) turns an exported folder into

@@ -37,7 +37,7 @@ def test_a_folder_that_is_not_an_export_is_refused_before_vllm_starts(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not serve_compare.VLLM_PYTHON.exists(), reason="vLLM (optional) not installed")
+@pytest.mark.skipif(not serve_compare.VLLM_READY.exists(), reason="vLLM (optional) not installed")
 def test_vllm_serves_an_exported_drafter_exactly_on_21_eval_prompts(embedded_target, tmp_path):
     """T = 0 through vLLM with the drafter equals vLLM's plain decoding on every prompt; this engine agrees with
     both; vLLM's acceptance length (its own counters) matches this engine's on the same drafter and prompts."""
