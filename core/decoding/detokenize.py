@@ -1,8 +1,8 @@
 """A reply's text as its tokens arrive, without decoding the whole reply every round.
 
 Why: the engine reports the whole text so far after every round, and decoding all of a reply's tokens each time costs
-in proportion to its length: 0.13 ms a round at 512 tokens and 0.25 ms at 1,024 with the embedded default's tokenizer
-(AVX2 EPYC, 2026-12-03), against a decode step of ~5 ms. Here each round decodes only a window of recent tokens.
+in proportion to its length (docs/engine.md, "Measurements behind the code's rules"). Here each round decodes only a
+window of recent tokens.
 
 How (the offsets vLLM's incremental detokenizer keeps): the text before `read_at` is settled. A round decodes the
 tokens from `prefix_at` (the start of the previous window) to the end and keeps what follows the same window's text up

@@ -17,8 +17,8 @@ import torch
 
 from core.runtime import native
 
-# argmax, softmax and CDF inversion over a row of CPU logits in one pass or two each (core/runtime/csrc/sampling.cpp):
-# torch's ops took ~0.07 ms each for a row of the embedded default's 49,152 logits, ~0.3 ms of a ~6 ms sampled step
+# argmax, softmax and CDF inversion over a row of CPU logits in one pass or two each (core/runtime/csrc/sampling.cpp),
+# where torch's whole-row ops cost tens of microseconds each
 KERNELS = native.Extension("flashmap_sampling", native.CSRC / "sampling.cpp", "the native sampling kernels")
 
 
@@ -83,9 +83,9 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Top-p: each row's tokens whose mass strictly above them (the sum of the larger probabilities) is below top_p,
     renormalised; tokens of equal probability are kept or dropped together, so the set does not depend on how a sort
     orders ties (bf16 logits tie often), nor on the other rows. probs (..., V) -> (..., V).
-    Sorting all 49,152 probabilities took 3.5 ms a row on a CPU (AVX2 EPYC, 2026-12-03), most of a decode step; the
-    set lies among the top few dozen tokens as a rule, so only the top k are sorted (k = 64, then 4x more while some
-    row's k-th probability has less than top_p above it, which is what bounds the set)."""
+    Sorting all 49,152 probabilities costs most of a decode step on a CPU (docs/engine.md); the set lies among the top
+    few dozen tokens as a rule, so only the top k are sorted (k = 64, then 4x more while some row's k-th probability has
+    less than top_p above it, which is what bounds the set)."""
     rows = probs.reshape(-1, probs.shape[-1])  # (R, V)
     k = min(NUCLEUS_FIRST, rows.shape[-1])
     while True:
@@ -120,12 +120,9 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None,
     """One token id from each row of probs (K, V) (unnormalised rows are fine) -> (K,) long, by inverting each row's
     CDF with one uniform draw: exact, and a token of probability 0 is never drawn (its CDF step is empty). `excluded`
     (K ids, or None): a token per row whose mass counts as 0 (the residual max(0, p - q) of a deterministic draft's
-    one-hot q: p without the rejected token). Sums run in float64, so 49k partial sums keep their small steps. One row
-    of the embedded default's 49,152 tokens took 0.03 ms where torch.multinomial took 0.87 ms, and 16 rows of a
-    4,096-token draft vocabulary 1.6 ms with multinomial, a third of a decode step (AVX2 EPYC, 2026-12-03): a FlashMap
-    proposal at T = 1 took 4.8-5.0 ms with it and 3.2 ms with this. The native kernel (core/runtime/csrc/sampling.cpp)
-    sums
-    blocks of 64 first, then steps within one."""
+    one-hot q: p without the rejected token). Sums run in float64, so 49k partial sums keep their small steps; far
+    faster than torch.multinomial (docs/engine.md). The native kernel (core/runtime/csrc/sampling.cpp) sums blocks of
+    64 first, then steps within one."""
     u = torch.rand(probs.shape[0], generator=generator, device=probs.device, dtype=torch.float64)  # (K,)
     module = _kernels_for(probs, (torch.float32,))
     if module is not None:
@@ -155,9 +152,8 @@ class Verdict:
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
     """Each row's argmax, (T, V) -> T ids, found in fp32: bf16 values widen exactly and the first maximum wins
-    either way, while torch's bf16 argmax took 0.24 ms a row of the embedded default's 49,152 logits against 0.07
-    (AVX2 EPYC, 2026-12-02), a round's largest cost outside the forward; the native kernel finds the same first
-    maximum in one pass over the bf16 row."""
+    either way, while torch's bf16 argmax is several times slower than its fp32 one (docs/engine.md); the native
+    kernel finds the same first maximum in one pass over the bf16 row."""
     module = _kernels_for(logits)
     if module is not None:
         return module.argmax_rows(logits if logits.dim() == 2 else logits.reshape(-1, logits.shape[-1]))

@@ -4,7 +4,7 @@ Each decoder linear keeps its weight as float8 e4m3 codes with one fp32 scale pe
 input row is quantised the same way (its own amax) and the product is torch._scaled_mm with row-wise scales. One
 byte a weight (the memory plan's FP8 row, core.runtime.plan) and no package beyond torch: transformers' own FP8 modules
 (FineGrainedFP8Config) fetch a Triton kernel from the Hugging Face hub through the `kernels` package at first use,
-which a machine without that package or without network cannot do (the H200 run of 2026-12-04 failed there).
+which a machine without that package or without network cannot do (docs/gpu.md).
 
 Exactness: a row's scale is its own amax, so each output row depends on its own input row only, as in bf16; the
 verify forward over K + 1 positions and the one-position step then differ only by the product kernel's order of

@@ -530,9 +530,9 @@ class LeanForward:
     def native_step(self, ids: list[int], cache: StaticCache, layers: tuple[int, ...], keep: int,
                     block_visible: torch.Tensor | None, positions: torch.Tensor | list[int] | None):
         """__call__ for at most PREFILL_ROWS ids in one native call (lean_step.cpp's `step`): embedding, rotary rows,
-        causal visibility, the layers, final norm, LM head and features. After a forward has streamed the weights
-        through the caches, each small torch op dispatched from Python cost 50-120 us instead of ~5 (AVX2 EPYC,
-        2026-12-03), and a plain step made ten of them around its layers; the values are the same either way."""
+        causal visibility, the layers, final norm, LM head and features: after a forward has streamed the weights
+        through the caches, each small torch op dispatched from Python costs many times its usual few microseconds
+        (docs/engine.md, "Measurements behind the code's rules"); the values are the same either way."""
         past, fed = cache.length, len(ids)
         at = [] if positions is None else positions if isinstance(positions, list) else positions.tolist()
         # at (T,): a tree's positions as ints; [] for past, past + 1, ...

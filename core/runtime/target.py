@@ -138,7 +138,7 @@ class Target:
     def _decoder(self):
         """The tokenizer's decode, or its Rust backend's where the two are one: a fast tokenizer that cleans up no
         spaces returns the backend's text unchanged (transformers' TokenizersBackend._decode). The engine decodes
-        twice a round, and after a forward the Python layer cost ~80 us of a decode's ~140 (AVX2 EPYC, 2026-12-03)."""
+        twice a round, where the Python layer is half a decode's cost."""
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is None or getattr(self.tokenizer, "clean_up_tokenization_spaces", True):
             return self.tokenizer.decode
@@ -441,12 +441,10 @@ def _setup_forward(target: Target, cfg: TargetConfig) -> Target:
 
 def native_prefill(native, flags: frozenset[str]) -> bool:
     """Whether a q4 prompt's prefill runs through the native step (core.runtime.lean): where the CPU has no bf16
-    products
-    (the op-by-op prefill's bf16 weights cost more than the step's kernel), and where the step's products are integer
-    ones (VNNI) on a CPU without AMX: there the step prefilled prompts of 40 / 200 / 600 tokens in 47 / 230 / 793 ms
-    against the op-by-op bf16 prefill's 75 / 233 / 696 (AVX512-BF16 EPYC, `python -m lab.prefill_ab`,
-    2026-12-04), and a prefill through the step is batch-invariant, so a conversation's earlier turns are reused
-    (core.decoding.prefix) instead of prefilled again."""
+    products (the op-by-op prefill's bf16 weights cost more than the step's kernel), and where the step's products are
+    integer ones (VNNI) on a CPU without AMX, where it is about as fast (docs/engine.md, `lab.prefill_ab`) and a
+    prefill through the step is batch-invariant, so a conversation's earlier turns are reused (core.decoding.prefix)
+    instead of prefilled again."""
     integer = native is not None and native.ACTIVATIONS == "8-bit"
     return not NATIVE_BF16_CPU_FLAGS & flags or (integer and "amx_bf16" not in flags)
 

@@ -68,8 +68,7 @@ def verify_cost(target, context: int, repeats: int, positions=POSITIONS) -> dict
 def interleaved(passes: dict, repeats: int) -> Iterator[dict]:
     """One pass of each timed_passes generator in turn, `repeats` rounds, each round starting one key later: yields
     {key: {T: median seconds so far}} after every round, so a caller can hand the model to others in between. The
-    rotation: the pass that opened every round read slower (one build against itself after 512 cached positions, 60
-    rounds: 1.31x over one position, 1.07x over two, `python -m lab.products_ab --commit HEAD`, 2026-12-04)."""
+    rotation: the pass that opens a round reads slower (docs/engine.md, "Measurements behind the code's rules")."""
     keys = list(passes)
     for round_index in range(repeats):
         first = round_index % len(keys)
@@ -119,10 +118,8 @@ def _seconds(device: torch.device, work) -> float:
 
 
 # the cached positions the curves are measured after: a short chat's and a long one's. Each new position attends to
-# every cached one, so a verify's extra rows cost more in a longer conversation: 4 positions cost 1.58x one after 256
-# cached and 1.79-1.89x after 512-1,800, 9 positions 3.0x and 3.5-3.9x (AVX2 EPYC, 2026-12-03,
-# `python -m core.runtime.verify_cost --cached N`); one curve measured after 256 under-priced a long chat's verified
-# rows
+# every cached one, so a verify's extra rows cost more in a longer conversation, and one curve measured after a short
+# context under-prices a long chat's verified rows (docs/engine.md, "Measurements behind the code's rules")
 CONTEXTS = (256, 1024)
 
 

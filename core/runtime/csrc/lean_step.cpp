@@ -716,8 +716,8 @@ at::Tensor gather_rows(const at::Tensor& table, const std::vector<int64_t>& inde
 // 8-bit codes over the last `keep` rows (0: all). Returns [logits (T or keep, V) fp32, features (T, F) bf16: the
 // states at `feature_layers` side by side, 0 = the embeddings, L = the normalised last layer (an empty tensor for
 // none)]. Why one call: the layers stream the weights through every cache, and afterwards each torch op Python
-// dispatches costs 50-120 us instead of ~5 (its code and data come back from memory); the ~10 small ops a plain
-// step made around `layers` cost ~0.4 ms (AVX2 EPYC, 2026-12-03, in an hour of 8-11 ms steps).
+// dispatches costs many times its usual microseconds (its code and data come back from memory; docs/engine.md,
+// "Measurements behind the code's rules").
 std::vector<at::Tensor> step(const std::vector<int64_t>& ids, const at::Tensor& embedding, const at::Tensor& cos_table,
                              const at::Tensor& sin_table, std::vector<int64_t> positions, at::Tensor visible,
                              int64_t past, const Tensors& weights, const Tensors& keys, const Tensors& values,

@@ -1,7 +1,7 @@
 // Choosing tokens from a CPU forward's logits, one pass or two over each row instead of torch's chain of whole-row
-// ops: core/decoding/sampling.py calls these where core/runtime/native.py could build them, torch's ops elsewhere. A decode step of the
-// embedded default reads 49,152 logits a row; torch took ~0.07 ms for a row's argmax, softmax or cumulative sum alone
-// (AVX2 EPYC, 2026-12-03), ~0.3 ms a sampled step, where these passes take a few microseconds each.
+// ops: core/decoding/sampling.py calls these where core/runtime/native.py could build them, torch's ops elsewhere. A
+// decode step of the embedded default reads 49,152 logits a row, where torch's whole-row ops cost tens of
+// microseconds each and these passes a few (docs/engine.md, "Measurements behind the code's rules").
 //
 // Shape letters: R = rows, V = vocabulary.
 #include <torch/extension.h>
