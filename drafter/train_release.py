@@ -216,8 +216,9 @@ def resume(out: Path, net: ReleaseNet, opt: torch.optim.Optimizer) -> tuple[int,
     net.load_state_dict({k: v.float() for k, v in load_file(str(out / "model.safetensors")).items()})
     saved = load_file(str(state_path))
     for i, param in enumerate(p for group in opt.param_groups for p in group["params"]):
-        opt.state[param] = {"step": saved[f"{i}.step"], "exp_avg": saved[f"{i}.exp_avg"],
-                            "exp_avg_sq": saved[f"{i}.exp_avg_sq"]}
+        if f"{i}.step" in saved:  # a parameter no loss has reached yet has no state
+            opt.state[param] = {"step": saved[f"{i}.step"], "exp_avg": saved[f"{i}.exp_avg"],
+                                "exp_avg_sq": saved[f"{i}.exp_avg_sq"]}
     record = json.loads((out / "config.json").read_text())["flashmap_chat"]["training"]
     return int(saved["step"]), record.get("log", [])
 

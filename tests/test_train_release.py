@@ -56,3 +56,34 @@ def test_the_loss_learns_a_fixed_batch_and_the_saved_folder_reads_alike(tiny_qwe
     assert sum(p.numel() for p in theirs.parameters()) == sum(p.numel() for p in ours.net.parameters())
     for name, param in theirs.state_dict().items():
         assert torch.equal(param, ours.net.state_dict()[name]), name
+
+
+def test_a_run_resumes_from_its_folder_even_where_a_parameter_has_no_state_yet(tiny_qwen3_target, tmp_path):
+    """save_state / resume: the step, the network and AdamW's moments come back; a parameter no loss has reached yet
+    (no gradient, so no optimizer state) is left without state instead of failing the resume."""
+    from drafter.train_release import resume, save_state
+
+    target, cfg = tiny_qwen3_target, tiny_cfg(tmp_path)
+    torch.manual_seed(0)
+    net = ReleaseNet(cfg.release_config(target))
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
+    blocks = tiny_blocks(target, cfg, torch.Generator().manual_seed(0))
+    embedding = target.model.get_input_embeddings().weight.detach()
+    head = target.model.get_output_embeddings().weight.detach()
+    first = next(net.parameters())
+    for _ in range(2):
+        loss, _ = release_loss(net, blocks, embedding, head, cfg, torch.Generator().manual_seed(1))
+        opt.zero_grad()
+        loss.backward()
+        first.grad = None  # as for a parameter the loss does not reach
+        opt.step()
+    out = tmp_path / "run"
+    save_release(out, net, target.identity, {"log": [{"step": 2}]})
+    save_state(out, opt, 2)
+    fresh = ReleaseNet(cfg.release_config(target))
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=3e-3)
+    step, log = resume(out, fresh, fresh_opt)
+    assert step == 2 and log == [{"step": 2}]
+    assert next(fresh.parameters()) not in fresh_opt.state and len(fresh_opt.state) == len(opt.state)
+    for (name, saved), restored in zip(net.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(saved.to(torch.bfloat16).float(), restored), name  # the folder keeps bf16 weights
