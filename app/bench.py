@@ -134,8 +134,7 @@ class Runner:
 
     def with_draft_cost(self, target: Target) -> "Runner":
         """This runner with its drafter's cost measured now (core.runtime.verify_cost.draft_cost), when its spec is
-        adaptive:
-        the skip policy charges each draft for it (core.drafting.policy.cut.draft_pays)."""
+        adaptive: the skip policy charges each draft for it (core.drafting.policy.cut.draft_pays)."""
         if not self.spec.adaptive or self.drafter is None:
             return self
         return replace(self, draft_cost=measure_draft_cost(target, self.drafter))

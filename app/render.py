@@ -146,9 +146,9 @@ def remote_lines(speed: ReplySpeed | None, remote: dict | None) -> list[str]:
 
 def speed_lines(speed: ReplySpeed | None, drafting: bool) -> list[str]:
     """This reply's speed and its ratio to plain decoding measured inside the same reply
-    (core.decoding.stats.ReplySpeed),
-    or what is missing for one: never a figure measured at another time, under another load. A plain reply is
-    measured the same way (its ratio comes out near 1: the check that the measurement is fair)."""
+    (core.decoding.stats.ReplySpeed), or what is missing for one: never a figure measured at another time, under another
+    load. A plain reply is measured the same way (its ratio comes out near 1: the check that the measurement is
+    fair)."""
     if speed is None or not speed.tokens_per_s:
         return ["**This reply:** –"]
     lines = [f"**This reply:** {speed.tokens_per_s:.1f} tokens/s (decoding, after reading the prompt)"]

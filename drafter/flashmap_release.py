@@ -501,8 +501,7 @@ class ContextRows:
 
 class ReleaseDrafter:
     """The engine's drafter (core.drafting.base.Drafter) over a released FlashMap network: the whole block of the
-    config's
-    block_size from `steps` jumps, cut to what the engine asks for (the slots attend to each other, so drafting
+    config's block_size from `steps` jumps, cut to what the engine asks for (the slots attend to each other, so drafting
     fewer would change them). noise_scale multiplies the starting noise (0: the jumps from x0 = 0, a fixed draft)."""
 
     def __init__(self, net: ReleaseNet, target, steps: int | None = None, noise_scale: float = 1.0,

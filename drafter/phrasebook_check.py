@@ -42,12 +42,11 @@ def copy_acceptance(book: phrasebook.Phrasebook, replies: list[tuple[list[int], 
 
 def try_acceptance(book: phrasebook.Phrasebook, replies: list[tuple[list[int], int]]) -> dict:
     """Copy tries (core.drafting.policy.policy.DraftPolicy.best_try), offline at T = 0: at each position of each
-    held-out reply
-    (tokens,
-    prompt length), the conversation's copy (prompt lookup over everything before it) and the phrasebook's; where both
-    exist and differ at their first token, how often each first token is the reply's (the target's greedy token), by
-    the lookup's matched suffix length. Exactly one can be: verified together, the try keeps the sum. -> {"positions",
-    "both", "differ", "lookup_first", "book_first", "by_lookup_match": {n: {"share", "lookup_first", "book_first"}}}"""
+    held-out reply (tokens, prompt length), the conversation's copy (prompt lookup over everything before it) and the
+    phrasebook's; where both exist and differ at their first token, how often each first token is the reply's (the
+    target's greedy token), by the lookup's matched suffix length. Exactly one can be: verified together, the try keeps
+    the sum. -> {"positions", "both", "differ", "lookup_first", "book_first", "by_lookup_match": {n: {"share",
+    "lookup_first", "book_first"}}}"""
     positions = both = 0
     counts: dict[int, list[int]] = {}  # lookup match -> [differing positions, lookup's first kept, book's first kept]
     for tokens, prompt_len in replies:

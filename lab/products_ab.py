@@ -1,9 +1,8 @@
-"""The target's forward through two builds of the native step side by side: this CPU's own build and either the one
-it compiles with some instruction sets turned off (another CPU's products, core/runtime/csrc/products.h) or the one an
-earlier
-commit's sources make (`--commit`, what a change to the step gained), forwards over 1..17 positions interleaved pass
-by pass (core.runtime.verify_cost.interleaved_costs), each build at its own default prefetch distance or at one given
-for both.
+"""The target's forward through two builds of the native step side by side: this CPU's own build and either the one it
+compiles with some instruction sets turned off (another CPU's products, core/runtime/csrc/products.h) or the one an
+earlier commit's sources make (`--commit`, what a change to the step gained), forwards over 1..17 positions interleaved
+pass by pass (core.runtime.verify_cost.interleaved_costs), each build at its own default prefetch distance or at one
+given for both.
 
 python -m lab.products_ab --without avx512vnni [--cached 256] [--repeats 40] [--prefetch 0] \
     --out docs/results/engine/products-ab-DATE.json

@@ -119,9 +119,8 @@ def test_a_cached_verify_cost_curve_is_kept_apart_per_kernel(tmp_path):
 @pytest.mark.parametrize("out_features, in_features, bias", [(16, 32, False), (48, 96, True), (960, 576, False)])
 def test_the_native_q4_product_is_the_codes_weight_for_any_rows_and_each_row_alone(out_features, in_features, bias):
     """core.runtime.cpu_linear.Int4Linear through the native step's q4_mm: its blocks stand for quantize_q4's weight
-    exactly
-    (unpack_q4_blocks), its product is that weight's to bf16 rounding, and a row's output is bit for bit the same
-    alone or among 17 (every row count from 1 to 17 goes through a different mix of tiles)."""
+    exactly (unpack_q4_blocks), its product is that weight's to bf16 rounding, and a row's output is bit for bit the
+    same alone or among 17 (every row count from 1 to 17 goes through a different mix of tiles)."""
     from core.runtime import native
     from core.runtime.cpu_linear import Int4Linear, as_multiplied, quantize_q4, unpack_q4_blocks
 
@@ -199,9 +198,8 @@ def test_every_q4_layout_holds_the_same_codes_scales_and_minimums(layout):
 @pytest.mark.parametrize("out_features, in_features", [(16, 32), (48, 96), (4096, 576)])
 def test_the_native_q8_product_is_the_codes_weight_for_any_rows_and_each_row_alone(out_features, in_features):
     """core.runtime.cpu_linear.Int8Linear (GGUF's Q8_0 scheme, the LM head in q4): its blocks stand for quantize_q8's
-    weight
-    exactly, the codes are within about half a step of the weight, its product is that weight's to bf16 rounding, and a
-    row's output is bit for bit the same alone or among 17."""
+    weight exactly, the codes are within about half a step of the weight, its product is that weight's to bf16 rounding,
+    and a row's output is bit for bit the same alone or among 17."""
     from core.runtime import native
     from core.runtime.cpu_linear import Int8Linear, as_multiplied, quantize_q8, unpack_q8_blocks
 

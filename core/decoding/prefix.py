@@ -7,10 +7,9 @@ scripts.first_token --turns 6`: 3.56 s to its first token, 0.24 s with the cache
 prompt's cache the same way.
 
 Exact where the prefill is batch-invariant: through the native step (core.runtime.lean's native prefill) every
-position's
-keys, values and hidden states are the same whether it was computed in a prefill chunk, a verify round or alone, so a
-reused prefix is exactly what prefilling it again would give. Elsewhere (the op-by-op prefill's kernels pick their
-order by shape) nothing is reused.
+position's keys, values and hidden states are the same whether it was computed in a prefill chunk, a verify round or
+alone, so a reused prefix is exactly what prefilling it again would give. Elsewhere (the op-by-op prefill's kernels pick
+their order by shape) nothing is reused.
 
 Shape letters: R = reused positions with features, M = kept positions with features, F = drafter feature width.
 """

@@ -215,18 +215,16 @@ class BlockTail:
 
 
 class LookupHybrid:
-    """A drafter with free sources beside its network: prompt lookup (the conversation) and, where the target has
-    one, its phrasebook (core.drafting.phrasebook: what the target itself wrote after the same tokens in other
-    replies), and
-    the rest of the network's last block where the target kept its prefix (BlockTail); none costs a network call
-    (App. D's trie with more sources). `propose_lookups` offers their copied
-    continuations; the engine's policy takes the one that pays most in a round where one pays (core.drafting.policy:
-    measured
-    acceptance per source and match length, cut under the verify cost, a measured verdict against plain steps). Where
-    the policy calls the network instead, at T = 0 the first `branch` copied tokens (the conversation's, else the
-    phrasebook's) join the network's block(s) as one more branch of the trie verified in the round; at T > 0, where a
-    trie is not exact, the network's block goes alone. Every choice depends on committed tokens and past rounds only,
-    never on the token being sampled, so the output stays exact."""
+    """A drafter with free sources beside its network: prompt lookup (the conversation) and, where the target has one,
+    its phrasebook (core.drafting.phrasebook: what the target itself wrote after the same tokens in other replies), and
+    the rest of the network's last block where the target kept its prefix (BlockTail); none costs a network call (App.
+    D's trie with more sources). `propose_lookups` offers their copied continuations; the engine's policy takes the one
+    that pays most in a round where one pays (core.drafting.policy: measured acceptance per source and match length, cut
+    under the verify cost, a measured verdict against plain steps). Where the policy calls the network instead, at T = 0
+    the first `branch` copied tokens (the conversation's, else the phrasebook's) join the network's block(s) as one more
+    branch of the trie verified in the round; at T > 0, where a trie is not exact, the network's block goes alone. Every
+    choice depends on committed tokens and past rounds only, never on the token being sampled, so the output stays
+    exact."""
 
     def __init__(self, main: Drafter, branch: int = DEFAULTS.lookup_branch, phrasebook: Phrasebook | None = None):
         self.main, self.branch, self.phrasebook = main, branch, phrasebook

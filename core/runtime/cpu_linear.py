@@ -136,14 +136,12 @@ def quantize_q4(weight: torch.Tensor, group: int = Q4_GROUP) -> tuple[torch.Tens
 def pack_q4_blocks(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, layout: str = "pairs"
                    ) -> torch.Tensor:
     """quantize_q4's codes in the native step's layout (core/runtime/csrc/lean_step.cpp, q4_mm): per block of 16 outputs
-    x 32
-    inputs, 64 int32 words of codes, then the 16 outputs' scales and minimums as fp16 (8 words each). "pairs" (bf16 or
-    fp32 pair products): word (q, j) holds output j's inputs 8q .. 8q + 7, input 8q + 2k in bits 4k .., input
-    8q + 2k + 1 in bits 16 + 4k ..; "bytes" (8-bit integer products, AVX2): byte 32m + 4l + i holds output l's code of
-    input 4m + i in its low 4 bits and output 8 + l's in its high 4 bits; "quads" (8-bit integer products,
-    AVX512-VNNI): byte 64j + 4l + i holds output l's code of input 8j + i in its low 4 bits and of 8j + 4 + i in its
-    high 4 bits.
-    codes (O, I) int32 in 0..15, scale, minimum (O, I/32) -> (O/16, I/32, 80) int32"""
+    x 32 inputs, 64 int32 words of codes, then the 16 outputs' scales and minimums as fp16 (8 words each). "pairs" (bf16
+    or fp32 pair products): word (q, j) holds output j's inputs 8q .. 8q + 7, input 8q + 2k in bits 4k .., input 8q + 2k
+    + 1 in bits 16 + 4k ..; "bytes" (8-bit integer products, AVX2): byte 32m + 4l + i holds output l's code of input 4m
+    + i in its low 4 bits and output 8 + l's in its high 4 bits; "quads" (8-bit integer products, AVX512-VNNI): byte 64j
+    + 4l + i holds output l's code of input 8j + i in its low 4 bits and of 8j + 4 + i in its high 4 bits. codes (O, I)
+    int32 in 0..15, scale, minimum (O, I/32) -> (O/16, I/32, 80) int32"""
     out_f, in_f = codes.shape
     tiles, groups = out_f // 16, in_f // Q4_GROUP
     if layout in ("bytes", "quads"):  # two codes a byte, in the order each kernel loads them
@@ -264,11 +262,10 @@ class Int4Linear(torch.nn.Module):
     """A linear layer computed from 4-bit weight codes (quantize_q4) with bf16 activations. Inference only.
 
     With the native step's module (core.runtime.native), by its q4_mm: the codes unpacked once per block for every row
-    fed
-    and summed by bf16 pair dot products (AVX512-BF16 where the CPU has it), 2-2.6x faster than torch's kernel at 1
-    to 17 rows on SmolLM2's shapes (two threads, `python -m lab.kernel_timing`). Without it, by torch's
-    CPU int4 kernel, whose dequantisation is w = (code - 8) * scale + zero, so zero = minimum + 8 * scale. Either way
-    each output row is computed independently of the others (core.runtime.exactness checks it on the machine)."""
+    fed and summed by bf16 pair dot products (AVX512-BF16 where the CPU has it), 2-2.6x faster than torch's kernel at 1
+    to 17 rows on SmolLM2's shapes (two threads, `python -m lab.kernel_timing`). Without it, by torch's CPU int4 kernel,
+    whose dequantisation is w = (code - 8) * scale + zero, so zero = minimum + 8 * scale. Either way each output row is
+    computed independently of the others (core.runtime.exactness checks it on the machine)."""
 
     def __init__(self, linear: torch.nn.Linear, group: int = Q4_GROUP, native=None):
         super().__init__()

@@ -90,9 +90,8 @@ def fixed_order_attention(q: torch.Tensor, keys: torch.Tensor, values_1: torch.T
     in a chain or a tree (batch-invariant). q (H, T, D); keys (G, S, D) and values_1 (G, S, D + 1) (a column of
     ones after each value) hold plan.past cached positions and then the T fed ones.
 
-    Why this shape of computation: oneDNN's bf16 matrix products give each output element the same value whatever
-    the number of rows and however many zero terms trail its sum (core.runtime.exactness checks it on the machine at
-    hand),
+    Why this shape of computation: oneDNN's bf16 matrix products give each output element the same value whatever the
+    number of rows and however many zero terms trail its sum (core.runtime.exactness checks it on the machine at hand),
     but they pair and group the terms of a sum by their index, and sdpa's kernels and fp32 GEMV/GEMM pick their
     reduction order by shape. So every row's weighted sum is cut into KEY_BLOCK-long pieces aligned to absolute
     positions, each piece a bf16 matmul over keys laid out as a chain would lay them out (a tree row's ancestors
@@ -318,8 +317,8 @@ class LeanForward:
     def _lm_head(self, model):
         """The LM head as the forward calls it: in q4 with the native step, from 8-bit codes per block of 32 (GGUF's
         Q8_0, the embedded file's own scheme for it; core.runtime.cpu_linear.Int8Linear), half the bytes of the bf16
-        copy a
-        decode step reads whole (it was ~45% of a step); the prepacked bf16 copy is then dropped. Else the model's."""
+        copy a decode step reads whole (it was ~45% of a step); the prepacked bf16 copy is then dropped. Else the
+        model's."""
         from core.runtime.cpu_linear import Int8Linear, PackedLinear, q4_fits
 
         head = model.lm_head

@@ -368,8 +368,7 @@ def _dtype_for(cfg: TargetConfig, device: torch.device) -> torch.dtype:
 
 def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype) -> Target:
     """On a CPU, the forward's batch invariance checked once per machine (core.runtime.exactness): a low precision that
-    fails
-    is refused when asked for and replaced by fp32 under auto; the verdict is what `target.precision` says."""
+    fails is refused when asked for and replaced by fp32 under auto; the verdict is what `target.precision` says."""
     engine = "transformers" if target.lean is None else "native lean" if target.lean.native is not None else "lean"
     engine += {"cuda": " + CUDA graphs", "sim": " (fixed-shape steps)"}.get(target.extra.get("graphs"), "")
     if target.device.type != "cpu":

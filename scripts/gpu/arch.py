@@ -280,8 +280,7 @@ H200_BYTES_PER_S = 4.8e12  # HBM3e bandwidth: the floor of a decode step is read
 def compiled_step(cmd: Command) -> dict:
     """Plain decoding through transformers' eager forward, the lean forward (core.runtime.lean, static cache) and its
     fixed-shape steps replayed from CUDA graphs (core.runtime.graphs; in --cpu-sim the same steps without capture) on
-    the
-    same random Qwen3-8B-architecture weights: tokens/s against the bandwidth floor, the verify cost 1..17 at both
+    the same random Qwen3-8B-architecture weights: tokens/s against the bandwidth floor, the verify cost 1..17 at both
     contexts, identical tokens, and an oracle drafter (rate 0.8) through the graphs equal to plain decoding."""
     from core.runtime.graphs import GraphedSteps
     from core.runtime.lean import LeanForward
@@ -350,9 +349,8 @@ def oracle_through_graphs(target: Target, prompt: list[int], gen: GenerationConf
 
 def qwen3_fp8(cmd: Command) -> dict:
     """Save the random model, load it back with load_target(--quant fp8) (core.runtime.fp8: e4m3 codes made on the GPU
-    from
-    the bf16 checkpoint, torch alone), and measure memory and speed as for bf16. In --cpu-sim the same save/load path
-    runs with --quant none (tests/test_fp8.py covers the FP8 modules on the CPU)."""
+    from the bf16 checkpoint, torch alone), and measure memory and speed as for bf16. In --cpu-sim the same save/load
+    path runs with --quant none (tests/test_fp8.py covers the FP8 modules on the CPU)."""
     sz = sizes(cmd)
     target = cmd.state.pop("random_target", None)
     if target is None:
