@@ -181,3 +181,22 @@ def test_each_proposal_sits_at_its_anchors_position_in_the_reply(folder, tiny_qw
     prompt = [9, 10, 11, 12, 13, 14]
     out, _ = generate_all(tiny_qwen3_target, prompt, GenerationConfig(max_new_tokens=20), drafter)
     assert len(seen) > 3 and all((prompt + out)[position] == anchor for position, anchor in seen)
+
+
+@pytest.mark.slow
+def test_the_shipped_release_format_drafter_reads_in_their_loader_and_drafts_exactly(embedded_target):
+    """weights/<embedded target>/flashmap-release/: a release folder the authors' loader reads (the same parameters as
+    ours) and this engine drafts with; at T = 0 its replies are plain decoding's, with drafted tokens kept."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "weights" / "smollm2-135m-instruct" / "flashmap-release"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == config["speculators_model_type"] == "flashmap"
+    assert config["flashmap_chat"]["target"] == embedded_target.identity
+    drafter = build_drafter(DrafterSpec("flashmap", noise_scale=0.0, weights=str(folder)), embedded_target)
+    theirs = FlashMapDraftModel.from_pretrained(str(folder), dtype=torch.float32)
+    assert sum(p.numel() for p in theirs.parameters()) == sum(p.numel() for p in drafter.net.parameters())
+    prompt = embedded_target.chat_ids([{"role": "user", "content": "List the first five prime numbers."}])
+    plain, _ = generate_all(embedded_target, prompt, GenerationConfig(max_new_tokens=48))
+    out, events = generate_all(embedded_target, prompt, GenerationConfig(max_new_tokens=48), drafter)
+    assert out == plain and sum(ev.n_accepted for ev in events) > 0

@@ -7,7 +7,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
 BUDGETS = {"weights/": 20 * MIB, "docs/": 1 * MIB, "data/": 4 * MIB}  # largest tracked file under each folder
-TOTAL = 90 * MIB  # all tracked files together (82 before the embedded default's phrasebook, 5.4 MiB)
+TOTAL = 105 * MIB  # all tracked files together (90 before the release-format FlashMap drafter, 10.3 MiB)
 
 
 def tracked() -> list[Path]:
