@@ -25,7 +25,7 @@ def test_the_engine_side_counts_tokens_per_round_and_accepts_per_slot(tiny_qwen3
 
 
 def test_without_the_vllm_environment_it_says_how_to_install_it(monkeypatch, tmp_path):
-    monkeypatch.setattr(serve_compare, "VLLM_PYTHON", tmp_path / "none" / "bin" / "python")
+    monkeypatch.setattr(serve_compare, "VLLM_READY", tmp_path / "none" / ".installed")
     with pytest.raises(SystemExit, match="install_vllm.sh"):
         serve_compare.vllm_runs(tmp_path, [], [[1, 2]], 4)
 

@@ -168,8 +168,8 @@ CHECKPOINTS = tuple(f"weights/smollm2-135m-instruct/{name}/model.safetensors"
 # no longer fit) and the response folders the run does not train on (train.CPU_DATA names those it does; 3.7 MiB)
 NOT_TRAINED_THERE = ("data/smollm2-magpie", "data/smollm2-magpie-2", "data/smollm2-magpie-3",
                      "data/smollm2-responses-4")
-WITHHELD = (*CHECKPOINTS, "weights/smollm2-135m-instruct/zlab", "weights/smollm2-135m-instruct/phrasebook", "docs",
-            *NOT_TRAINED_THERE)
+WITHHELD = (*CHECKPOINTS, "weights/smollm2-135m-instruct/zlab", "weights/smollm2-135m-instruct/phrasebook",
+            "weights/smollm2-135m-instruct/flashmap-release", "docs", *NOT_TRAINED_THERE)
 
 
 def is_withheld(path: str, withheld: tuple[str, ...] = WITHHELD) -> bool:
