@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections import Counter
 
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -103,13 +104,8 @@ def render_plain_run(tokenizer, first: int, events: list[RoundEvent]) -> str:
 
 def plain_title(events: list[RoundEvent]) -> str:
     """Why a run of plain steps drafted nothing, from their decisions, the commonest reason first."""
-    reasons: dict[str, int] = {}
-    for ev in events:
-        if ev.decision is not None:
-            why = f"copies {ev.decision.copies}; network {ev.decision.network}"
-            reasons[why] = reasons.get(why, 0) + 1
-    ranked = sorted(reasons.items(), key=lambda item: -item[1])
-    return "\n".join(["plain steps: no draft", *(f"{n}× {why}" for why, n in ranked)])
+    reasons = Counter(ev.decision.why() for ev in events if ev.decision is not None)
+    return "\n".join(["plain steps: no draft", *(f"{n}× {why}" for why, n in reasons.most_common())])
 
 
 def render_panel(tokenizer, events: list[RoundEvent]) -> str:

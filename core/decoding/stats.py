@@ -33,7 +33,7 @@ class AcceptanceStats:
         self.rounds += 1
         self.sources[ev.source] = self.sources.get(ev.source, 0) + 1
         if ev.source == "plain" and ev.decision is not None:
-            why = f"copies {ev.decision.copies}; network {ev.decision.network}"
+            why = ev.decision.why()
             self.plain_reasons[why] = self.plain_reasons.get(why, 0) + 1
         self.committed += ev.n_accepted + 1
         for slot in range(len(ev.drafted)):

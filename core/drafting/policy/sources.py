@@ -46,8 +46,12 @@ class Decision:
     copies: str
     network: str
 
+    def why(self) -> str:
+        """What the copies and the network came to, without the source: "copies ...; network ..."."""
+        return f"copies {self.copies}; network {self.network}"
+
     def text(self) -> str:
-        return f"{self.source}: copies {self.copies}; network {self.network}"
+        return f"{self.source}: {self.why()}"
 
 
 # why a source was not asked, or what came of asking it (Decision.copies / Decision.network)
