@@ -28,7 +28,13 @@ def early_thread_policy(argv: list[str]):
 
 THREAD_POLICY = early_thread_policy(sys.argv[1:])
 
-from core.runtime.target import TargetLoadError, add_target_args, load_target, target_config_from_args  # noqa: E402
+from core.runtime.target import (  # noqa: E402
+    TargetLoadError,
+    add_target_args,
+    load_served_target,
+    load_target,
+    target_config_from_args,
+)
 from core.runtime.threads import apply_thread_policy, wait_policy  # noqa: E402
 from drafter.spec import CHOICES  # noqa: E402
 
@@ -55,25 +61,35 @@ def parse_args(argv=None):
                         help="vllm: a vLLM server (--vllm-url) writes the replies of the 'vllm' drafter choice, with "
                              "the drafter it was started with (docs/serving.md); this engine keeps the others")
     parser.add_argument("--vllm-url", default="http://127.0.0.1:8000", help="the vLLM server for --backend vllm")
+    parser.add_argument("--keep-engine", action="store_true",
+                        help="with --backend vllm: load the target here too (a second copy of its weights), so that "
+                             "this engine's drafters and Compare's plain decoding beside the server stay offered")
     return parser.parse_args(argv)
 
 
-def connect_backend(args, target):
-    """The vLLM server for --backend vllm, or None: one line says why when it does not answer (the app then serves
-    every reply with its own engine)."""
+def connect_backend(args, cfg):
+    """For --backend vllm: (the vLLM server, the target's text side alone: tokenizer, chat template and config, no
+    weights, core.runtime.target.ServedTarget) where the server answers and splits text as the target does, so that
+    one GPU holds the model once. Else (None, None), with one line saying why: the app then loads the target and
+    serves every reply with its own engine."""
     if args.backend != "vllm":
-        return None
+        return None, None
     from app.remote import RemoteUnavailable, VllmServer
 
     server = VllmServer(args.vllm_url)
     try:
         model = server.check()
-        server.check_tokenizer(target)
-        print(f"vLLM backend: {model} at {args.vllm_url}", flush=True)
+        text_side = load_served_target(cfg, args.vllm_url)
+        server.check_tokenizer(text_side)
     except RemoteUnavailable as err:
-        print(f"note: {err}; serving with this app's own engine", flush=True)
-        return None
-    return server
+        print(f"note: {err}; loading the target to serve with this app's own engine", flush=True)
+        return None, None
+    if args.keep_engine:
+        print(f"vLLM backend: {model} at {args.vllm_url}, beside this app's own engine", flush=True)
+    else:
+        print(f"vLLM backend: {model} at {args.vllm_url} writes every reply; this app loaded {cfg.target}'s "
+              "tokenizer and chat template alone (--keep-engine: the target too)", flush=True)
+    return server, text_side
 
 
 def serve(app, host: str, port: int) -> None:
@@ -97,9 +113,12 @@ def main(argv=None) -> None:
     threads = apply_thread_policy(policy.threads if args.threads is None else args.threads)
     chosen = policy.describe() if args.threads is None else f"{threads} thread(s)"
     print(f"CPU threads: {chosen}, OpenMP wait: {wait_policy()} ({source})", flush=True)
-    print(f"Loading target {args.target} …", flush=True)
+    cfg = target_config_from_args(args, cache_dir=str(Path(args.data_dir) / "cache"))
     try:
-        target = load_target(target_config_from_args(args, cache_dir=str(Path(args.data_dir) / "cache")))
+        remote, target = connect_backend(args, cfg)
+        if target is None or args.keep_engine:
+            print(f"Loading target {args.target} …", flush=True)
+            target = load_target(cfg)
     except TargetLoadError as err:
         raise SystemExit(f"error: {err}") from err
 
@@ -113,12 +132,12 @@ def main(argv=None) -> None:
     network = {"auto": "flashmap"}.get(args.drafter, args.drafter)
     service = ChatService(target, {network: args.weights} if args.weights else None, args.allow_download,
                           data_dir=Path(args.data_dir), thread_policy=policy if args.threads is None else None,
-                          remote=connect_backend(args, target))
-    for name, why in service.unavailable.items():
+                          remote=remote)
+    for name, why in service.unavailable.items() if service.local else ():  # served: connect_backend said why
         print(f"note: {name} drafter unavailable ({why})", flush=True)
     print(f"Forward: {target.precision}", flush=True)
     print(f"Verify-cost curve: {service.curve_status}", flush=True)  # before the re-measurement changes it
-    if not args.no_measure:
+    if not args.no_measure and service.local:
         service.measure_in_background()
     api = FastAPI(title="FlashMap Chat")
     default = REMOTE if service.remote is not None else args.drafter

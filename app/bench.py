@@ -270,6 +270,8 @@ def bench(cfg: BenchConfig) -> dict:
         ids = target.chat_ids(messages)
         curve = curves.for_reply(len(ids), cfg.max_new_tokens) if curves else ()  # the cost after this prompt
         gen = runner.generation(GenerationConfig(cfg.max_new_tokens, sampling=cfg.sampling, seed=cfg.seed + i), curve)
+        if cfg.vs == "flashmap-reference":  # the reference drafts every round: no plain step to measure speed by
+            gen = replace(gen, policy=replace(gen.policy, plain_probe_every=0))
         runs = [lambda: base.append(run_engine(target, ids, gen, None, prefix=plain_prefix)),
                 lambda: spec.append(runner.run(ids, gen))]
         if anchor is not None:

@@ -30,6 +30,7 @@ from drafter.registry import DrafterUnavailable, build_drafter, with_lookup
 from drafter.spec import CHOICES, DrafterSpec, RunSpec, choice_spec
 
 APP_DRAFTERS = CHOICES  # what the UI and the API offer (drafter.spec.choice_spec; the teacher is for analysis)
+NO_WEIGHTS = "this app loaded the target's tokenizer alone (--backend vllm): the vLLM server writes every reply"
 REMOTE = "vllm"  # the drafter choice that sends replies to the vLLM server (--backend vllm, app/remote.py)
 CURVE_REPEATS = 7  # passes over 1..17 positions after each context; the curves are their per-position medians
 log = logging.getLogger("flashmap")
@@ -137,6 +138,10 @@ class ChatService:
         self.cancel_event = threading.Event()
         self.last_events: list[RoundEvent] = []
         self.last_speed = ReplySpeed()
+        if not self.local:  # --backend vllm: the server holds the weights, every reply is its
+            self.unavailable = {name: NO_WEIGHTS for name in APP_DRAFTERS}
+            self.curve_status = "not used: the vLLM server writes every reply"
+            return
         cached = load_cached(self.data_dir / "cache", target) if self.data_dir else None
         if cached:
             self.cost_curves = cached[0]
@@ -147,6 +152,17 @@ class ChatService:
                 self.drafter(DrafterSpec(name))
             except DrafterUnavailable as err:
                 self.unavailable[name] = str(err)
+
+    @property
+    def local(self) -> bool:
+        """Whether this app holds the target's weights (not where --backend vllm loaded its text side alone,
+        core.runtime.target.ServedTarget)."""
+        return self.target.model is not None
+
+    def fallback(self):
+        """What a reply runs when the drafter it asked for is unavailable: plain decoding (None), or the vLLM server
+        where this app holds no weights."""
+        return None if self.local else self.remote
 
     def available(self) -> list[str]:
         remote = [REMOTE] if self.remote is not None else []
@@ -159,6 +175,8 @@ class ChatService:
             if self.remote is None:
                 raise DrafterUnavailable("no vLLM server: start the app with --backend vllm --vllm-url URL")
             return self.remote
+        if not self.local:
+            raise DrafterUnavailable(NO_WEIGHTS)
         if settings.drafter == "auto" and "flashmap" in self.unavailable:
             return self.drafter(replace(settings, drafter="copies", steps=1, tree=1).spec().drafter)
         return self.drafter(settings.spec().drafter)
@@ -208,6 +226,8 @@ class ChatService:
             if drafter is not None and drafter is self.remote:  # the server drafts: no cost curve, no probes here
                 yield from self._remote_stream(prompt_ids, settings.generation(), cancel, speed)
                 return
+            if not self.local:
+                raise DrafterUnavailable(NO_WEIGHTS)
             gen = settings.generation(self.verify_cost(len(prompt_ids), settings.max_new_tokens),
                                       drafting=drafter is not None)
             if gen.charges_draft_cost() and drafter is not None:  # measured only where the engine charges it

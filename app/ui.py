@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import gradio as gr
 import torch
@@ -73,8 +74,9 @@ def check_controls(controls: dict, fixed) -> None:
 
 
 def prepare(service: ChatService, text: str, values: dict) -> tuple[ChatSettings, object]:
-    """Validate a request: (settings, drafter or None). An unusable drafter falls back to plain decoding with a
-    warning toast; anything the user must fix raises UserError."""
+    """Validate a request: (settings, drafter or None). An unusable drafter falls back to plain decoding (to the
+    vLLM server where this app holds no weights) with a warning toast; anything the user must fix raises
+    UserError."""
     if not (text or "").strip():
         raise UserError("Type a message first: the prompt is empty.")
     settings = settings_from(**values)
@@ -82,9 +84,11 @@ def prepare(service: ChatService, text: str, values: dict) -> tuple[ChatSettings
         return settings, service.drafter_for(settings)
     except DrafterUnavailable as err:
         label = DRAFTER_LABELS.get(settings.drafter, settings.drafter)
-        gr.Warning(f"{label} unavailable, using plain decoding: {err}")
+        fallback = service.fallback()
+        instead = "plain decoding" if fallback is None else DRAFTER_LABELS[REMOTE]
+        gr.Warning(f"{label} unavailable, using {instead}: {err}")
         log.warning("drafter %s unavailable: %s", settings.drafter, err)
-        return settings, None
+        return (settings if fallback is None else replace(settings, drafter=REMOTE)), fallback
 
 
 def toast(err: Exception) -> None:
@@ -350,12 +354,13 @@ def build_ui(service: ChatService, default_drafter: str = "flashmap") -> gr.Bloc
     k_max = service.max_block_size(default)
     choices = [(DRAFTER_LABELS[name], name) for name in available]
     with gr.Blocks(title="FlashMap Chat") as demo:
-        gr.Markdown(f"# FlashMap Chat {__version__}\nTarget: `{service.target.name}` on `{service.target.device}` — "
+        where = service.target.device if service.local else f"the vLLM server at {service.remote.url}"
+        gr.Markdown(f"# FlashMap Chat {__version__}\nTarget: `{service.target.name}` on `{where}` — "
                     "speculative decoding that never changes the target's output.")
         status = gr.Markdown(status_text(service), elem_id="fm-status")
         gr.Timer(2.0).tick(lambda: status_text(service), None, status, queue=False, show_progress="hidden",
                            api_visibility="private")
-        if service.unavailable:
+        if service.unavailable and service.local:  # served by vLLM: the line above says where every reply comes from
             gr.Markdown("  \n".join(f"⚠️ {DRAFTER_LABELS[n]} unavailable: {why}"
                                     for n, why in service.unavailable.items()))
         with gr.Tab("Chat"):

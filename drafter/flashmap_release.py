@@ -25,7 +25,10 @@ How it drafts the K tokens after the anchor (the last committed token), as the r
   rejection sampling checks against the target.
 
 The context's keys and values depend only on the target's features, so they are projected once when positions are
-committed (`extend`) and kept in a buffer that grows by doubling; the anchor's row is written after them each round.
+committed (`extend`; every layer's from one product, `CrossKeysValues`) and kept in a buffer that grows by doubling;
+the anchor's row is written after them each round. On the CPU the DiT runs as one native call where it builds
+(drafter.native_trunk.ReleaseTrunk: ~150 small torch ops a call before), op by op in torch elsewhere; on a target with
+fixed-shape steps (core.runtime.graphs) the whole proposal is one (drafter.graphed_release).
 """
 from __future__ import annotations
 
@@ -39,8 +42,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core.decoding.sampling import SamplingConfig, sample_rows
+from core.decoding.sampling import SamplingConfig, sample_rows, top_probs
 from core.drafting.base import Draft
+from core.runtime import cpu_linear
+from drafter import native_trunk
 from drafter.checkpoint import CheckpointError, load_published_state, read_published
 
 MODEL_TYPE = "flashmap"
@@ -325,15 +330,16 @@ class ReleaseNet(nn.Module):
 
     def context_rows(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Target features (N, F) at positions (N,) -> per layer the cross-attention keys, values (H, N, Hd)."""
-        context = self.norm("hidden_norm", self.fc(features.to(self.dtype)))  # (N, D)
-        rope = rotary(positions, self.c.head_dim, self.c.rope_theta)
+        context, rope = self.context_inputs(features), rotary(positions, self.c.head_dim, self.c.rope_theta)
         return [layer.cross_attn.keys_values(context, rope) for layer in self.layers]
 
-    def anchor_rows(self, anchor_embed: torch.Tensor, position: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The anchor's embedding (1, D_t) at its position -> per layer its keys, values (H, 1, Hd)."""
-        context = self.norm("anchor_norm", self.anchor_proj(anchor_embed.to(self.dtype)))  # (1, D)
-        rope = rotary(torch.tensor([position], device=context.device), self.c.head_dim, self.c.rope_theta)
-        return [layer.cross_attn.keys_values(context, rope) for layer in self.layers]
+    def context_inputs(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features (N, F) -> the context rows (N, D) every layer's cross-attention projects."""
+        return self.norm("hidden_norm", self.fc(features.to(self.dtype)))
+
+    def anchor_input(self, anchor_embed: torch.Tensor) -> torch.Tensor:
+        """The anchor's embedding (1, D_t) -> its context row (1, D)."""
+        return self.norm("anchor_norm", self.anchor_proj(anchor_embed.to(self.dtype)))
 
     def noise_factor(self, embedding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the uniform posterior embedded, (1, D_t); L (D_t, D_t) with L L^T = E^T E, or None where E^T E is
@@ -380,29 +386,39 @@ class ReleaseNet(nn.Module):
 
 def draft_logits(net: ReleaseNet, context, positions: torch.Tensor, embedding: torch.Tensor, lm_head, grid,
                  noise_scale: float = 1.0, generator: torch.Generator | None = None, batch: tuple[int, ...] = (),
-                 mask: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
+                 mask: torch.Tensor | None = None, noise: torch.Tensor | None = None, dit=None,
+                 rows: int | None = None, embedded_noise: torch.Tensor | None = None) -> torch.Tensor:
     """Draft logits (*batch, K, V) of blocks at positions (K,) attending to context (per layer keys, values
     (*batch, H, N, Hd); mask (*batch, 1, 1, N) False at padding), jumping over `grid`. The starting noise x0 is
     `noise` (*batch, K, V) where given, else drawn from `generator` and scaled by noise_scale (0: x0 = 0): for one
-    step only its embedding, z @ L^T with z (*batch, K, D_t) ~ N(0, I); for more the whole state. lm_head: the
-    target's, hidden states (..., D_t) -> fp32 logits (..., V)."""
+    step only its embedding, z @ L^T with z (*batch, K, D_t) ~ N(0, I) (embedded_noise: z drawn and scaled by the
+    caller); for more the whole state. lm_head: the target's, hidden states (..., D_t) -> fp32 logits (..., V).
+    dit(inputs, s, t): the DiT at one jump where another implementation runs it (the native trunk, a static step),
+    else the network's forward. rows: the last jump's logits of the first `rows` slots only (every slot attends to the
+    others, so all of them are drafted; only the LM head's rows are spared)."""
     k, device = positions.shape[0], positions.device
     draw_on = generator.device if generator is not None else device
+    if dit is None:
+        def dit(inputs, s, t):
+            return net(inputs, net.modulations(s, t), positions, context, mask)
     uniform, factor = net.noise_factor(embedding)
     state, inputs = noise, None
     if state is None and len(grid) == 2 and factor is not None:
-        z = torch.randn((*batch, k, factor.shape[0]), dtype=factor.dtype, generator=generator, device=draw_on)
-        inputs = net.mix_state(uniform, (noise_scale * z.to(device)) @ factor.T, 0.0, grid[1])
+        z = embedded_noise
+        if z is None:
+            z = noise_scale * torch.randn((*batch, k, factor.shape[0]), dtype=factor.dtype, generator=generator,
+                                          device=draw_on).to(device)
+        inputs = net.mix_state(uniform, z @ factor.T, 0.0, grid[1])
     elif state is None:
         state = noise_scale * torch.randn((*batch, k, embedding.shape[0]), generator=generator, device=draw_on)
         state = state.to(device)
     for s, t in zip(grid[:-1], grid[1:]):
         if state is not None:
             inputs = net.state_inputs(state, s, t, embedding)
-        logits = lm_head(net(inputs, net.modulations(s, t), positions, context, mask))  # (*batch, K, V)
+        hidden = dit(inputs, s, t)  # (*batch, K, D_t)
         if t < 1.0:
-            state = jump_target(state, logits, s, t)
-    return logits
+            state = jump_target(state, lm_head(hidden), s, t)
+    return lm_head(hidden if rows is None else hidden[..., :rows, :])  # (*batch, K or rows, V)
 
 
 # ---- reading a folder --------------------------------------------------------------------------------------------
@@ -453,50 +469,65 @@ def load_release_net(folder, target, dtype: torch.dtype | None = None) -> Releas
 # ---- the engine's drafter ------------------------------------------------------------------------------------------
 
 
-class ContextRows:
-    """Each layer's cross-attention keys and values of the committed positions, in (H, capacity, Hd) buffers that
-    grow by doubling, with room for the anchor's row after them."""
+class CrossKeysValues:
+    """Every layer's cross-attention keys and values of context rows from one product (Attention.keys_values of each
+    layer, fused): rows (N, D) at positions (N,) -> keys (normed per head, rotated), values, (L, H, N, Hd) each. For
+    drafting with weights that no longer change (it copies them)."""
 
-    def __init__(self, layers: int):
-        self.layers = layers
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
+    def __init__(self, net: ReleaseNet):
+        self.c = net.c
+        attns = [layer.cross_attn for layer in net.layers]
+        self.weight = torch.cat([w.weight.detach() for a in attns for w in (a.k_proj, a.v_proj)])  # (2L*D, D)
+        self.k_norm = torch.stack([a.k_norm.weight.detach() for a in attns])[:, None]  # (L, 1, Hd)
+
+    def __call__(self, rows: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.c
+        kv = (rows @ self.weight.T).view(rows.shape[0], c.num_hidden_layers, 2, c.num_attention_heads, c.head_dim)
+        cos, sin = rotary(positions, c.head_dim, c.rope_theta)  # (N, 1, Hd/2) each
+        keys = rotate_pairs(rms_norm(kv[:, :, 0], self.k_norm, c.qk_norm_eps), cos[:, None], sin[:, None])
+        return keys.permute(1, 2, 0, 3), kv[:, :, 1].permute(1, 2, 0, 3)  # (N, L, H, Hd) -> (L, H, N, Hd)
+
+
+class ContextRows:
+    """Every layer's cross-attention keys and values of the committed positions, with room for the anchor's row after
+    them: keys transposed, (L, H, Hd, capacity), values (L, H, capacity, Hd), the layouts the native trunk reads; both
+    grow by doubling."""
+
+    def __init__(self):
+        self.keys_t: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
         self.rows = 0
 
-    def append(self, rows: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Per layer keys, values (H, N, Hd) of the next N committed positions."""
-        n = rows[0][0].shape[1]
-        self.write(self.rows, rows)
-        self.rows += n
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Keys, values (L, H, N, Hd) of the next N committed positions."""
+        self.write(self.rows, keys, values)
+        self.rows += keys.shape[2]
 
-    def with_anchor(self, rows: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The context as the DiT reads it: the committed rows, then the anchor's (H, 1, Hd) (written after them,
-        overwritten by the next committed position)."""
-        self.write(self.rows, rows)
+    def with_anchor(self, keys: torch.Tensor, values: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The context as the DiT reads it, per layer keys, values (H, N + 1, Hd): the committed rows, then the
+        anchor's, keys, values (L, H, 1, Hd) (written after them, overwritten by the next committed position)."""
+        self.write(self.rows, keys, values)
         end = self.rows + 1
-        return [(keys[:, :end], values[:, :end]) for keys, values in zip(self.keys, self.values)]
+        return list(zip(self.keys_t[..., :end].transpose(-1, -2).unbind(0), self.values[:, :, :end].unbind(0)))
 
-    def write(self, start: int, rows: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        end = start + rows[0][0].shape[1]
-        self.reserve(end + 1, rows[0][0])
-        for keys, values, (k, v) in zip(self.keys, self.values, rows):
-            keys[:, start:end], values[:, start:end] = k, v
+    def write(self, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        end = start + keys.shape[2]
+        self.reserve(end + 1, keys)
+        self.keys_t[..., start:end] = keys.transpose(-1, -2)
+        self.values[:, :, start:end] = values
 
     def reserve(self, rows: int, like: torch.Tensor) -> None:
-        capacity = self.keys[0].shape[1] if self.keys else 0
+        capacity = self.values.shape[2] if self.values is not None else 0
         if rows <= capacity:
             return
         capacity = max(64, 2 * capacity, rows)
-        shape = (like.shape[0], capacity, like.shape[2])  # (H, capacity, Hd)
-
-        def grown(old: torch.Tensor | None) -> torch.Tensor:
-            new = like.new_zeros(shape)
-            if old is not None:
-                new[:, :old.shape[1]] = old
-            return new
-
-        old_keys, old_values = self.keys or [None] * self.layers, self.values or [None] * self.layers
-        self.keys, self.values = [grown(k) for k in old_keys], [grown(v) for v in old_values]
+        layers, heads, _, head_dim = like.shape
+        keys_t = like.new_zeros(layers, heads, head_dim, capacity)
+        values = like.new_zeros(layers, heads, capacity, head_dim)
+        if self.values is not None:
+            keys_t[..., :self.rows + 1] = self.keys_t[..., :self.rows + 1]
+            values[:, :, :self.rows + 1] = self.values[:, :, :self.rows + 1]
+        self.keys_t, self.values = keys_t, values
 
 
 class ReleaseDrafter:
@@ -505,7 +536,7 @@ class ReleaseDrafter:
     fewer would change them). noise_scale multiplies the starting noise (0: the jumps from x0 = 0, a fixed draft)."""
 
     def __init__(self, net: ReleaseNet, target, steps: int | None = None, noise_scale: float = 1.0,
-                 folder: Path | None = None):
+                 folder: Path | None = None, native: bool = True, products: str | None = None):
         self.net, self.c = net, net.c
         self.folder = folder  # the release folder it was read from, if any
         self.steps = steps or self.c.num_steps
@@ -522,7 +553,27 @@ class ReleaseDrafter:
         weight = getattr(self.lm_head, "weight", None)
         self.head_dtype = weight.dtype if weight is not None else torch.bfloat16
         self.device = self.embedding.device
+        # the DiT as one native call where it builds (fp32 weights on the CPU), else op by op in torch; its products
+        # (native_trunk.products_for) multiply as the target's own do: 8-bit codes beside a target whose products
+        # round activations to 8 bits (the q4 default's LM head, an Int8Linear, is the sign), else fp32
+        products = products or ("8-bit" if isinstance(self.lm_head, cpu_linear.Int8Linear) else "fp32")
+        self.trunk, self.trunk_status = self._native_trunk(products) if native else (None, "torch (not asked for)")
+        self._trunk_mods: dict[tuple[float, float], torch.Tensor] = {}
+        self.cross = CrossKeysValues(net)
         self.reset()
+
+    def _native_trunk(self, products: str | None) -> tuple[native_trunk.ReleaseTrunk | None, str]:
+        """(the native DiT, "native, its products") or (None, why the DiT runs in torch)."""
+        if self.net.fc.weight.device.type != "cpu" or self.net.dtype != torch.float32:
+            return None, "torch (the native trunk runs fp32 weights on the CPU)"
+        module, why = native_trunk.load()
+        if module is None:
+            warnings.warn(f"the FlashMap drafter's DiT runs op by op in torch: {why}", stacklevel=3)
+            return None, f"torch ({why})"
+        if products == "8-bit" and module.PRODUCTS != "8-bit":  # a build without the integer products
+            products = "fp32"
+        trunk = native_trunk.ReleaseTrunk(self.net, module, products)
+        return trunk, f"native, {trunk.products} products"
 
     def reset(self) -> None:
         self.reset_context()
@@ -539,27 +590,44 @@ class ReleaseDrafter:
         self.position += len(token_ids)
         if kept:
             positions = torch.arange(start, self.position, device=self.device)  # (M,)
-            self.context.append(self.net.context_rows(features.to(self.device), positions))
+            self.context.append(*self.cross(self.net.context_inputs(features.to(self.device)), positions))
 
     def reset_context(self) -> None:
-        self.context = ContextRows(self.c.num_hidden_layers)
+        self.context = ContextRows()
 
     @torch.inference_mode()
-    def logits(self, anchor: int, generator: torch.Generator | None = None,
-               noise: torch.Tensor | None = None) -> torch.Tensor:
-        """The block's draft logits (K, V) after `anchor` (draft_logits), from `noise` x0 (K, V) where given."""
+    def logits(self, anchor: int, generator: torch.Generator | None = None, noise: torch.Tensor | None = None,
+               rows: int | None = None) -> torch.Tensor:
+        """The block's draft logits (K, V) after `anchor` (draft_logits), from `noise` x0 (K, V) where given; rows:
+        only the first `rows` slots' (K', V)."""
         anchor_embed = self.embedding[anchor][None]  # (1, D_t)
-        context = self.context.with_anchor(self.net.anchor_rows(anchor_embed, self.position))
+        anchor_position = torch.tensor([self.position], device=self.device)
+        context = self.context.with_anchor(*self.cross(self.net.anchor_input(anchor_embed), anchor_position))
         positions = self.position + 1 + torch.arange(self.c.block_size, device=self.device)  # (K,)
         head = lambda hidden: self.lm_head(hidden.to(self.head_dtype)).float()  # noqa: E731
         return draft_logits(self.net, context, positions, self.embedding, head, self.grid, self.noise_scale,
-                            generator, noise=noise)
+                            generator, noise=noise, dit=self._native_dit(positions), rows=rows)
+
+    def _native_dit(self, positions: torch.Tensor):
+        """dit(inputs, s, t) through the native trunk for slots at positions (K,), or None (torch's forward)."""
+        if self.trunk is None:
+            return None
+        cos, sin = (angles.reshape(positions.shape[0], -1).contiguous()  # (K, Hd/2) each
+                    for angles in rotary(positions, self.c.head_dim, self.c.rope_theta))
+        keys_t, values = list(self.context.keys_t.unbind(0)), list(self.context.values.unbind(0))
+        context = self.context.rows + 1
+
+        def dit(inputs: torch.Tensor, s: float, t: float) -> torch.Tensor:
+            if (s, t) not in self._trunk_mods:
+                self._trunk_mods[(s, t)] = native_trunk.ReleaseTrunk.modulations(self.net.modulations(s, t))
+            return self.trunk(inputs, cos, sin, self._trunk_mods[(s, t)], keys_t, values, context)
+
+        return dit
 
     @torch.inference_mode()
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
-        logits = self.logits(anchor, generator)[:block_size].cpu()  # (K', V) fp32
-        top, greedy = logits.max(dim=-1)  # (K',) each
-        confidence = torch.exp(top - logits.logsumexp(dim=-1))  # (K',) the largest probability: no sampled token read
+        logits = self.logits(anchor, generator, rows=block_size).cpu()  # (K', V) fp32
+        greedy, confidence = top_probs(logits)  # (K',) each: the largest probability, no sampled token read
         if sampling.greedy:
             return Draft(greedy, None, confidence)
         q_draft = (logits / sampling.temperature).softmax(dim=-1)  # (K', V)

@@ -1,4 +1,5 @@
-"""The DiT drafter's trunk as one native call (drafter/csrc/dit_trunk.cpp), for drafting with frozen weights.
+"""The DiT drafters' trunks as one native call (drafter/csrc/dit_trunk.cpp), for drafting with frozen weights: the
+project's network (NativeTrunk) and the released FlashMap DiT (ReleaseTrunk).
 
 Shape letters: B = blocks, K = slots, R = B*K rows, D = drafter width, L = layers, C = context positions,
 D_t = target width.
@@ -122,3 +123,50 @@ class NativeTrunk:
         rows = slot_input.reshape(b * k, dt).float().contiguous()  # (B, K, D_t) -> (R, D_t)
         out = self.module.trunk(rows, k, maps, mods, self.weights, self.heads, self.ln_eps, self.qk_eps)  # (R, D_t)
         return out.view(b, k, -1)
+
+
+class ReleaseTrunk:
+    """ReleaseNet's DiT at one jump over one block, run natively (dit_trunk.cpp's release_trunk): built from a
+    ReleaseNet with weights that no longer change, called with the slots' inputs, their rotary angles, one jump's
+    modulations and the context's key and value buffers (flashmap_release.ContextRows)."""
+
+    def __init__(self, net, module, products: str | None = None):
+        self.module = module
+        self.products = products_for(module, products)
+        self.heads = net.c.num_attention_heads
+        self.ln_eps, self.qk_eps = net.c.layer_norm_eps, net.c.qk_norm_eps
+        with torch.no_grad():
+            self.weights = self._pack(net)
+
+    def _linear(self, *layers: nn.Linear) -> list[torch.Tensor]:
+        """Linear layers side by side along their outputs (q | k | v) -> [packed weight, bias (N,)] (zeros where a
+        layer has none)."""
+        weight = torch.cat([layer.weight.detach().float() for layer in layers])  # (N, I)
+        bias = torch.cat([layer.bias.detach().float() if layer.bias is not None else
+                          torch.zeros(layer.weight.shape[0]) for layer in layers])  # (N,)
+        return [pack(self.module, weight, self.products), bias.contiguous()]
+
+    def _pack(self, net) -> list[torch.Tensor]:
+        """The order release_trunk reads: x_embed; per layer its 15 tensors (ReleaseSlot); head."""
+        tensors = self._linear(net.x_embed)
+        for layer in net.layers:
+            sa, ca, mlp = layer.self_attn, layer.cross_attn, layer.mlp
+            tensors += [*self._linear(sa.q_proj, sa.k_proj, sa.v_proj), *NativeTrunk._vector(sa.q_norm, sa.k_norm),
+                        *self._linear(sa.o_proj), *self._linear(ca.q_proj), *NativeTrunk._vector(ca.q_norm),
+                        *self._linear(ca.o_proj), *self._linear(mlp.fc1), *self._linear(mlp.fc2)]
+        return tensors + self._linear(net.head)
+
+    @staticmethod
+    def modulations(modulations) -> torch.Tensor:
+        """ReleaseNet.modulations of one jump as release_trunk reads them -> (9L + 2, D): per layer the three
+        AdaNorms' scale, shift, gate, then the final norm's scale and shift."""
+        layer_mods, final = modulations
+        rows = [m for layer in layer_mods for mod in layer for m in mod] + list(final[:2])
+        return torch.stack([m.reshape(-1) for m in rows]).float().contiguous()  # (9L + 2, D)
+
+    def __call__(self, inputs: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mods: torch.Tensor,
+                 keys_t: list[torch.Tensor], values: list[torch.Tensor], context: int) -> torch.Tensor:
+        """inputs (K, D_t); cos, sin (K, Hd/2); mods (9L + 2, D); per layer keys_t (H, Hd, capacity) and values
+        (H, capacity, Hd), the first `context` positions read -> (K, D_t)."""
+        return self.module.release_trunk(inputs.float().contiguous(), cos, sin, keys_t, values, context, mods,
+                                         self.weights, self.heads, self.ln_eps, self.qk_eps)

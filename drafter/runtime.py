@@ -15,11 +15,13 @@ import torch
 from core.decoding.sampling import SamplingConfig
 from core.drafting.base import Draft
 from core.runtime.cpu_linear import pack_linears
+from core.runtime.graphs import GraphedSteps
 from drafter import calibration as calib
 from drafter import drafting, flashmap_release, zlab_dflash
 from drafter.checkpoint import CheckpointError, read_checkpoint
 from drafter.config import DrafterConfig, ZLabFlowConfig
 from drafter.frozen import FrozenDraftNet
+from drafter.graphed_release import GraphedReleaseDrafter
 from drafter.network import DraftNet, FlowNet
 from drafter.spec import DrafterSpec
 from drafter.zlab_flow import ZLabFlowNet
@@ -261,6 +263,9 @@ def release_drafter(spec: DrafterSpec, folder: Path, target) -> flashmap_release
     if spec.steps not in net.c.steps_offered:
         raise CheckpointError(f"{folder}: steps must be one of {', '.join(map(str, net.c.steps_offered))} (the "
                               f"drafter's jump_grids), got {spec.steps}")
+    if isinstance(target.lean, GraphedSteps):  # the target's steps are fixed-shape (CUDA graphs, or sim): so is this
+        return GraphedReleaseDrafter(net, target, steps=spec.steps, noise_scale=spec.noise_scale, folder=folder,
+                                     mode=target.lean.mode)
     return flashmap_release.ReleaseDrafter(net, target, steps=spec.steps, noise_scale=spec.noise_scale, folder=folder)
 
 

@@ -81,6 +81,38 @@ def test_draft_logits_equal_the_reference_for_the_same_weights_and_noise(steps, 
         assert torch.allclose(got, want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("steps", [1, 2])
+def test_the_native_dit_drafts_what_torchs_does(steps, folder, tiny_qwen3_target):
+    """drafter.native_trunk.ReleaseTrunk (the DiT in one native call) against the DiT op by op in torch, on the same
+    context and noise: equal in fp32, and the 8-bit products' drafts close to them; only the asked rows' logits."""
+    from drafter import native_trunk
+
+    module, why = native_trunk.load()
+    if module is None:
+        pytest.skip(why)
+    target = tiny_qwen3_target
+    eager = build_drafter(DrafterSpec("flashmap", steps=steps, weights=str(folder)), target)
+    net = eager.net
+    eager = ReleaseDrafter(net, target, steps=steps, native=False)
+    assert eager.trunk is None
+    products = ["fp32"] + (["8-bit"] if module.PRODUCTS == "8-bit" else [])
+    natives = [ReleaseDrafter(net, target, steps=steps, products=p) for p in products]
+    assert [d.trunk_status for d in natives] == [f"native, {p} products" for p in products]
+    features = torch.randn(70, 64, generator=torch.Generator().manual_seed(4))  # past the buffers' first 64 rows
+    for drafter in (eager, *natives):
+        drafter.reset()
+        for start, stop in ((0, 3), (3, 68), (68, 70)):
+            drafter.extend(list(range(start, stop)), features[start:stop])
+    for anchor in (3, 40):
+        noise = torch.randn(BLOCK, target.vocab_size, generator=torch.Generator().manual_seed(anchor))
+        want = eager.logits(anchor, noise=noise)
+        assert torch.allclose(natives[0].logits(anchor, noise=noise), want, atol=1e-5, rtol=0)
+        assert torch.equal(natives[0].logits(anchor, noise=noise, rows=2), natives[0].logits(anchor, noise=noise)[:2])
+        for drafter in natives[1:]:  # weights and inputs rounded to 8-bit codes: a proposal, verified by the target
+            got = drafter.logits(anchor, noise=noise)
+            assert (got - want).abs().max() < 0.05 * want.abs().max()
+
+
 def test_the_context_restarts_after_positions_without_features_at_their_own_positions(folder, tiny_qwen3_target):
     drafter = build_drafter(DrafterSpec("flashmap", weights=str(folder)), tiny_qwen3_target)
     features = torch.randn(7, 64)
@@ -89,9 +121,10 @@ def test_the_context_restarts_after_positions_without_features_at_their_own_posi
     drafter.extend([4, 5], None)
     drafter.extend([6, 7], features[5:7])
     assert drafter.position == 7 and drafter.context.rows == 2
-    want = drafter.net.context_rows(features[5:7], torch.arange(5, 7))
-    for keys, values, (k, v) in zip(drafter.context.keys, drafter.context.values, want):
-        assert torch.allclose(keys[:, :2], k, atol=1e-6) and torch.allclose(values[:, :2], v, atol=1e-6)
+    want = drafter.net.context_rows(features[5:7], torch.arange(5, 7))  # each layer's own projections
+    for keys_t, values, (k, v) in zip(drafter.context.keys_t, drafter.context.values, want):
+        assert torch.allclose(keys_t[..., :2].transpose(-1, -2), k, atol=1e-6)
+        assert torch.allclose(values[:, :2], v, atol=1e-6)
 
 
 def test_greedy_replies_equal_plain_decoding(folder, tiny_qwen3_target):

@@ -26,6 +26,8 @@ def test_cpu_simulation_runs_every_stage_of_every_command_and_warm_starts_the_se
     compiled = results["compiled_step"]  # the fixed-shape steps of the CUDA graphs, run here without capture
     assert all(compiled["identical_to_transformers"].values()) and compiled["oracle_through_graphs"]["identical"]
     assert set(compiled["forwards"]) == {"transformers", "lean", "graphs"}
+    released = results["released_drafter"]  # the released architecture's proposal, eager and as the graphed step
+    assert released["same_draft"] and released["captures"] == 0 and released["of_target_step"] > 0
     names = sorted(p.name for p in (tmp_path / "out/train").iterdir())
     assert names == ["data.tar", "dflash.tar", "flashmap-teacher.tar", "flashmap.tar", "progress.jsonl", "results.json"]
 

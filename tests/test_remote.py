@@ -134,15 +134,11 @@ def test_stop_ends_a_server_reply_and_keeps_what_was_written(service, target):
 
 
 def test_a_server_that_is_down_is_one_clear_line_and_the_app_keeps_its_engine(capsys, tmp_path, target):
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("app_script", Path(__file__).parent.parent / "app.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = app_script()
     args = script.parse_args(["--backend", "vllm", "--vllm-url", "http://127.0.0.1:9"])
-    assert script.connect_backend(args, target) is None
-    assert "no vLLM server answers at http://127.0.0.1:9" in capsys.readouterr().out
+    assert script.connect_backend(args, script.target_config_from_args(args)) == (None, None)
+    out = capsys.readouterr().out
+    assert "no vLLM server answers at http://127.0.0.1:9" in out and "this app's own engine" in out
     with pytest.raises(RemoteUnavailable, match="no vLLM server answers"):
         VllmServer("http://127.0.0.1:9").check()
     plain = ChatService(target, data_dir=tmp_path)
@@ -185,3 +181,54 @@ def test_a_server_on_another_model_is_refused_by_its_tokenizer(server, target):
             server.check_tokenizer(target)
     finally:
         server.counters.pop("other_model")
+
+
+def app_script():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("app_script", Path(__file__).parent.parent / "app.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+@pytest.fixture(scope="module")
+def text_only_folder(target, tmp_path_factory):
+    """The tiny target's folder without its weights: config, generation config, tokenizer and chat template."""
+    folder = tmp_path_factory.mktemp("tiny-text-side")
+    target.model.config.save_pretrained(folder)
+    target.model.generation_config.save_pretrained(folder)
+    target.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_backend_vllm_loads_the_tokenizer_alone_and_every_reply_is_the_servers(server, target, text_only_folder,
+                                                                                tmp_path, capsys):
+    """`python app.py --backend vllm` with a server that answers: the target's tokenizer, chat template and config
+    are read (from a folder that holds no weights at all), so one GPU holds the model once; every choice goes to the
+    server, and a choice that needs local weights says so."""
+    from core.runtime.target import ServedTarget, eos_ids
+
+    script = app_script()
+    args = script.parse_args(["--backend", "vllm", "--vllm-url", server.url, "--target", str(text_only_folder)])
+    remote, text_side = script.connect_backend(args, script.target_config_from_args(args))
+    assert "tokenizer and chat template alone" in capsys.readouterr().out
+    assert isinstance(text_side, ServedTarget) and text_side.model is None and remote.model == "tiny"
+    messages = [{"role": "user", "content": "w3 w4"}]
+    assert text_side.chat_ids(messages) == target.chat_ids(messages)
+    # the end-of-sequence ids load_target gives a loaded target (its generation config's and the tokenizer's)
+    assert text_side.eos_token_ids == eos_ids(target.model.generation_config, target.tokenizer)
+    assert text_side.identity == {**target.identity, "name": str(text_only_folder)}
+    service = ChatService(text_side, data_dir=tmp_path, remote=remote)
+    assert not service.local and service.available() == [REMOTE]
+    with pytest.raises(DrafterUnavailable, match="tokenizer alone"):
+        service.drafter_for(ui.settings_from(drafter="auto", **SETTINGS))
+    settings, drafter = ui.prepare(service, "w3 w4", dict(drafter="none", **SETTINGS))  # falls back to the server
+    assert drafter is remote and settings.drafter == REMOTE
+    text, tokens, _ = service.run_once(text_side.chat_ids(messages), settings, drafter)
+    want, _ = generate_all(target, target.chat_ids(messages), GenerationConfig(max_new_tokens=20))
+    assert tokens == want and text == target.decode(target.until_eos(want))
+    with pytest.raises(DrafterUnavailable, match="tokenizer alone"):  # nothing here can run a forward
+        list(service.stream(text_side.chat_ids(messages), settings, None))
+    ui.build_ui(service, REMOTE)  # the page builds with the server as its only choice

@@ -156,3 +156,14 @@ def test_verify_sampled_rows_asks_for_the_rows_up_to_the_first_rejection_only():
     assert verify([0, 1], unlikely) == ({"n_accepted": 0, "next_token": 2}, [0])
     sure = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
     assert verify([1, 0], sure) == ({"n_accepted": 2, "next_token": 2}, [0, 1, 2])
+
+
+def test_top_probs_are_each_rows_first_argmax_and_its_softmax_probability():
+    logits = torch.randn(5, 1000, generator=torch.Generator().manual_seed(0)) * 4
+    logits[1, 10] = logits[1, 700] = logits[1].max() + 1  # a tie: the first wins, as argmax's
+    logits[2, 999] = 50.0  # in the row's tail, past its whole vectors
+    for rows in (logits, logits.bfloat16()):
+        ids, probs = sampling.top_probs(rows)
+        assert ids.tolist() == rows.float().argmax(-1).tolist() and ids[1] == 10 and ids[2] == 999
+        want = rows.float().softmax(-1).max(-1).values
+        assert probs.dtype == torch.float32 and torch.allclose(probs, want, rtol=1e-5, atol=0)

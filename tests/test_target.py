@@ -132,3 +132,13 @@ def test_the_prefill_runs_through_the_native_step_where_its_products_are_integer
     assert not target_mod.native_prefill(integer, frozenset({"avx512_vnni", "avx512_bf16", "amx_bf16"}))
     assert target_mod.native_prefill(pairs, frozenset({"avx2"}))  # fp32 products, no bf16 in hardware
     assert not target_mod.native_prefill(None, frozenset({"avx512_bf16"}))
+
+
+def test_the_embedded_defaults_text_side_loads_alone_and_formats_as_the_loaded_target(embedded_target):
+    """load_served_target (what `--backend vllm` reads): the GGUF's tokenizer, chat template and config without its
+    weights, formatting a chat and ending a reply as the loaded target does."""
+    served = target_mod.load_served_target(TargetConfig(), "http://127.0.0.1:8000")
+    messages = [{"role": "user", "content": "Name three primes."}]
+    assert served.model is None and served.chat_ids(messages) == embedded_target.chat_ids(messages)
+    assert served.eos_token_ids == embedded_target.eos_token_ids and served.identity == embedded_target.identity
+    assert "http://127.0.0.1:8000" in served.precision

@@ -123,7 +123,8 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None,
     one-hot q: p without the rejected token). Sums run in float64, so 49k partial sums keep their small steps; far
     faster than torch.multinomial (docs/engine.md). The native kernel (core/runtime/csrc/sampling.cpp) sums blocks of
     64 first, then steps within one."""
-    u = torch.rand(probs.shape[0], generator=generator, device=probs.device, dtype=torch.float64)  # (K,)
+    draw_on = generator.device if generator is not None else probs.device  # the engine's generator lives on the host
+    u = torch.rand(probs.shape[0], generator=generator, device=draw_on, dtype=torch.float64).to(probs.device)  # (K,)
     module = _kernels_for(probs, (torch.float32,))
     if module is not None:
         return module.sample_rows(probs.contiguous(), u, excluded or [])
@@ -158,6 +159,18 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
     if module is not None:
         return module.argmax_rows(logits if logits.dim() == 2 else logits.reshape(-1, logits.shape[-1]))
     return logits.float().argmax(-1).tolist()
+
+
+def top_probs(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's argmax and its probability under softmax(row), (R, V) -> ids (R,) int64, probabilities (R,) fp32:
+    a greedy draft's tokens and confidence. The native kernel takes two passes over a row where torch's max and
+    logsumexp take several (measured in docs/engine.md, "Against the FlashMap authors' reference loop")."""
+    module = _kernels_for(logits)
+    if module is not None:
+        ids, probs = module.top_probs(logits)
+        return torch.tensor(ids, dtype=torch.long), probs
+    top, ids = logits.float().max(dim=-1)
+    return ids, torch.exp(top - logits.float().logsumexp(dim=-1))
 
 
 def as_ids(tokens: torch.Tensor | list[int]) -> list[int]:

@@ -161,15 +161,7 @@ class GraphedSteps:
         step.slots.copy_(torch.arange(capacity - fed, capacity))
         step.positions.copy_(step.slots)
         step.past.fill_(capacity - fed)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):  # allocator and library warm-up outside the capture
-                self.static_forward(step, layers, keep)
-        torch.cuda.current_stream().wait_stream(side)
-        step.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(step.graph):
-            step.logits, step.features = self.static_forward(step, layers, keep)
+        step.graph, (step.logits, step.features) = capture(lambda: self.static_forward(step, layers, keep))
         self.captures += 1
 
     def static_forward(self, step: _Step, layers: tuple[int, ...], keep: int):
@@ -200,6 +192,22 @@ class GraphedSteps:
         out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, scale=lean.scale,
                                              enable_gqa=lean.kv_heads != lean.n_heads)[0]  # (H, T, D)
         return lean.output(index, attn, out, plan)  # (T, E)
+
+
+def capture(run, warmups: int = 2):
+    """Record run()'s kernels once as a CUDA graph, after warm-up runs on a side stream (the allocator's and the
+    libraries' first-use work stays outside the capture) -> (the graph, what the captured run returned: tensors the
+    graph writes on every replay)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    return graph, out
 
 
 def visible_mask(past: torch.Tensor, block_visible: torch.Tensor, span: int) -> torch.Tensor:

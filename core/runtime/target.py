@@ -71,51 +71,12 @@ class TargetConfig:
             raise ValueError(f"--graphs must be one of {GRAPH_MODES}, got {self.graphs!r}")
 
 
-@dataclass
-class Target:
-    """A loaded target: model, tokenizer, and the identity drafter checkpoints are checked against."""
+class ChatText:
+    """What a target's text side does (its tokenizer and chat template, its end-of-sequence ids), for a loaded target
+    and for one whose weights a server holds (ServedTarget) alike."""
 
-    model: torch.nn.Module
     tokenizer: object
-    name: str
-    device: torch.device
     eos_token_ids: tuple[int, ...]
-    extra: dict = field(default_factory=dict)
-    # the lean forward on a static cache (core.runtime.lean), or its fixed-shape steps (core.runtime.graphs); None:
-    # transformers'
-    lean: LeanForward | GraphedSteps | None = None
-
-    def new_cache(self, capacity: int):
-        """An empty KV cache for up to `capacity` positions: static for the lean forward, else transformers'."""
-        if self.lean is not None:
-            return self.lean.new_cache(capacity)
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.model.config)
-
-    @property
-    def precision(self) -> str:
-        """What the status line, the API and the bench say of the forward: dtype, engine, exactness."""
-        return self.extra.get("precision", str(self.model.dtype).removeprefix("torch."))
-
-    @property
-    def identity(self) -> dict:
-        cfg = self.model.config
-        return {
-            "name": self.name,
-            "model_type": cfg.model_type,
-            "vocab_size": int(self.vocab_size),
-            "hidden_size": int(cfg.hidden_size),
-            "num_hidden_layers": int(cfg.num_hidden_layers),
-        }
-
-    @property
-    def vocab_size(self) -> int:
-        return self.model.get_output_embeddings().weight.shape[0]
-
-    @property
-    def max_positions(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 0) or 8192)
 
     def supports_thinking(self) -> bool:
         return "enable_thinking" in (getattr(self.tokenizer, "chat_template", None) or "")
@@ -143,6 +104,113 @@ class Target:
         if backend is None or getattr(self.tokenizer, "clean_up_tokenization_spaces", True):
             return self.tokenizer.decode
         return backend.decode
+
+
+def identity_of(name: str, config, vocab_size: int) -> dict:
+    """The identity drafter checkpoints are checked against: the target's name and shape."""
+    return {"name": name, "model_type": config.model_type, "vocab_size": int(vocab_size),
+            "hidden_size": int(config.hidden_size), "num_hidden_layers": int(config.num_hidden_layers)}
+
+
+@dataclass
+class Target(ChatText):
+    """A loaded target: model, tokenizer, and the identity drafter checkpoints are checked against."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    device: torch.device
+    eos_token_ids: tuple[int, ...]
+    extra: dict = field(default_factory=dict)
+    # the lean forward on a static cache (core.runtime.lean), or its fixed-shape steps (core.runtime.graphs); None:
+    # transformers'
+    lean: LeanForward | GraphedSteps | None = None
+
+    def new_cache(self, capacity: int):
+        """An empty KV cache for up to `capacity` positions: static for the lean forward, else transformers'."""
+        if self.lean is not None:
+            return self.lean.new_cache(capacity)
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    @property
+    def precision(self) -> str:
+        """What the status line, the API and the bench say of the forward: dtype, engine, exactness."""
+        return self.extra.get("precision", str(self.model.dtype).removeprefix("torch."))
+
+    @property
+    def identity(self) -> dict:
+        return identity_of(self.name, self.model.config, self.vocab_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 0) or 8192)
+
+
+@dataclass
+class ServedTarget(ChatText):
+    """A target whose weights a server holds (`python app.py --backend vllm`): its tokenizer, chat template and
+    config only, so that one GPU holds the model once. model is None: nothing here can run a forward."""
+
+    tokenizer: object
+    name: str
+    eos_token_ids: tuple[int, ...]
+    config: object  # the model's transformers config
+    server: str = ""  # where the weights are, for the status line
+    model = None
+    lean = None
+    device = torch.device("cpu")
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def precision(self) -> str:
+        return f"the server's ({self.server}); this app holds no weights"
+
+    @property
+    def identity(self) -> dict:
+        return identity_of(self.name, self.config, self.vocab_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", 0) or 8192)
+
+
+def load_served_target(cfg: TargetConfig, server: str = "") -> ServedTarget:
+    """The text side of cfg's target (tokenizer, chat template, config, end-of-sequence ids) without its weights,
+    found as load_target finds them (offline unless allowed)."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    if cfg.target == EMBEDDED_ID:
+        path = embedded_gguf_path()
+        where, kwargs = str(path.parent), {"gguf_file": path.name}
+    else:
+        source, local_only = _resolve_source(cfg)
+        where, kwargs = source, {"local_files_only": local_only}
+    tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+    config = AutoConfig.from_pretrained(where, **kwargs)
+    try:
+        generation = GenerationConfig.from_pretrained(where, **kwargs)
+    except (OSError, ValueError):  # a folder without generation_config.json: the model's config says
+        generation = GenerationConfig.from_model_config(config)
+    return ServedTarget(tokenizer, cfg.target, eos_ids(generation, tokenizer), config, server)
+
+
+def eos_ids(generation_config, tokenizer) -> tuple[int, ...]:
+    """Every id that ends a reply: the generation config's end-of-sequence ids and the tokenizer's."""
+    eos = generation_config.eos_token_id if generation_config is not None else None
+    ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(ids))
 
 
 def embedded_gguf_path() -> Path:
@@ -310,11 +378,7 @@ def _load_hf(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Tar
 
 def _finish(model, tokenizer, name: str, device: torch.device) -> Target:
     model.eval()
-    eos = model.generation_config.eos_token_id if model.generation_config is not None else None
-    eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
-    if tokenizer.eos_token_id is not None:
-        eos_ids.add(tokenizer.eos_token_id)
-    return Target(model, tokenizer, name, device, tuple(sorted(eos_ids)))
+    return Target(model, tokenizer, name, device, eos_ids(model.generation_config, tokenizer))
 
 
 def cpu_quant(cfg: TargetConfig, device: torch.device, flags: set[str] | None = None,

@@ -1,5 +1,6 @@
-// The DiT drafter's trunk at one time pair (drafter/network.py DraftNet.trunk, drafted through drafter/frozen.py) as
-// one native call: the slot projection, every block's adaLN-modulated self-attention, cross-attention to the cached
+// The DiT drafters' trunks as one native call each: the project's network (below) and the released FlashMap DiT
+// (release_trunk, further down). The project's trunk at one time pair (drafter/network.py DraftNet.trunk, drafted
+// through drafter/frozen.py): the slot projection, every block's adaLN-modulated self-attention, cross-attention to the cached
 // context maps and GELU MLP, and the output projection. Python dispatched ~130 small ops a proposal for this (2.7 ms
 // of a 4.1 ms proposal on two cores, where the products themselves take ~0.5 ms); here they are plain loops, and the
 // products one register-tiled kernel over weights packed once (fp32, or 8-bit codes where the build has the integer
@@ -226,11 +227,11 @@ void head_norm(const float* src, int64_t stride, int64_t n, int64_t e, const flo
   }
 }
 
-// the NV-vector group of columns c0.. of scores (Q, C) = queries (Q, E) @ keys_t (E, C): NV accumulators a query,
-// so the E-long chains of products run side by side
+// the NV-vector group of columns c0.. of scores (Q, C) = queries (Q, E) @ keys_t (E, C) (rows kstride apart): NV
+// accumulators a query, so the E-long chains of products run side by side
 template <int NV>
-void score_group(const float* queries, int64_t nq, const float* keys_t, int64_t nk, int64_t e, int64_t c0,
-                 float* scores) {
+void score_group(const float* queries, int64_t nq, const float* keys_t, int64_t nk, int64_t kstride, int64_t e,
+                 int64_t c0, float* scores) {
   for (int64_t q = 0; q < nq; ++q) {
     V16 acc[NV];
 #pragma GCC unroll 8
@@ -238,7 +239,8 @@ void score_group(const float* queries, int64_t nq, const float* keys_t, int64_t 
     for (int64_t i = 0; i < e; ++i) {
       const V16 qi = splat(queries[q * e + i]);
 #pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) acc[j] = fma(qi, load(keys_t + i * nk + c0 + j * LANES, nk - c0 - j * LANES), acc[j]);
+      for (int j = 0; j < NV; ++j)
+        acc[j] = fma(qi, load(keys_t + i * kstride + c0 + j * LANES, nk - c0 - j * LANES), acc[j]);
     }
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) store(scores + q * nk + c0 + j * LANES, acc[j], nk - c0 - j * LANES);
@@ -262,15 +264,16 @@ void weighted_sum(const float* weights, int64_t nk, const float* values, int64_t
   for (int j = 0; j < NV; ++j) store(out + j * LANES, acc[j] / total, e - j * LANES);
 }
 
-// softmax attention of queries (Q, E) (normed and scaled) over keys_t (E, C) (normed, transposed) and values (C rows
-// of E, vstride apart) -> out (Q rows of E, ostride apart); scores is scratch
+// softmax attention of queries (Q, E) (normed and scaled) over keys_t (E, C) (normed, transposed; rows kstride apart,
+// C where 0) and values (C rows of E, vstride apart) -> out (Q rows of E, ostride apart); scores is scratch
 void attend(const float* queries, int64_t nq, const float* keys_t, int64_t nk, const float* values, int64_t vstride,
-            int64_t e, float* out, int64_t ostride, std::vector<float>& scores) {
+            int64_t e, float* out, int64_t ostride, std::vector<float>& scores, int64_t kstride = 0) {
+  if (kstride == 0) kstride = nk;
   scores.resize(nq * nk);
   constexpr int64_t GROUP = 8 * LANES;  // keys scored side by side
   for (int64_t c0 = 0; c0 < nk; c0 += GROUP)
     with_count<8>((std::min(GROUP, nk - c0) + LANES - 1) / LANES, [&](auto nv) {
-      score_group<decltype(nv)::value>(queries, nq, keys_t, nk, e, c0, scores.data());
+      score_group<decltype(nv)::value>(queries, nq, keys_t, nk, kstride, e, c0, scores.data());
     });
   for (int64_t q = 0; q < nq; ++q) {
     float* w = scores.data() + q * nk;
@@ -397,6 +400,136 @@ at::Tensor trunk(const at::Tensor& slot_input, int64_t slots, const at::Tensor& 
   return result;
 }
 
+// ---- the released FlashMap DiT (drafter/flashmap_release.py ReleaseNet) ----------------------------------------------
+// Where it differs from the trunk above: no slot embedding, queries and keys rotated by position (RoPE on interleaved
+// channel pairs) after their per-head RMSNorm, adaLN rows ordered (scale, shift, gate), and the context's keys and
+// values kept by the caller, already normed and rotated: per layer keys_t (H, E, capacity) and values (H, capacity, E),
+// of which the first `context` positions are read.
+
+// per-head RMSNorm with weight (E,), times `scale`, then each pair (x[2i], x[2i + 1]) rotated by its row's angle
+// (cos, sin (n, E/2)): n rows of E values at src, `stride` apart -> dst (n, E), or transposed -> dst (E, n)
+void head_norm_rotate(const float* src, int64_t stride, int64_t n, int64_t e, const float* weight, double eps,
+                      float scale, const float* cos, const float* sin, float* dst, bool transposed = false) {
+  float normed[8 * LANES], rotated[8 * LANES];  // e <= 128 (release_trunk checks)
+  const int64_t half = e / 2;
+  for (int64_t r = 0; r < n; ++r) {
+    head_norm(src + r * stride, stride, 1, e, weight, eps, scale, normed);
+    const float* c = cos + r * half;
+    const float* s = sin + r * half;
+    for (int64_t i = 0; i < half; ++i) {
+      const float even = normed[2 * i], odd = normed[2 * i + 1];
+      rotated[2 * i] = even * c[i] - odd * s[i];
+      rotated[2 * i + 1] = odd * c[i] + even * s[i];
+    }
+    if (transposed)
+      for (int64_t i = 0; i < e; ++i) dst[i * n + r] = rotated[i];
+    else
+      std::copy(rotated, rotated + e, dst + r * e);
+  }
+}
+
+constexpr int64_t RELEASE_HEAD_TENSORS = 2;  // x_embed packed, its bias
+constexpr int64_t RELEASE_LAYER_TENSORS = 15;  // per layer, in this order:
+enum ReleaseSlot { R_QKV, R_QKV_BIAS, R_SELF_Q_NORM, R_SELF_K_NORM, R_SELF_O, R_SELF_O_BIAS, R_CROSS_Q, R_CROSS_Q_BIAS,
+                   R_CROSS_Q_NORM, R_CROSS_O, R_CROSS_O_BIAS, R_MLP_IN, R_MLP_IN_BIAS, R_MLP_OUT, R_MLP_OUT_BIAS };
+constexpr int64_t RELEASE_TAIL_TENSORS = 2;  // head packed, its bias
+
+// inputs (K, T): one block's slots (the state's embedding, mixed) -> the DiT's output (K, T). cos, sin (K, E/2): the
+// slots' rotary angles; keys_t, values: per layer the context (above), `context` positions of each read; mods
+// (9L + 2, D): per layer the self-attention's, cross-attention's and MLP's adaLN scale, shift, gate, then the final
+// norm's scale and shift; weights: RELEASE_HEAD_TENSORS, RELEASE_LAYER_TENSORS per layer, RELEASE_TAIL_TENSORS.
+at::Tensor release_trunk(const at::Tensor& inputs, const at::Tensor& cos, const at::Tensor& sin,
+                         const std::vector<at::Tensor>& keys_t, const std::vector<at::Tensor>& values, int64_t context,
+                         const at::Tensor& mods, const std::vector<at::Tensor>& weights, int64_t heads, double ln_eps,
+                         double qk_eps) {
+  const int64_t layers = static_cast<int64_t>(keys_t.size());
+  TORCH_CHECK(layers >= 1 && static_cast<int64_t>(values.size()) == layers &&
+                  RELEASE_HEAD_TENSORS + layers * RELEASE_LAYER_TENSORS + RELEASE_TAIL_TENSORS ==
+                      static_cast<int64_t>(weights.size()),
+              "expected keys and values per layer and ", RELEASE_HEAD_TENSORS, " + ", RELEASE_LAYER_TENSORS,
+              " per layer + ", RELEASE_TAIL_TENSORS, " weight tensors");
+  for (const auto& w : weights) TORCH_CHECK(w.is_contiguous(), "weights must be contiguous");
+  TORCH_CHECK(inputs.dim() == 2 && inputs.scalar_type() == at::kFloat && inputs.is_contiguous(),
+              "inputs must be (K, T) contiguous fp32");
+  const int64_t slots = inputs.size(0), d = weights[1].size(0);
+  TORCH_CHECK(heads >= 1 && d % heads == 0 && d / heads <= 8 * LANES && (d / heads) % 2 == 0,
+              "heads must divide the width into even heads of at most 128");
+  const int64_t e = d / heads;
+  for (const auto* t : {&cos, &sin})
+    TORCH_CHECK(t->dim() == 2 && t->size(0) == slots && t->size(1) == e / 2 && t->scalar_type() == at::kFloat &&
+                    t->is_contiguous(), "cos and sin must be (K, E/2) contiguous fp32");
+  const int64_t capacity = keys_t[0].size(2);
+  TORCH_CHECK(context >= 1 && context <= capacity, "context must be 1 .. the buffers' capacity");
+  for (int64_t l = 0; l < layers; ++l)
+    TORCH_CHECK(keys_t[l].dim() == 3 && keys_t[l].size(0) == heads && keys_t[l].size(1) == e &&
+                    keys_t[l].size(2) == capacity && keys_t[l].scalar_type() == at::kFloat &&
+                    keys_t[l].is_contiguous() && values[l].dim() == 3 && values[l].size(0) == heads &&
+                    values[l].size(1) == capacity && values[l].size(2) == e &&
+                    values[l].scalar_type() == at::kFloat && values[l].is_contiguous(),
+                "keys_t must be (H, E, capacity) and values (H, capacity, E), contiguous fp32");
+  TORCH_CHECK(mods.dim() == 2 && mods.size(0) == 9 * layers + 2 && mods.size(1) == d &&
+              mods.scalar_type() == at::kFloat && mods.is_contiguous(), "mods must be (9L + 2, D) fp32");
+  const float* m = mods.data_ptr<float>();
+  const float* c = cos.data_ptr<float>();
+  const float* s = sin.data_ptr<float>();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(e));
+
+  int64_t widest = 3 * d;
+  for (int64_t l = 0; l < layers; ++l)
+    widest = std::max(widest, weights[RELEASE_HEAD_TENSORS + l * RELEASE_LAYER_TENSORS + R_MLP_IN_BIAS].size(0));
+  std::vector<float> x(slots * d), h(slots * d), mixed(slots * d), y(slots * d), wide(slots * widest);
+  Linear{weights[0], weights[1]}(inputs.data_ptr<float>(), slots, inputs.size(1), x.data());
+
+  for (int64_t l = 0; l < layers; ++l) {
+    const at::Tensor* w = weights.data() + RELEASE_HEAD_TENSORS + l * RELEASE_LAYER_TENSORS;
+    const float* lm = m + 9 * l * d;  // scale, shift, gate of the self-attention, the cross-attention, the MLP
+    // self-attention among the slots
+    norm_modulate(x.data(), slots, d, lm + d, lm, ln_eps, h.data());
+    Linear{w[R_QKV], w[R_QKV_BIAS]}(h.data(), slots, d, wide.data());
+    at::parallel_for(0, heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> q(slots * e), k(slots * e), scores;  // k: (E, K) transposed
+      for (int64_t hd = begin; hd < end; ++hd) {
+        const float* rows = wide.data() + hd * e;
+        head_norm_rotate(rows, 3 * d, slots, e, w[R_SELF_Q_NORM].data_ptr<float>(), qk_eps, scale, c, s, q.data());
+        head_norm_rotate(rows + d, 3 * d, slots, e, w[R_SELF_K_NORM].data_ptr<float>(), qk_eps, 1.0f, c, s, k.data(),
+                         true);
+        attend(q.data(), slots, k.data(), slots, rows + 2 * d, 3 * d, e, mixed.data() + hd * e, d, scores);
+      }
+    });
+    Linear{w[R_SELF_O], w[R_SELF_O_BIAS]}(mixed.data(), slots, d, y.data());
+    gated_add(x.data(), slots, d, lm + 2 * d, y.data());
+    // cross-attention to the context
+    norm_modulate(x.data(), slots, d, lm + 4 * d, lm + 3 * d, ln_eps, h.data());
+    Linear{w[R_CROSS_Q], w[R_CROSS_Q_BIAS]}(h.data(), slots, d, y.data());
+    const float* keys = keys_t[l].data_ptr<float>();
+    const float* vals = values[l].data_ptr<float>();
+    at::parallel_for(0, heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> q(slots * e), scores;
+      for (int64_t hd = begin; hd < end; ++hd) {
+        head_norm_rotate(y.data() + hd * e, d, slots, e, w[R_CROSS_Q_NORM].data_ptr<float>(), qk_eps, scale, c, s,
+                         q.data());
+        attend(q.data(), slots, keys + hd * e * capacity, context, vals + hd * capacity * e, e, e,
+               mixed.data() + hd * e, d, scores, capacity);
+      }
+    });
+    Linear{w[R_CROSS_O], w[R_CROSS_O_BIAS]}(mixed.data(), slots, d, y.data());
+    gated_add(x.data(), slots, d, lm + 5 * d, y.data());
+    // the MLP
+    norm_modulate(x.data(), slots, d, lm + 7 * d, lm + 6 * d, ln_eps, h.data());
+    const Linear mlp_in{w[R_MLP_IN], w[R_MLP_IN_BIAS]};
+    mlp_in(h.data(), slots, d, wide.data());
+    gelu_inplace(wide.data(), slots * mlp_in.out_features());
+    Linear{w[R_MLP_OUT], w[R_MLP_OUT_BIAS]}(wide.data(), slots, mlp_in.out_features(), y.data());
+    gated_add(x.data(), slots, d, lm + 8 * d, y.data());
+  }
+  const at::Tensor* tail = weights.data() + RELEASE_HEAD_TENSORS + layers * RELEASE_LAYER_TENSORS;
+  norm_modulate(x.data(), slots, d, m + (9 * layers + 1) * d, m + 9 * layers * d, ln_eps, h.data());
+  const Linear out{tail[0], tail[1]};
+  auto result = at::empty({slots, out.out_features()}, inputs.options());  // (K, T)
+  out(h.data(), slots, d, result.data_ptr<float>());
+  return result;
+}
+
 // x (R, I) @ W^T + bias -> (R, N) for a weight packed by `pack` (the LM head rows, and tests of the kernel)
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (R, I) contiguous fp32");
@@ -412,6 +545,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "an nn.Linear weight (N, I) packed for the trunk's fp32 products");
   m.def("linear", &linear, "x @ W^T + bias for a packed weight");
   m.def("trunk", &trunk, "the DiT drafter's trunk at one time pair");
+  m.def("release_trunk", &release_trunk, "the released FlashMap DiT at one jump, one block");
   m.attr("LAYER_TENSORS") = LAYER_TENSORS;
   m.attr("PRODUCTS") = PRODUCTS;  // the fastest products here: "fp32", or "8-bit" codes (drafter.native_trunk.pack)
 }

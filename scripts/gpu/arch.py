@@ -18,7 +18,13 @@ from app import bench
 from core.decoding.engine import GenerationConfig, generate_all
 from core.decoding.stats import AcceptanceStats
 from core.drafting.base import MAX_BLOCK_SIZE, Draft, NgramDrafter
-from core.runtime.plan import QWEN3_FACTS, estimate_weight_bytes, facts_config, plan_memory
+from core.runtime.plan import (
+    QWEN3_FACTS,
+    RELEASED_FLASHMAP_DIT,
+    estimate_weight_bytes,
+    facts_config,
+    plan_memory,
+)
 from core.runtime.target import Target, TargetConfig, load_target
 from core.runtime.verify_cost import synchronize as sync
 from core.runtime.verify_cost import verify_cost
@@ -306,6 +312,7 @@ def compiled_step(cmd: Command) -> dict:
                           "verify_cost": {c: verify_cost_synced(target, c, sz) for c in sz["contexts"]}}
         target.lean = forwards["graphs"]
         oracle = oracle_through_graphs(target, prompt, gen, prompt + rows["graphs"]["tokens"])
+        cmd.state["graphed_step_s"] = 1 / rows["graphs"]["tokens_per_s"]  # what released_drafter compares with
     finally:
         target.lean = None
     weight_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
@@ -506,5 +513,79 @@ def compare_with_plain(target: Target, drafter) -> dict:
     return {"identical": identical, "drafted": drafted, "accepted": accepted}
 
 
+# ---- the released FlashMap drafter's proposal on the device ---------------------------------------------------
+
+
+def release_config(target: Target, cpu_sim: bool) -> dict:
+    """A config.json of the FlashMap authors' released architecture at the target's width (RELEASED_FLASHMAP_DIT:
+    j-shen/FlashMap-Qwen3-8B's sizes; a tiny one in --cpu-sim), reading evenly spaced target layers."""
+    cfg = target.model.config
+    dit = dict(layers=1, width=32, heads=4, mlp=64, cond=16, time=16, feature_layers=1) if cpu_sim else \
+        RELEASED_FLASHMAP_DIT
+    last = cfg.num_hidden_layers - 2  # the last layer a drafter may read (flashmap_release.check_target)
+    count = dit["feature_layers"]
+    layer_ids = sorted({round(i * last / max(1, count - 1)) for i in range(count)}) if count > 1 else [last]
+    return {"model_type": "flashmap", "target_model": QWEN3_8B, "target_hidden_size": cfg.hidden_size,
+            "vocab_size": target.vocab_size, "target_layer_ids": layer_ids, "block_size": 16,
+            "hidden_size": dit["width"], "num_hidden_layers": dit["layers"], "num_attention_heads": dit["heads"],
+            "intermediate_size": dit["mlp"], "cond_dim": dit["cond"], "time_embed_dim": dit["time"]}
+
+
+def proposal_seconds(drafter, device: str, repeats: int) -> tuple[float, list[int]]:
+    """Median seconds of a greedy K = 16 proposal after anchor 5 (synchronised), and the first proposal's ids."""
+    times, ids = [], None
+    for i in range(repeats + 1):
+        sync(torch.device(device))
+        start = time.perf_counter()
+        draft = drafter.propose(5, 16, _greedy(), torch.Generator().manual_seed(i))
+        sync(torch.device(device))
+        times.append(time.perf_counter() - start)
+        ids = draft.tokens.tolist() if ids is None else ids
+    return statistics.median(times[1:]), ids
+
+
+def released_drafter(cmd: Command) -> dict:
+    """The released FlashMap architecture (random weights) on the target's device in its dtype, drafting after a
+    4,096-position context (64 in --cpu-sim): a proposal eager (drafter.flashmap_release) and replayed from CUDA graphs
+    (drafter.graphed_release; its sim mode in --cpu-sim), seconds against the graphed target step of compiled_step,
+    and whether both drafted the same tokens from the same noise."""
+    from drafter.flashmap_release import ReleaseConfig, ReleaseDrafter, ReleaseNet
+    from drafter.graphed_release import GraphedReleaseDrafter
+
+    sz = sizes(cmd)
+    target = cmd.state.get("random_target")
+    if target is None:
+        target = random_qwen3(sz["facts"], sz["device"], sz["dtype"])
+        stabilise(target.model)
+        cmd.state["random_target"] = target
+    cfg = ReleaseConfig.from_json(release_config(target, cmd.cpu_sim))
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(sz["dtype"])
+    try:
+        with torch.device(sz["device"]):
+            net = ReleaseNet(cfg).eval()
+    finally:
+        torch.set_default_dtype(previous)
+    eager = ReleaseDrafter(net, target, native=False)
+    graphed = GraphedReleaseDrafter(net, target, mode="sim" if cmd.cpu_sim else "cuda")
+    context = sz["contexts"][-1]
+    features = torch.randn(context, len(cfg.target_layer_ids) * target.model.config.hidden_size, device=sz["device"],
+                           dtype=sz["dtype"])  # (N, F)
+    for drafter in (eager, graphed):
+        drafter.extend(list(range(context)), features)
+    rows = {}
+    for name, drafter in (("eager", eager), ("graphed", graphed)):
+        seconds, ids = proposal_seconds(drafter, sz["device"], sz["repeats"] * 4)
+        rows[name] = {"seconds_per_proposal": seconds, "ids": ids}
+    step_s = cmd.state.get("graphed_step_s")
+    params = sum(p.numel() for p in net.parameters())
+    return {"params_m": params / 1e6, "context": context, "captures": graphed.captures,
+            "eager_s": rows["eager"]["seconds_per_proposal"], "graphed_s": rows["graphed"]["seconds_per_proposal"],
+            "graphed_step_s": step_s,
+            "of_target_step": None if not step_s else rows["graphed"]["seconds_per_proposal"] / step_s,
+            "same_draft": rows["eager"]["ids"] == rows["graphed"]["ids"]}
+
+
 STAGES = (("env", env, 1), ("exactness", exactness, 20), ("qwen3_bf16", qwen3_bf16, 60),
-          ("compiled_step", compiled_step, 40), ("qwen3_fp8", qwen3_fp8, 70))
+          ("compiled_step", compiled_step, 40), ("qwen3_fp8", qwen3_fp8, 70),
+          ("released_drafter", released_drafter, 25))  # last: it runs on what the budget has left

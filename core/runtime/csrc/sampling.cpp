@@ -142,6 +142,30 @@ std::vector<int64_t> argmax_rows(const at::Tensor& given) {
   return out;
 }
 
+// each row's first largest value and its probability under softmax(row) (the draft's confidence at T = 0): the
+// argmax's pass, then one pass summing exp(x - max) -> (R ids, (R,) fp32 probabilities)
+std::tuple<std::vector<int64_t>, at::Tensor> top_probs(const at::Tensor& given) {
+  const at::Tensor logits = given.contiguous();
+  check_rows(logits, "logits");
+  const int64_t rows = logits.size(0), n = logits.size(1), full = n - n % LANES;
+  std::vector<int64_t> ids(rows);
+  auto probs = at::empty({rows}, logits.options().dtype(at::kFloat));
+  auto* out = probs.data_ptr<float>();
+  for_each_dtype(logits, [&](auto* x) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto* row = x + r * n;
+      ids[r] = row_argmax(row, n);
+      const V16 minus = splat(-static_cast<float>(row[ids[r]]));
+      V16 acc = zeros();
+      for (int64_t i = 0; i < full; i += LANES) acc = acc + exp(load(row + i) + minus);
+      double total = sum(acc);
+      for (int64_t i = full; i < n; ++i) total += std::exp(static_cast<double>(row[i]) - static_cast<double>(row[ids[r]]));
+      out[r] = static_cast<float>(1.0 / total);
+    }
+  });
+  return {ids, probs};
+}
+
 at::Tensor softmax_rows(const at::Tensor& logits, double inv_temperature) {
   check_rows(logits, "logits");
   TORCH_CHECK(inv_temperature > 0, "inv_temperature must be > 0");
@@ -203,6 +227,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_rows", &argmax_rows, "logits (R, V) bf16/fp32 -> R ids, each row's first largest value");
   m.def("verify_copy", &verify_copy, "logits (K + 1, V), K drafted ids, inv_temperature, uniforms (2K + 1,) f64 -> "
         "(kept, next id): rejection sampling of a deterministic draft");
+  m.def("top_probs", &top_probs, "logits (R, V) bf16/fp32 -> (R ids, (R,) fp32): each row's argmax and its "
+        "softmax probability");
   m.def("softmax_rows", &softmax_rows, "softmax(logits * inv_temperature) of each row (R, V) -> (R, V) fp32");
   m.def("sample_rows", &sample_rows, "probs (R, V) fp32, uniforms (R,) f64, excluded: R ids (-1: none) or [] -> (R,) int64");
 }
