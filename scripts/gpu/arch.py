@@ -586,6 +586,53 @@ def released_drafter(cmd: Command) -> dict:
             "same_draft": rows["eager"]["ids"] == rows["graphed"]["ids"]}
 
 
+# ---- 8-bit weights read inside one kernel ---------------------------------------------------------------------
+
+
+def qwen3_w8(cmd: Command) -> dict:
+    """The random Qwen3-8B-architecture target with its decoder's linears as int8 codes with row scales, multiplied
+    by bf16 activations inside one Triton kernel (core.runtime.w8; its torch product in --cpu-sim): plain decoding
+    through the graphed steps (CUDA graphs; sim in --cpu-sim), tokens/s against the floor of reading these weights
+    and against bf16's graphed step (compiled_step), the verify cost 1..17 after both contexts, and the oracle drafter
+    through the graphs beside plain decoding, equal to it in this precision. It quantises the target in place: the
+    arch command's last stage."""
+    from core.runtime import w8
+    from core.runtime.graphs import GraphedSteps
+    from core.runtime.lean import LeanForward
+    from scripts.gpu.stages import release_memory
+
+    sz = sizes(cmd)
+    target = cmd.state.pop("random_target", None)
+    if target is None:
+        target = random_qwen3(sz["facts"], sz["device"], sz["dtype"])
+        stabilise(target.model)
+    replaced = w8.quantize_decoder(target.model)
+    release_memory()
+    graphs = GraphedSteps(LeanForward(target.model), "sim" if cmd.cpu_sim else "cuda")
+    target.lean = graphs
+    prompt = random_prompt(target, sz["prompt"], seed=2)
+    gen = GenerationConfig(max_new_tokens=sz["new_tokens"], block_size=1)
+    try:
+        timed_run(target, prompt[:16], GenerationConfig(max_new_tokens=4, block_size=1))  # warm-up, captures
+        runs = [timed_run(target, prompt, gen) for _ in range(3)]
+        tokens_per_s = statistics.median(r["tokens_per_s"] for r in runs)
+        verify = {c: verify_cost_synced(target, c, sz) for c in sz["contexts"]}
+        oracle = oracle_through_graphs(target, prompt, gen, prompt + runs[0]["tokens"])
+    finally:
+        target.lean = None
+    oracle["identical"] = all(run.pop("tokens") == runs[0]["tokens"] for run in oracle["runs"])
+    tensors = [*target.model.parameters(), *target.model.buffers()]
+    weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    floor = weight_bytes / H200_BYTES_PER_S
+    bf16_step = cmd.state.get("graphed_step_s")
+    kernel = "triton" if sz["device"] == "cuda" and w8.kernel() is not None else "torch"
+    return {"replaced": replaced, "kernel": kernel, "weights_gib": weight_bytes / GIB, "tokens_per_s": tokens_per_s,
+            "runs": [r["tokens_per_s"] for r in runs], "bandwidth_floor_tokens_per_s": 1 / floor,
+            "of_floor": tokens_per_s * floor, "vs_bf16_graphed": None if not bf16_step else tokens_per_s * bf16_step,
+            "verify_cost": verify, "captures": graphs.captures, "oracle_through_graphs": oracle,
+            "peak_gib": peak_gib(sz["device"])}
+
+
 STAGES = (("env", env, 1), ("exactness", exactness, 20), ("qwen3_bf16", qwen3_bf16, 60),
           ("compiled_step", compiled_step, 40), ("qwen3_fp8", qwen3_fp8, 70),
-          ("released_drafter", released_drafter, 25))  # last: it runs on what the budget has left
+          ("released_drafter", released_drafter, 25), ("qwen3_w8", qwen3_w8, 35))  # w8 quantises the target: last
