@@ -21,8 +21,11 @@ from core.drafting.base import MAX_BLOCK_SIZE, Draft, NgramDrafter
 from core.runtime.plan import (
     QWEN3_FACTS,
     RELEASED_FLASHMAP_DIT,
+    WORKING_BYTES,
     estimate_weight_bytes,
     facts_config,
+    flashmap_drafter_bytes,
+    kv_cache_bytes,
     plan_memory,
 )
 from core.runtime.target import Target, TargetConfig, load_target
@@ -148,6 +151,32 @@ class OracleDrafter:
         truth = torch.tensor(self.reference[self.position + 1 : self.position + 1 + block_size], dtype=torch.long)
         wrong = torch.rand(len(truth), generator=self.gen) >= self.rate  # (K,)
         return Draft(torch.where(wrong, (truth + 1) % self.vocab_size, truth), None)
+
+
+class CostedOracle(OracleDrafter):
+    """OracleDrafter with a real drafter's whole cost in the loop: the engine captures the features that drafter
+    reads, it keeps its context from them, and every round it proposes (its ids and confidences read back, then
+    discarded) before the oracle's draft is verified. End to end: the speedup at the oracle's acceptance when a
+    drafting round costs what that drafter's does."""
+
+    def __init__(self, reference: list[int], rate: float, vocab_size: int, drafter, seed: int = 0):
+        super().__init__(reference, rate, vocab_size, seed)
+        self.drafter = drafter
+        self.feature_layers = drafter.feature_layers
+        self.max_block_size = min(MAX_BLOCK_SIZE, drafter.max_block_size)
+        self.name = f"oracle-{rate}+{drafter.name}"
+
+    def reset(self) -> None:
+        super().reset()
+        self.drafter.reset()
+
+    def extend(self, token_ids: list[int], features) -> None:
+        super().extend(token_ids, features)
+        self.drafter.extend(token_ids, features)
+
+    def propose(self, anchor: int, block_size: int, sampling, generator) -> Draft:
+        self.drafter.propose(anchor, block_size, sampling, generator)
+        return super().propose(anchor, block_size, sampling, generator)
 
 
 def qwen3_bf16(cmd: Command) -> dict:
@@ -329,17 +358,23 @@ def compiled_step(cmd: Command) -> dict:
 ORACLE_RATES = (0.6, 0.8, 0.9)  # the oracle's acceptance rates timed through the graphs
 
 
-def oracle_through_graphs(target: Target, prompt: list[int], gen: GenerationConfig, reference: list[int]) -> dict:
+def oracle_through_graphs(target: Target, prompt: list[int], gen: GenerationConfig, reference: list[int],
+                          drafter=None) -> dict:
     """Plain decoding and the oracle drafter at K = 16, a in {0.6, 0.8, 0.9}, through the graphs, side by side, each
     timed after a warm-up run of its own: every shape a run meets is captured before the timed runs (on 2026-12-04
     one warm-up of the oracle alone left plain decoding's one-position step to be captured inside its timed run,
-    which read 78 tokens/s where the bare graphed steps ran 113)."""
+    which read 78 tokens/s where the bare graphed steps ran 113). drafter: a real drafter whose cost every round pays
+    (CostedOracle)."""
     drafted = replace(gen, block_size=MAX_BLOCK_SIZE)
     arms = [(None, gen)] + [(rate, drafted) for rate in ORACLE_RATES]
 
+    def oracle(rate):
+        if drafter is None:
+            return OracleDrafter(reference, rate, target.vocab_size)
+        return CostedOracle(reference, rate, target.vocab_size, drafter)
+
     def run(rate, config):
-        return timed_run(target, prompt, config, None if rate is None else OracleDrafter(reference, rate,
-                                                                                         target.vocab_size))
+        return timed_run(target, prompt, config, None if rate is None else oracle(rate))
 
     for rate, config in arms:  # warm-up: captures
         run(rate, config)
@@ -544,12 +579,26 @@ def proposal_seconds(drafter, device: str, repeats: int) -> tuple[float, list[in
     return statistics.median(times[1:]), ids
 
 
+def random_release_net(target: Target, cmd: Command, sz: dict):
+    """The released architecture at the target's width with random weights, on its device in its dtype."""
+    from drafter.flashmap_release import ReleaseConfig, ReleaseNet
+
+    cfg = ReleaseConfig.from_json(release_config(target, cmd.cpu_sim))
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(sz["dtype"])
+    try:
+        with torch.device(sz["device"]):
+            return ReleaseNet(cfg).eval()
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def released_drafter(cmd: Command) -> dict:
     """The released FlashMap architecture (random weights) on the target's device in its dtype, drafting after a
     4,096-position context (64 in --cpu-sim): a proposal eager (drafter.flashmap_release) and replayed from CUDA graphs
     (drafter.graphed_release; its sim mode in --cpu-sim), seconds against the graphed target step of compiled_step,
     and whether both drafted the same tokens from the same noise."""
-    from drafter.flashmap_release import ReleaseConfig, ReleaseDrafter, ReleaseNet
+    from drafter.flashmap_release import ReleaseDrafter
     from drafter.graphed_release import GraphedReleaseDrafter
 
     sz = sizes(cmd)
@@ -558,14 +607,8 @@ def released_drafter(cmd: Command) -> dict:
         target = random_qwen3(sz["facts"], sz["device"], sz["dtype"])
         stabilise(target.model)
         cmd.state["random_target"] = target
-    cfg = ReleaseConfig.from_json(release_config(target, cmd.cpu_sim))
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(sz["dtype"])
-    try:
-        with torch.device(sz["device"]):
-            net = ReleaseNet(cfg).eval()
-    finally:
-        torch.set_default_dtype(previous)
+    net = random_release_net(target, cmd, sz)
+    cfg = net.c
     eager = ReleaseDrafter(net, target, native=False)
     graphed = GraphedReleaseDrafter(net, target, mode="sim" if cmd.cpu_sim else "cuda")
     context = sz["contexts"][-1]
@@ -588,17 +631,32 @@ def released_drafter(cmd: Command) -> dict:
 
 # ---- 8-bit weights read inside one kernel ---------------------------------------------------------------------
 
+CARD_GIB = 24  # the RTX 4090's memory: the w8 stage runs under this cap
+
+
+def cap_memory(device: str, gib: float | None) -> float | None:
+    """Cap this process's share of the GPU at `gib` (None: lift the cap); the cap in GiB, or None on a CPU."""
+    if device != "cuda":
+        return None
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(1.0 if gib is None else min(1.0, gib * GIB / total))
+    torch.cuda.reset_peak_memory_stats()
+    return gib
+
 
 def qwen3_w8(cmd: Command) -> dict:
     """The random Qwen3-8B-architecture target with its decoder's linears as int8 codes with row scales, multiplied
     by bf16 activations inside one Triton kernel (core.runtime.w8; its torch product in --cpu-sim): plain decoding
     through the graphed steps (CUDA graphs; sim in --cpu-sim), tokens/s against the floor of reading these weights
     and against bf16's graphed step (compiled_step), the verify cost 1..17 after both contexts, and the oracle drafter
-    through the graphs beside plain decoding, equal to it in this precision. It quantises the target in place: the
-    arch command's last stage."""
+    through the graphs beside plain decoding, equal to it in this precision: alone, and with the released drafter's
+    graphed proposal paid every round (CostedOracle). Everything runs under an RTX 4090's 24 GiB
+    (torch.cuda.set_per_process_memory_fraction), and the memory plan's figures for it stand beside the allocator's
+    peak. It quantises the target in place: the arch command's last stage."""
     from core.runtime import w8
     from core.runtime.graphs import GraphedSteps
     from core.runtime.lean import LeanForward
+    from drafter.graphed_release import GraphedReleaseDrafter
     from scripts.gpu.stages import release_memory
 
     sz = sizes(cmd)
@@ -608,8 +666,10 @@ def qwen3_w8(cmd: Command) -> dict:
         stabilise(target.model)
     replaced = w8.quantize_decoder(target.model)
     release_memory()
+    cap = cap_memory(sz["device"], CARD_GIB)  # an RTX 4090's memory from here on
     graphs = GraphedSteps(LeanForward(target.model), "sim" if cmd.cpu_sim else "cuda")
     target.lean = graphs
+    drafter = GraphedReleaseDrafter(random_release_net(target, cmd, sz), target, mode=graphs.mode)
     prompt = random_prompt(target, sz["prompt"], seed=2)
     gen = GenerationConfig(max_new_tokens=sz["new_tokens"], block_size=1)
     try:
@@ -617,22 +677,32 @@ def qwen3_w8(cmd: Command) -> dict:
         runs = [timed_run(target, prompt, gen) for _ in range(3)]
         tokens_per_s = statistics.median(r["tokens_per_s"] for r in runs)
         verify = {c: verify_cost_synced(target, c, sz) for c in sz["contexts"]}
-        oracle = oracle_through_graphs(target, prompt, gen, prompt + runs[0]["tokens"])
+        reference = prompt + runs[0]["tokens"]
+        oracle = oracle_through_graphs(target, prompt, gen, reference)
+        costed = oracle_through_graphs(target, prompt, gen, reference, drafter)  # the released drafter's cost
     finally:
         target.lean = None
-    oracle["identical"] = all(run.pop("tokens") == runs[0]["tokens"] for run in oracle["runs"])
+        cap_memory(sz["device"], None)
+    for arms in (oracle, costed):
+        arms["identical"] = all(run.pop("tokens") == runs[0]["tokens"] for run in arms["runs"])
     tensors = [*target.model.parameters(), *target.model.buffers()]
     weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
     floor = weight_bytes / H200_BYTES_PER_S
     bf16_step = cmd.state.get("graphed_step_s")
     kernel = "triton" if sz["device"] == "cuda" and w8.kernel() is not None else "torch"
+    config, context = target.model.config, drafter.context.capacity
+    planned = {"weights": estimate_weight_bytes(config, torch.bfloat16, "8bit"), "kv_cache": kv_cache_bytes(
+        config, graphs.cache.capacity), "drafter": flashmap_drafter_bytes(config.hidden_size, context),
+        "working": WORKING_BYTES}
     return {"replaced": replaced, "kernel": kernel, "weights_gib": weight_bytes / GIB, "tokens_per_s": tokens_per_s,
             "runs": [r["tokens_per_s"] for r in runs], "bandwidth_floor_tokens_per_s": 1 / floor,
             "of_floor": tokens_per_s * floor, "vs_bf16_graphed": None if not bf16_step else tokens_per_s * bf16_step,
-            "verify_cost": verify, "captures": graphs.captures, "oracle_through_graphs": oracle,
+            "verify_cost": verify, "captures": graphs.captures + drafter.captures, "oracle_through_graphs": oracle,
+            "oracle_with_released_drafter": costed, "memory_cap_gib": cap,
+            "planned_gib": {k: v / GIB for k, v in planned.items()} | {"total": sum(planned.values()) / GIB},
             "peak_gib": peak_gib(sz["device"])}
 
 
 STAGES = (("env", env, 1), ("exactness", exactness, 20), ("qwen3_bf16", qwen3_bf16, 60),
           ("compiled_step", compiled_step, 40), ("qwen3_fp8", qwen3_fp8, 70),
-          ("released_drafter", released_drafter, 25), ("qwen3_w8", qwen3_w8, 35))  # w8 quantises the target: last
+          ("released_drafter", released_drafter, 25), ("qwen3_w8", qwen3_w8, 45))  # w8 quantises the target: last
