@@ -58,8 +58,9 @@ def parse_args(argv=None):
     parser.add_argument("--no-measure", action="store_true",
                         help="do not re-measure the verify-cost curve in the background (use the cached one)")
     parser.add_argument("--backend", default="engine", choices=["engine", "vllm"],
-                        help="vllm: a vLLM server (--vllm-url) writes the replies of the 'vllm' drafter choice, with "
-                             "the drafter it was started with (docs/serving.md); this engine keeps the others")
+                        help="vllm: a vLLM server (--vllm-url) writes every reply with the drafter it was started "
+                             "with, and this app loads the target's tokenizer and chat template alone (docs/serving.md;"
+                             " --keep-engine: the target too, keeping this engine's choices beside the server)")
     parser.add_argument("--vllm-url", default="http://127.0.0.1:8000", help="the vLLM server for --backend vllm")
     parser.add_argument("--keep-engine", action="store_true",
                         help="with --backend vllm: load the target here too (a second copy of its weights), so that "

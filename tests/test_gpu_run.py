@@ -32,6 +32,8 @@ def test_cpu_simulation_runs_every_stage_of_every_command_and_warm_starts_the_se
     assert w8["replaced"] > 0 and w8["kernel"] == "torch" and w8["oracle_through_graphs"]["identical"]
     assert w8["oracle_through_graphs"]["plain_identical"] and w8["oracle_with_released_drafter"]["identical"]
     assert w8["planned_gib"]["total"] > w8["planned_gib"]["weights"] > 0  # the plan's rows beside the peak (a GPU's)
+    fused = results["compiled_fused"]  # the graphed step through torch.compile (inductor's CPU code here)
+    assert fused["identical"] and set(fused["forwards"]) == {"graphs", "graphs compiled"}
     names = sorted(p.name for p in (tmp_path / "out/train").iterdir())
     assert names == ["data.tar", "dflash.tar", "flashmap-teacher.tar", "flashmap.tar", "progress.jsonl", "results.json"]
 

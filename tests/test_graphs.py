@@ -99,3 +99,28 @@ def test_modes_that_cannot_run_are_refused_with_the_reason():
             graph_mode("sim", bf16)
     with pytest.raises(ValueError, match="must be one of"):
         graph_mode("always", lean)
+
+
+@pytest.mark.slow
+def test_compiled_steps_trace_whole_and_give_the_eager_steps_logits():
+    """GraphedSteps(compiled=True): each shape's step through torch.compile (fullgraph: no break left for a capture to
+    trip on), here inductor's CPU code, with the lean forward's modules as a GPU runs them (weights "modules")."""
+    import copy
+
+    from core.runtime.lean import LeanForward
+    from core.testing import make_target
+
+    model = tiny_qwen3(vocab_size=64, layers=2)
+    target, eager = make_target(copy.deepcopy(model)), make_target(copy.deepcopy(model))
+    target.lean = GraphedSteps(LeanForward(target.model, fixed_order=False, weights="modules"), "sim", 8,
+                               compiled=True)
+    eager.lean = LeanForward(eager.model, fixed_order=False, weights="modules")
+    with torch.inference_mode():
+        cache, eager_cache = target.new_cache(80), eager.new_cache(80)
+        for ids in ([5, 9, 12, 7, 30], [11], [3, 8, 8], [40]):
+            got = target_forward(target, ids, cache, (1,))
+            want = target_forward(eager, ids, eager_cache, (1,))
+            torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
+    assert target.lean.compiled and sorted(target.lean.steps) == [(1, (1,), 0, 8), (1, (1,), 0, 16), (3, (1,), 0, 16),
+                                                                  (5, (1,), 0, 8)]  # (positions, layers, keep, span)

@@ -81,10 +81,20 @@ class GraphedSteps:
     replayed from a CUDA graph per (T, feature layers, keep, span) in mode "cuda", run eagerly in mode "sim". Called
     as LeanForward is; `new_cache` hands out the persistent cache, emptied, when it has room."""
 
-    def __init__(self, lean: LeanForward, mode: str = "sim", min_span: int = MIN_SPAN):
+    def __init__(self, lean: LeanForward, mode: str = "sim", min_span: int = MIN_SPAN, compiled: bool = False):
+        """compiled: each shape's step through torch.compile first (inductor fuses the small per-layer work: norms,
+        rotary, cache writes, the residual adds), then captured as before; one compilation per shape."""
         if mode not in ("sim", "cuda"):
             raise ValueError(f"GraphedSteps mode must be sim or cuda, got {mode!r}")
         self.lean, self.mode, self.min_span = lean, mode, min_span
+        self.forward = self.static_forward
+        if compiled:
+            import torch._dynamo
+
+            # every (positions, span, feature layers, keep) is its own compiled step: up to 17 x a few spans
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 128)
+            self.forward = torch.compile(self.static_forward, dynamic=False, fullgraph=True)
+        self.compiled = compiled
         self.cache: StaticCache | None = None
         self.rope: tuple[torch.Tensor, torch.Tensor] = ()  # the rotary tables the steps read, covering the cache
         self.steps: dict[tuple, _Step] = {}
@@ -135,7 +145,7 @@ class GraphedSteps:
         if step.graph is not None:
             step.graph.replay()
         else:
-            step.logits, step.features = self.static_forward(step, tuple(layers), keep)
+            step.logits, step.features = self.forward(step, tuple(layers), keep)
         cache.length = past + fed
         features = None if step.features is None else step.features.clone()  # a drafter keeps them
         return step.logits.clone(), features
@@ -161,7 +171,7 @@ class GraphedSteps:
         step.slots.copy_(torch.arange(capacity - fed, capacity))
         step.positions.copy_(step.slots)
         step.past.fill_(capacity - fed)
-        step.graph, (step.logits, step.features) = capture(lambda: self.static_forward(step, layers, keep))
+        step.graph, (step.logits, step.features) = capture(lambda: self.forward(step, layers, keep))
         self.captures += 1
 
     def static_forward(self, step: _Step, layers: tuple[int, ...], keep: int):
