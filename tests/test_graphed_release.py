@@ -95,3 +95,14 @@ def test_a_target_on_fixed_shape_steps_gets_the_graphed_drafter_and_exact_replie
     plain, _ = generate_all(plain_target, prompt, gen)
     out, events = generate_all(target, prompt, gen, drafter)
     assert out == plain and any(ev.drafted for ev in events)
+
+
+def test_sampled_output_through_the_static_proposal_keeps_the_target_distribution(tmp_path):
+    """At T > 0 the proposal's q stays where the drafter runs and the engine's rejection reads it there: the joint
+    distribution of two sampled tokens is the target's (chi-squared)."""
+    from core.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
+
+    target = make_target(tiny_qwen3(vocab_size=5, seed=3), template=QWEN3_TEMPLATE, name="tiny-qwen3")
+    folder = write_release(tmp_path / "v5", release_model(target, seed=2))
+    drafter = GraphedReleaseDrafter(load_release_net(folder, target), target, mode="sim", capacity=8, min_span=4)
+    assert_sampled_distribution_exact(target, drafter, n=1200)

@@ -56,6 +56,25 @@ def test_quantisation_needs_cuda_and_fp8_needs_ada(tiny_folder, monkeypatch):
         target_mod.check_quant_supported("fp8", torch.device("cuda"))
 
 
+def test_int8_needs_a_gpu_and_triton_and_loads_each_linear_as_int8_codes(tiny_folder, monkeypatch):
+    from core.runtime import w8
+
+    with pytest.raises(TargetLoadError, match="needs a CUDA GPU"):
+        load_target(TargetConfig(str(tiny_folder), quant="int8", device="cpu"))
+    monkeypatch.setattr(w8, "triton_available", lambda: False)
+    with pytest.raises(TargetLoadError, match="Triton is not installed here"):
+        target_mod.check_quant_supported("int8", torch.device("cuda"))
+    # the loading path itself, here on the CPU (the kernel's torch product) with the GPU's checks passed
+    monkeypatch.setattr(target_mod, "check_quant_supported", lambda quant, device: None)
+    cfg = TargetConfig(str(tiny_folder), quant="int8", dtype="fp32", engine="transformers")
+    target = target_mod._load_hf(cfg, torch.device("cpu"), torch.float32)
+    linears = [m for m in target.model.modules() if isinstance(m, w8.W8Linear)]
+    assert len(linears) == 7 * target.model.config.num_hidden_layers  # q, k, v, o, gate, up, down
+    assert target_mod._weights(cfg, torch.bfloat16, target).startswith("int8 weights")
+    out, _ = generate_all(target, [5, 6, 7], GenerationConfig(max_new_tokens=6))
+    assert len(out) == 6
+
+
 def test_a_prequantised_fp8_checkpoint_without_the_kernels_package_is_refused_before_loading(monkeypatch):
     import transformers.utils
 

@@ -41,7 +41,7 @@ def estimate_weight_bytes(config, dtype: torch.dtype, quant: str) -> int:
     layer_params = n_layers * (attn + mlp)
     emb_params = vocab * d * (1 if getattr(config, "tie_word_embeddings", False) else 2)
     dense_bytes = torch.finfo(dtype).bits // 8
-    layer_bytes = 1 if quant in ("8bit", "fp8") else dense_bytes
+    layer_bytes = 1 if quant in ("8bit", "fp8", "int8") else dense_bytes
     return int(layer_params * layer_bytes + emb_params * dense_bytes)
 
 

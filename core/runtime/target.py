@@ -27,7 +27,9 @@ EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # auto: the memory plan picks on a GPU (core.runtime.plan), none on the CPU; q4: CPU only, 4-bit weight codes per block
 # of 32 (GGUF's Q4_1 scheme, core.runtime.cpu_linear.Int4Linear) with bf16 activations, through the lean forward
-QUANTS = ("auto", "none", "8bit", "fp8", "q4")
+# int8: GPU only, int8 weight codes with row scales multiplied by bf16 activations in one Triton kernel
+# (core.runtime.w8; not among auto's choices until a GPU run has measured it against bf16)
+QUANTS = ("auto", "none", "8bit", "fp8", "int8", "q4")
 CPU_LINEARS = ("onednn", "torch")  # a target's linear layers on the CPU: prepacked oneDNN (core.runtime.cpu_linear)
 ENGINES = ("auto", "lean", "transformers")  # the forward: core.runtime.lean's on a static cache, or transformers' own
 CPU_PRECISIONS = ("fastest", "reference")  # TargetConfig.cpu_precision
@@ -271,6 +273,12 @@ def check_quant_supported(quant: str, device: torch.device) -> None:
         why = why_not_fp8(device)
         if why is not None:
             raise TargetLoadError(f"--quant fp8: {why}. Use --quant 8bit or --quant none.")
+    if quant == "int8":
+        from core.runtime.w8 import triton_available
+
+        if not triton_available():
+            raise TargetLoadError("--quant int8 multiplies in a Triton kernel and Triton is not installed here "
+                                  "(pip install triton). Use --quant fp8, 8bit or none.")
 
 
 def check_fits(config, dtype: torch.dtype, quant: str, device: torch.device, headroom: float = 1.15) -> None:
@@ -358,11 +366,12 @@ def _load_hf(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Tar
     check_fits(hf_config, dtype, cfg.quant, device)
     quant_config = _quantization_config(cfg.quant)
     native_fp8 = cfg.quant == "fp8" and not getattr(hf_config, "quantization_config", None)
+    on_host_first = native_fp8 or cfg.quant == "int8"  # read on the host, each linear quantised onto the device
     if cfg.quant == "fp8":
         check_prequantised_fp8(hf_config)
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
     kwargs = {"dtype": dtype, "local_files_only": local_only, "use_safetensors": True}
-    if cfg.quant != "none" and not native_fp8:  # accelerate places quantised weights directly on the device
+    if cfg.quant != "none" and not on_host_first:  # accelerate places quantised weights directly on the device
         kwargs["device_map"] = {"": device}
         if quant_config is not None:
             kwargs["quantization_config"] = quant_config
@@ -371,6 +380,11 @@ def _load_hf(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Tar
         from core.runtime.fp8 import quantize_decoder
 
         quantize_decoder(model, device)
+    elif cfg.quant == "int8":  # the same way, into int8 codes with row scales (core.runtime.w8)
+        from core.runtime import w8
+
+        w8.quantize_decoder(model, device)
+        model.to(device)
     elif cfg.quant == "none":
         model = model.to(device)
     return _finish(model, tokenizer, cfg.target, device)
@@ -458,6 +472,8 @@ def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype) -> Target:
 def _weights(cfg: TargetConfig, dtype: torch.dtype, target: Target) -> str:
     if cfg.quant == "fp8":
         return f"FP8 e4m3 weights and activations (row-scaled), {_name(dtype)} elsewhere"
+    if cfg.quant == "int8":
+        return f"int8 weights (row-scaled, weight-only, one Triton kernel a product), {_name(dtype)} activations"
     if cfg.quant != "q4":
         return _name(dtype)
     from core.runtime.cpu_linear import Int8Linear
@@ -558,7 +574,8 @@ def add_target_args(parser, cpu_precision: str = "fastest") -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                         help="weights' dtype (auto: bf16 on a GPU; on a CPU bf16 where it is native and exact, "
                              "else fp32; a dtype that is not exact here is refused)")
-    parser.add_argument("--quant", default="auto", choices=QUANTS, help="auto: the memory plan picks on a GPU")
+    parser.add_argument("--quant", default="auto", choices=QUANTS,
+                        help="auto: the memory plan picks on a GPU; int8: int8 weights in one Triton kernel (GPU)")
     parser.add_argument("--context", type=int, default=8192, help="KV-cache tokens the memory plan reserves")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (auto: a GPU when there is one)")
     parser.add_argument("--allow-download", action="store_true", help="let transformers download a missing model")
