@@ -38,8 +38,8 @@ class StaticContext:
     keys, values (L, H, C, Hd), the anchor's row written after the committed ones by the proposal itself. They grow
     only when full (by doubling: new addresses, so `generation` moves on and the captured proposals are dropped)."""
 
-    def __init__(self, capacity: int):
-        self.capacity = capacity
+    def __init__(self, capacity: int, shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device):
+        self.capacity, self.shape, self.dtype, self.device = capacity, shape, dtype, device  # shape: (L, H, Hd)
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.rows = 0
@@ -48,18 +48,20 @@ class StaticContext:
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Keys, values (L, H, N, Hd) of the next N committed positions."""
         end = self.rows + keys.shape[2]
-        self.reserve(end + 1, keys)  # + 1: the anchor's row
+        self.reserve(end + 1)  # + 1: the anchor's row
         self.keys[:, :, self.rows:end] = keys
         self.values[:, :, self.rows:end] = values
         self.rows = end
 
-    def reserve(self, rows: int, like: torch.Tensor) -> None:
+    def reserve(self, rows: int) -> None:
+        """Buffers with room for `rows` rows (allocated on first use, doubled while too small)."""
         if self.keys is not None and rows <= self.capacity:
             return
         while self.capacity < rows:
             self.capacity *= 2
-        layers, heads, _, head_dim = like.shape
-        keys, values = (like.new_zeros(layers, heads, self.capacity, head_dim) for _ in range(2))
+        layers, heads, head_dim = self.shape
+        keys, values = (torch.zeros(layers, heads, self.capacity, head_dim, dtype=self.dtype, device=self.device)
+                        for _ in range(2))
         if self.keys is not None:
             keys[:, :, :self.rows] = self.keys[:, :, :self.rows]
             values[:, :, :self.rows] = self.values[:, :, :self.rows]
@@ -100,15 +102,18 @@ class GraphedReleaseDrafter(ReleaseDrafter):
         self.captures = 0  # graphs recorded so far
         super().__init__(net, target, steps, noise_scale, folder, native=False)
         self.trunk_status = f"graphed ({mode})"
-        uniform, factor = net.noise_factor(self.embedding)  # computed once, before any capture
-        self.noise_width = factor.shape[0] if len(self.grid) == 2 and factor is not None else self.embedding.shape[0]
+        factor = net.noise_factor(self.embedding)[1]  # computed once, before any capture
+        # a one-step draft reads its noise only as z @ L^T, z (K, D_t); more steps read the whole state (K, V)
+        self.embedded_noise = len(self.grid) == 2 and factor is not None
+        self.noise_width = factor.shape[0] if self.embedded_noise else self.embedding.shape[0]
         self.slot_offsets = 1 + torch.arange(self.c.block_size, device=self.device)  # (K,)
         self.head = lambda hidden: self.lm_head(hidden.to(self.head_dtype)).float()  # noqa: E731
 
     def reset_context(self) -> None:
         """Empty the context; the buffers (and the steps captured over them) stay."""
         if getattr(self, "context", None) is None:
-            self.context = StaticContext(self.first_capacity)
+            shape = (self.c.num_hidden_layers, self.c.num_attention_heads, self.c.head_dim)
+            self.context = StaticContext(self.first_capacity, shape, self.net.dtype, self.device)
         self.context.rows = 0
 
     @torch.inference_mode()
@@ -134,8 +139,7 @@ class GraphedReleaseDrafter(ReleaseDrafter):
     def run(self, anchor: int, generator: torch.Generator | None, temperature: float,
             noise: torch.Tensor | None = None) -> _Proposal:
         """Fill the static inputs for a proposal after `anchor`, then replay (or run) its step."""
-        self.context.reserve(self.context.rows + 1, self.context.keys if self.context.keys is not None else
-                             self._empty_rows())
+        self.context.reserve(self.context.rows + 1)
         span = attend_span(self.context.rows + 1, self.context.capacity, self.min_span)
         proposal = self._proposal(span, temperature)
         proposal.anchor.fill_(anchor)
@@ -148,19 +152,11 @@ class GraphedReleaseDrafter(ReleaseDrafter):
             self._outputs(proposal, self.static_propose(proposal))
         return proposal
 
-    def _empty_rows(self) -> torch.Tensor:
-        """A (L, H, 0, Hd) tensor of the buffers' dtype: their shape before anything was committed."""
-        return torch.zeros(self.c.num_hidden_layers, self.c.num_attention_heads, 0, self.c.head_dim,
-                           dtype=self.net.dtype, device=self.device)
-
     def _noise(self, generator: torch.Generator | None) -> torch.Tensor:
         """The starting noise as ReleaseDrafter draws it (draft_logits): z (K, D_t) for one step, else x0 (K, V),
         scaled by noise_scale, on the generator's device, then copied to the buffer."""
-        k = self.c.block_size
-        if len(self.grid) == 2 and self.noise_width != self.embedding.shape[0]:
-            dtype = self.net.noise_factor(self.embedding)[1].dtype
-            return self.noise_scale * torch.randn((k, self.noise_width), dtype=dtype, generator=generator)
-        return self.noise_scale * torch.randn((k, self.noise_width), generator=generator)
+        dtype = self.net.dtype if self.embedded_noise else torch.float32
+        return self.noise_scale * torch.randn((self.c.block_size, self.noise_width), dtype=dtype, generator=generator)
 
     def _proposal(self, span: int, temperature: float) -> _Proposal:
         key = (span, temperature, self.context.generation)
@@ -168,7 +164,7 @@ class GraphedReleaseDrafter(ReleaseDrafter):
             if any(k[2] != self.context.generation for k in self.proposals):  # buffers moved: steps read old ones
                 self.proposals.clear()
             long = dict(dtype=torch.long, device=self.device)
-            noise_dtype = self.net.dtype if self.noise_width != self.embedding.shape[0] else torch.float32
+            noise_dtype = self.net.dtype if self.embedded_noise else torch.float32
             proposal = _Proposal(torch.zeros(1, **long), torch.zeros((), **long), torch.zeros((), **long),
                                  torch.zeros(self.c.block_size, self.noise_width, dtype=noise_dtype,
                                              device=self.device), span, temperature)
@@ -203,7 +199,6 @@ class GraphedReleaseDrafter(ReleaseDrafter):
         visible = torch.arange(span, device=self.device) <= proposal.rows  # (S,)
         context = list(zip(self.context.keys[:, :, :span].unbind(0), self.context.values[:, :, :span].unbind(0)))
         positions = proposal.position + self.slot_offsets  # (K,)
-        one_step = proposal.noise.shape[-1] != self.embedding.shape[0]
         return draft_logits(net, context, positions, self.embedding, self.head, self.grid, 1.0,
-                            mask=visible.view(1, 1, span), noise=None if one_step else proposal.noise,
-                            embedded_noise=proposal.noise if one_step else None)
+                            mask=visible.view(1, 1, span), noise=None if self.embedded_noise else proposal.noise,
+                            embedded_noise=proposal.noise if self.embedded_noise else None)

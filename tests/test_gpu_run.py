@@ -30,6 +30,7 @@ def test_cpu_simulation_runs_every_stage_of_every_command_and_warm_starts_the_se
     assert released["same_draft"] and released["captures"] == 0 and released["of_target_step"] > 0
     w8 = results["qwen3_w8"]  # int8 row-scaled weights (torch's product here), through the graphs' sim steps
     assert w8["replaced"] > 0 and w8["kernel"] == "torch" and w8["oracle_through_graphs"]["identical"]
+    assert w8["kernel_vs_torch"]["relative_error"] < 1e-2 and w8["kernel_vs_torch"]["row_alike"]
     assert w8["oracle_through_graphs"]["plain_identical"] and w8["oracle_with_released_drafter"]["identical"]
     assert w8["planned_gib"]["total"] > w8["planned_gib"]["weights"] > 0  # the plan's rows beside the peak (a GPU's)
     fused = results["compiled_fused"]  # the graphed step through torch.compile (inductor's CPU code here)

@@ -7,9 +7,10 @@ Why: a decode step reads every weight once, so its floor is the weights' bytes o
 weights halve it. core.runtime.fp8 reached the bytes but quantised every activation row to e4m3 for torch._scaled_mm
 in ~9 small kernels per linear, and ran at 0.55x bf16's speed at batch 1 (docs/gpu.md). Here the activations stay
 bf16: a program holds BLOCK_O output rows and sweeps the inputs BLOCK_I at a time, loading a tile of x (up to BLOCK_R
-rows: a decode step's 1, a verify's 17) and the int8 codes of its outputs, widening the codes to bf16 (exact: |code|
-<= 127 needs 7 bits of the 8 a bf16 mantissa has) and accumulating their product in fp32; the row scales multiply
-once at the end, since a scale is constant along its row's sum. One kernel a linear, one byte read a weight. int8
+rows: a decode step's 1; a verify's 17 take two tiles) and the int8 codes of its outputs, widening the codes to bf16
+(exact: |code| <= 127 needs 7 bits of the 8 a bf16 mantissa has) and accumulating their tensor-core product in fp32
+(other activation dtypes multiply their tiles in fp32); the row scales multiply once at the end, since a scale is
+constant along its row's sum. One kernel a linear, one byte read a weight. int8
 rather than e4m3 codes: every GPU widens them, where torch's row-scaled e4m3 product is refused on sm_120 (RTX 5090).
 
 Exactness: each output row depends on its own input row only, and every output's sum runs over the same BLOCK_I
@@ -20,11 +21,12 @@ Where Triton is absent (the CPU app's environment) the same product runs in torc
 the CPU simulation of the GPU run. TRITON_INTERPRET=1 runs the kernel itself on the CPU (tests/test_w8.py), its tiles'
 product in fp32 (BF16_DOT off): Triton 3.9's interpreter widens int8 to bf16 by reinterpreting the bits and multiplies
 bf16 tiles wrongly, so there the indexing, masks, scales and bias are what is checked; the bf16 tensor-core product
-is checked on the GPU (the GPU run's exactness rows).
+is checked against `reference` on the GPU (the GPU run's qwen3_w8 stage, `kernel_vs_torch`).
 """
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import torch
 
@@ -100,8 +102,6 @@ def _build():
 def product(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x (R, I) @ (codes * scale)^T + bias -> (R, O) in x's dtype: the Triton kernel on a GPU, or on the CPU under
     TRITON_INTERPRET=1; torch's `reference` elsewhere."""
-    import os
-
     run = kernel() if (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1") else None
     if run is None:
         return reference(x, codes, scale, bias)
@@ -111,7 +111,8 @@ def product(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, bias: tor
     out = torch.empty(rows, outs, dtype=x.dtype, device=x.device)
     grid = ((rows + BLOCK_R - 1) // BLOCK_R, (outs + BLOCK_O - 1) // BLOCK_O)
     run[grid](x, codes, scale, bias if bias is not None else scale, out, rows, ins, outs, x.stride(0),
-              codes.stride(0), out.stride(0), HAS_BIAS=bias is not None, BF16_DOT=x.is_cuda, BLOCK_R=BLOCK_R,
+              codes.stride(0), out.stride(0), HAS_BIAS=bias is not None,
+              BF16_DOT=x.is_cuda and x.dtype == torch.bfloat16, BLOCK_R=BLOCK_R,
               BLOCK_O=BLOCK_O, BLOCK_I=BLOCK_I)
     return out
 

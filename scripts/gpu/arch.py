@@ -634,6 +634,21 @@ def released_drafter(cmd: Command) -> dict:
 CARD_GIB = 24  # the RTX 4090's memory: the w8 stage runs under this cap
 
 
+def kernel_vs_torch(layer, device: str) -> dict:
+    """One W8Linear's product (the Triton kernel on a GPU) against core.runtime.w8.reference for 1 and 17 bf16 rows:
+    the largest difference relative to the outputs' largest value, and whether each row came out the same both
+    ways of batching."""
+    from core.runtime import w8
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(17, layer.in_features, generator=gen, device=device).to(torch.bfloat16)  # (R, I)
+    got = w8.product(x, layer.weight_codes, layer.weight_scale, layer.bias)
+    one = w8.product(x[:1], layer.weight_codes, layer.weight_scale, layer.bias)
+    want = w8.reference(x, layer.weight_codes, layer.weight_scale, layer.bias).float()
+    return {"relative_error": ((got.float() - want).abs().max() / want.abs().max()).item(),
+            "row_alike": bool(torch.equal(one[0], got[0]))}
+
+
 def cap_memory(device: str, gib: float | None) -> float | None:
     """Cap this process's share of the GPU at `gib` (None: lift the cap); the cap in GiB, or None on a CPU."""
     if device != "cuda":
@@ -666,6 +681,7 @@ def qwen3_w8(cmd: Command) -> dict:
         stabilise(target.model)
     replaced = w8.quantize_decoder(target.model)
     release_memory()
+    checked = kernel_vs_torch(target.model.model.layers[0].mlp.down_proj, sz["device"])
     cap = cap_memory(sz["device"], CARD_GIB)  # an RTX 4090's memory from here on
     graphs = GraphedSteps(LeanForward(target.model), "sim" if cmd.cpu_sim else "cuda")
     target.lean = graphs
@@ -698,7 +714,7 @@ def qwen3_w8(cmd: Command) -> dict:
             "runs": [r["tokens_per_s"] for r in runs], "bandwidth_floor_tokens_per_s": 1 / floor,
             "of_floor": tokens_per_s * floor, "vs_bf16_graphed": None if not bf16_step else tokens_per_s * bf16_step,
             "verify_cost": verify, "captures": graphs.captures + drafter.captures, "oracle_through_graphs": oracle,
-            "oracle_with_released_drafter": costed, "memory_cap_gib": cap,
+            "oracle_with_released_drafter": costed, "memory_cap_gib": cap, "kernel_vs_torch": checked,
             "planned_gib": {k: v / GIB for k, v in planned.items()} | {"total": sum(planned.values()) / GIB},
             "peak_gib": peak_gib(sz["device"])}
 
