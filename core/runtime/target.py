@@ -78,7 +78,20 @@ class ChatText:
     and for one whose weights a server holds (ServedTarget) alike."""
 
     tokenizer: object
+    name: str
     eos_token_ids: tuple[int, ...]
+    hf_config: object  # the model's transformers config
+
+    @property
+    def identity(self) -> dict:
+        """The identity drafter checkpoints are checked against: the target's name and shape."""
+        cfg = self.hf_config
+        return {"name": self.name, "model_type": cfg.model_type, "vocab_size": int(self.vocab_size),
+                "hidden_size": int(cfg.hidden_size), "num_hidden_layers": int(cfg.num_hidden_layers)}
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.hf_config, "max_position_embeddings", 0) or 8192)
 
     def supports_thinking(self) -> bool:
         return "enable_thinking" in (getattr(self.tokenizer, "chat_template", None) or "")
@@ -106,12 +119,6 @@ class ChatText:
         if backend is None or getattr(self.tokenizer, "clean_up_tokenization_spaces", True):
             return self.tokenizer.decode
         return backend.decode
-
-
-def identity_of(name: str, config, vocab_size: int) -> dict:
-    """The identity drafter checkpoints are checked against: the target's name and shape."""
-    return {"name": name, "model_type": config.model_type, "vocab_size": int(vocab_size),
-            "hidden_size": int(config.hidden_size), "num_hidden_layers": int(config.num_hidden_layers)}
 
 
 @dataclass
@@ -142,16 +149,12 @@ class Target(ChatText):
         return self.extra.get("precision", str(self.model.dtype).removeprefix("torch."))
 
     @property
-    def identity(self) -> dict:
-        return identity_of(self.name, self.model.config, self.vocab_size)
+    def hf_config(self):
+        return self.model.config
 
     @property
     def vocab_size(self) -> int:
         return self.model.get_output_embeddings().weight.shape[0]
-
-    @property
-    def max_positions(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 0) or 8192)
 
 
 @dataclass
@@ -162,7 +165,7 @@ class ServedTarget(ChatText):
     tokenizer: object
     name: str
     eos_token_ids: tuple[int, ...]
-    config: object  # the model's transformers config
+    hf_config: object  # the model's transformers config
     server: str = ""  # where the weights are, for the status line
     model = None
     lean = None
@@ -174,16 +177,8 @@ class ServedTarget(ChatText):
         return f"the server's ({self.server}); this app holds no weights"
 
     @property
-    def identity(self) -> dict:
-        return identity_of(self.name, self.config, self.vocab_size)
-
-    @property
     def vocab_size(self) -> int:
-        return int(self.config.vocab_size)
-
-    @property
-    def max_positions(self) -> int:
-        return int(getattr(self.config, "max_position_embeddings", 0) or 8192)
+        return int(self.hf_config.vocab_size)
 
 
 def load_served_target(cfg: TargetConfig, server: str = "") -> ServedTarget:

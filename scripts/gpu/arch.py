@@ -100,6 +100,18 @@ def stabilise(model) -> None:
     model.lm_head.weight.copy_(torch.roll(model.model.embed_tokens.weight, 1, dims=0))
 
 
+def shared_target(cmd: Command, sz: dict, take: bool = False) -> Target:
+    """The random Qwen3 the stages share (qwen3_bf16 builds it; a later stage that finds it gone builds another,
+    stabilised, with new random weights); take: a stage that quantises or frees it takes it out of the shared state."""
+    target = cmd.state.pop("random_target", None) if take else cmd.state.get("random_target")
+    if target is None:
+        target = random_qwen3(sz["facts"], sz["device"], sz["dtype"])
+        stabilise(target.model)
+        if not take:
+            cmd.state["random_target"] = target
+    return target
+
+
 def random_prompt(target: Target, length: int, seed: int = 0) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(8, target.vocab_size, (length,), generator=gen).tolist()
@@ -321,11 +333,7 @@ def compiled_step(cmd: Command) -> dict:
     from core.runtime.lean import LeanForward
 
     sz = sizes(cmd)
-    target = cmd.state.get("random_target")
-    if target is None:
-        target = random_qwen3(sz["facts"], sz["device"], sz["dtype"])
-        stabilise(target.model)
-        cmd.state["random_target"] = target
+    target = shared_target(cmd, sz)
     lean = LeanForward(target.model)
     forwards = {"transformers": None, "lean": lean, "graphs": GraphedSteps(lean, "sim" if cmd.cpu_sim else "cuda")}
     prompt = random_prompt(target, sz["prompt"], seed=2)
@@ -394,10 +402,7 @@ def qwen3_fp8(cmd: Command) -> dict:
     from the bf16 checkpoint, torch alone), and measure memory and speed as for bf16. In --cpu-sim the same save/load
     path runs with --quant none (tests/test_fp8.py covers the FP8 modules on the CPU)."""
     sz = sizes(cmd)
-    target = cmd.state.pop("random_target", None)
-    if target is None:
-        target = random_qwen3(sz["facts"], sz["device"], sz["dtype"])
-        stabilise(target.model)
+    target = shared_target(cmd, sz, take=True)
     with tempfile.TemporaryDirectory(dir=scratch_dir()) as tmp:
         folder = Path(tmp) / "qwen3-8b-random"
         start = time.time()
@@ -602,11 +607,7 @@ def released_drafter(cmd: Command) -> dict:
     from drafter.graphed_release import GraphedReleaseDrafter
 
     sz = sizes(cmd)
-    target = cmd.state.get("random_target")
-    if target is None:
-        target = random_qwen3(sz["facts"], sz["device"], sz["dtype"])
-        stabilise(target.model)
-        cmd.state["random_target"] = target
+    target = shared_target(cmd, sz)
     net = random_release_net(target, cmd, sz)
     cfg = net.c
     eager = ReleaseDrafter(net, target, native=False)
@@ -675,10 +676,7 @@ def qwen3_w8(cmd: Command) -> dict:
     from scripts.gpu.stages import release_memory
 
     sz = sizes(cmd)
-    target = cmd.state.pop("random_target", None)
-    if target is None:
-        target = random_qwen3(sz["facts"], sz["device"], sz["dtype"])
-        stabilise(target.model)
+    target = shared_target(cmd, sz, take=True)
     replaced = w8.quantize_decoder(target.model)
     release_memory()
     checked = kernel_vs_torch(target.model.model.layers[0].mlp.down_proj, sz["device"])
@@ -735,11 +733,7 @@ def compiled_fused(cmd: Command) -> dict:
 
     sz = sizes(cmd)
     release_memory()
-    target = cmd.state.get("random_target")
-    if target is None:
-        target = random_qwen3(sz["facts"], sz["device"], sz["dtype"])
-        stabilise(target.model)
-        cmd.state["random_target"] = target
+    target = shared_target(cmd, sz)
     mode = "sim" if cmd.cpu_sim else "cuda"
     prompt = random_prompt(target, sz["prompt"], seed=2)  # longer than a step: its prefill is not compiled
     gen = GenerationConfig(max_new_tokens=sz["new_tokens"], block_size=1)
