@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.decoding.sampling import SamplingConfig, sample_rows
+from core.decoding.sampling import SamplingConfig, sample_rows, top_probs
 from core.drafting.base import Draft
 from core.runtime.graphs import MIN_SPAN, attend_span, capture
 from drafter.flashmap_release import ReleaseDrafter, ReleaseNet, draft_logits
@@ -182,8 +182,7 @@ class GraphedReleaseDrafter(ReleaseDrafter):
 
     def _outputs(self, proposal: _Proposal, logits: torch.Tensor) -> None:
         """The draft's ids, confidences and (T > 0) q from its logits (K, V), on the device."""
-        top, proposal.ids = logits.max(dim=-1)  # (K,) each
-        proposal.confidence = torch.exp(top - logits.logsumexp(dim=-1))
+        proposal.ids, proposal.confidence = top_probs(logits)  # (K,) each
         if proposal.temperature > 0:
             proposal.q_draft = (logits / proposal.temperature).softmax(dim=-1)
         proposal.logits = logits
