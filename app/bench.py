@@ -191,6 +191,7 @@ def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: li
         "best_of": d.best_of,
         "tree": d.tree,
         "max_skip": run_spec.max_skip,
+        "max_lost": run_spec.max_lost,
         "draft_cost": runner.draft_cost,
         "temperature": sampling.temperature,
         "prompts": len(spec),
@@ -211,7 +212,8 @@ def summarize(runner: Runner, sampling: SamplingConfig, target: Target, base: li
         "identical_to_baseline": all(b.tokens == s.tokens for b, s in zip(base, spec)) if sampling.greedy else None,
         "per_prompt": [
             {"baseline_tokens": len(b.tokens), "baseline_s": b.seconds, "tokens": len(s.tokens), "s": s.seconds,
-             "identical": b.tokens == s.tokens}
+             "identical": b.tokens == s.tokens,
+             "acceptance_length": AcceptanceStats().add_all(s.events).acceptance_length}
             for b, s in zip(base, spec)
         ],
     }
@@ -299,8 +301,10 @@ def bench(cfg: BenchConfig) -> dict:
         plain, drafted = ([target.until_eos(run.tokens) for run in runs] for runs in (base, spec))
         result["flashmap_reference"] = flashmap_reference.summary(
             anchored, plain, drafted, result["baseline_tokens_per_s"], result["tokens_per_s"],
-            result["acceptance_length"], cfg.sampling.greedy, anchor.precision)
-        result["flashmap_reference"]["per_prompt"] = [{"tokens": len(run.tokens), "s": run.seconds} for run in anchored]
+            result["acceptance_length"], cfg.sampling.greedy, anchor.precision,
+            [AcceptanceStats().add_all(run.events).acceptance_length for run in spec])
+        result["flashmap_reference"]["per_prompt"] = [
+            {"tokens": len(run.tokens), "s": run.seconds, "acceptance_length": run.acceptance} for run in anchored]
     elif native is not None:
         if anchor is not None:
             anchor.close()
@@ -382,6 +386,9 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-skip", type=int, default=None,
                         help="with --adaptive: skip the drafter for up to N rounds after drafts that did not pay for "
                              "its call (0: never; 8)")
+    parser.add_argument("--max-lost", type=float, default=None,
+                        help="with --adaptive: the expected tokens a round the cut may give up against verifying the "
+                             "whole draft (0: no bound, the cut weighs verify cost alone)")
     parser.add_argument("--weights", default=None,
                         help="drafter checkpoint folder or hub id (default: weights/<target>/<drafter>)")
 
@@ -391,6 +398,8 @@ def choice_from_args(choice: str, args) -> RunSpec:
     adaptive = True if args.adaptive is None else args.adaptive
     try:
         spec = choice_spec(choice, args.steps or 1, args.tree or 1, args.block_size, adaptive)
+        if args.max_lost is not None:
+            spec = replace(spec, max_lost=args.max_lost)
         return replace(spec, drafter=replace(spec.drafter, weights=args.weights)) if args.weights else spec
     except SpecError as err:
         raise SystemExit(f"--choice {choice}: {err}") from err
@@ -402,7 +411,8 @@ def spec_from_args(text: str, args) -> RunSpec:
     if text == APP_DEFAULT:
         return choice_from_args("auto", args)
     flags = {"steps": args.steps, "noise": args.noise, "block_size": args.block_size, "best_of": args.best_of,
-             "tree": args.tree, "adaptive": args.adaptive, "max_skip": args.max_skip, "weights": args.weights}
+             "tree": args.tree, "adaptive": args.adaptive, "max_skip": args.max_skip, "max_lost": args.max_lost,
+             "weights": args.weights}
     try:
         return RunSpec.parse(text, **{k: v for k, v in flags.items() if v is not None})
     except SpecError as err:

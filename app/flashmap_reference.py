@@ -9,6 +9,7 @@ files are never run.
 """
 from __future__ import annotations
 
+import statistics
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -29,6 +30,11 @@ class ReferenceRun:
     tokens: list[int]  # new tokens, up to and including a stop token
     seconds: float  # wall time, the prompt's prefill included (as the engine's runs)
     acceptance_lengths: list[int]  # tokens committed by each target forward after the prefill
+
+    @property
+    def acceptance(self) -> float | None:
+        """Tokens per target forward after the prefill (None: no forward after it)."""
+        return sum(self.acceptance_lengths) / len(self.acceptance_lengths) if self.acceptance_lengths else None
 
 
 class FlashMapReference:
@@ -62,16 +68,29 @@ class FlashMapReference:
         return ReferenceRun(tokens, seconds, list(out.acceptance_lengths))
 
 
+def acceptance_difference(engine: list[float | None], reference: list[float | None]) -> dict | None:
+    """This engine's acceptance length minus the reference's, paired by prompt: {"mean", "se", "prompts"} over the
+    prompts where both drafted (None for fewer than two). Replies of different texts accept differently, so the
+    standard error says how much of a pooled difference the prompts drawn could give alone."""
+    pairs = [a - b for a, b in zip(engine, reference) if a is not None and b is not None]
+    if len(pairs) < 2:
+        return None
+    return {"mean": statistics.mean(pairs), "se": statistics.stdev(pairs) / len(pairs) ** 0.5, "prompts": len(pairs)}
+
+
 def summary(runs: list[ReferenceRun], plain: list[list[int]], drafted: list[list[int]], plain_tps: float,
-            drafter_tps: float, acceptance_length: float | None, greedy: bool, precision: str) -> dict:
-    """The reference loop's tokens/s and acceptance length (tokens per target forward) beside this engine's, and how
-    many of its replies equal this engine's plain and drafted replies token for token (at T = 0; a different
-    precision may part at a near-tie)."""
+            drafter_tps: float, acceptance_length: float | None, greedy: bool, precision: str,
+            engine_per_prompt: list[float | None] = ()) -> dict:
+    """The reference loop's tokens/s and acceptance length (tokens per target forward) beside this engine's (pooled,
+    and paired by prompt where engine_per_prompt gives this engine's per prompt), and how many of its replies equal
+    this engine's plain and drafted replies token for token (at T = 0; a different precision may part at a
+    near-tie)."""
     tps = sum(len(r.tokens) for r in runs) / sum(r.seconds for r in runs)
     forwards = [n for r in runs for n in r.acceptance_lengths]
     return {"tokens_per_s": tps, "precision": precision, "prompts": len(runs),
             "acceptance_length": sum(forwards) / len(forwards) if forwards else None,
             "engine_acceptance_length": acceptance_length,
+            "acceptance_difference": acceptance_difference(list(engine_per_prompt), [r.acceptance for r in runs]),
             "drafter_vs_reference": drafter_tps / tps, "plain_vs_reference": plain_tps / tps,
             "identical_to_plain": sum(r.tokens == p for r, p in zip(runs, plain)) if greedy else None,
             "identical_to_drafted": sum(r.tokens == d for r, d in zip(runs, drafted)) if greedy else None}

@@ -100,7 +100,7 @@ def engine_settings(spec: RunSpec, gen: GenerationConfig, verify_cost: tuple[flo
     PolicyConfig.app_probe_every rounds, so its speed is always compared with plain decoding measured inside it
     (core.decoding.stats.ReplySpeed)."""
     adaptive = spec.adaptive  # the choice decides: FlashMap and DFlash-style draft every round
-    policy = replace(gen.policy, max_skip=spec.max_skip, copy_tries=spec.copy_tries,
+    policy = replace(gen.policy, max_skip=spec.max_skip, max_lost=spec.max_lost, copy_tries=spec.copy_tries,
                      plain_probe_every=gen.policy.app_probe_every if drafting else 0,
                      max_measured_wait=gen.policy.max_measured_wait if adaptive else 0)
     return replace(gen, verify_cost=verify_cost if adaptive else (), draft_cost=draft_cost if adaptive else 0.0,

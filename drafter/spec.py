@@ -51,8 +51,8 @@ LABELS = {"flashmap": "FlashMap", "flashmap-teacher": "FlashMap teacher", "dflas
           "hf-prompt-lookup": "transformers prompt lookup"}
 # text key -> field; the order is the canonical text's
 KEYS = {"steps": "steps", "noise": "noise", "best_of": "best_of", "tree": "tree", "scale": "noise_scale",
-        "k": "block_size", "adaptive": "adaptive", "skip": "max_skip", "calibrated": "calibrated", "lookup": "lookup",
-        "phrasebook": "phrasebook", "tries": "copy_tries", "weights": "weights"}
+        "k": "block_size", "adaptive": "adaptive", "skip": "max_skip", "lost": "max_lost", "calibrated": "calibrated",
+        "lookup": "lookup", "phrasebook": "phrasebook", "tries": "copy_tries", "weights": "weights"}
 
 
 class SpecError(ValueError):
@@ -174,6 +174,8 @@ class RunSpec:
     drafter: DrafterSpec = DrafterSpec()
     adaptive: bool = False  # cut each draft to its best expected length under the measured verify cost
     max_skip: int = DEFAULTS.max_skip  # with adaptive: the longest skip after drafts that did not pay for the call
+    # with adaptive: the expected tokens a round the cut may give up against verifying the whole draft (0: no bound)
+    max_lost: float = DEFAULTS.max_lost
     copy_tries: bool = False  # with lookup: two copies that differ at their first token verified together
 
     def __post_init__(self):
@@ -185,6 +187,10 @@ class RunSpec:
         """Why the policy's options do not fit this drafter (None: they do)."""
         if self.max_skip < 0:
             return "skip must be >= 0"
+        if not 0 <= self.max_lost < MAX_BLOCK_SIZE:
+            return f"lost must be in [0, {MAX_BLOCK_SIZE}): expected tokens a round the cut may give up"
+        if self.max_lost and not self.adaptive:
+            return "lost= bounds the adaptive cut; it needs adaptive=1"
         if self.drafter.is_hf_baseline and self.adaptive:
             return "transformers' generate takes no adaptive cut"
         if self.copy_tries and not (self.drafter.lookup or self.drafter.name == "copies"):
@@ -201,7 +207,8 @@ class RunSpec:
         drafts that did not pay), with prompt lookup and the phrasebook'."""
         every_round = (", drafter called every round" if self.max_skip == 0
                        else " (drafter skipped after drafts that did not pay)")
-        words = [f"adaptive K{every_round}"] if self.adaptive else []
+        bound = f", at most {self.max_lost:g} expected tokens a round cut" if self.max_lost else ""
+        words = [f"adaptive K{bound}{every_round}"] if self.adaptive else []
         words += ["copy tries"] if self.copy_tries else []
         return self.drafter.describe(tuple(words))
 
@@ -214,7 +221,7 @@ class RunSpec:
         return cls(DrafterSpec(name=name, **values), **policy)
 
 
-POLICY_FIELDS = ("adaptive", "max_skip", "copy_tries")  # RunSpec's fields in the text form
+POLICY_FIELDS = ("adaptive", "max_skip", "max_lost", "copy_tries")  # RunSpec's fields in the text form
 
 
 def options_text(*specs) -> list[str]:
@@ -284,7 +291,7 @@ def _cast(field: str, raw: str, text: str):
     try:
         if field in ("noise", "weights"):
             return raw
-        if field == "noise_scale":
+        if field in ("noise_scale", "max_lost"):
             return float(raw)
         if field in ("adaptive", "calibrated", "lookup", "phrasebook", "copy_tries"):
             return bool(int(raw))

@@ -30,6 +30,11 @@ def test_the_reference_loop_runs_beside_ours_with_the_same_drafter(folders, tmp_
     ref = json.loads(out.read_text())["flashmap_reference"]
     assert ref["prompts"] == 3 and ref["tokens_per_s"] > 0 and 1.0 <= ref["acceptance_length"] <= 5.0
     assert "float32" in ref["precision"] and ref["engine_acceptance_length"] >= 1.0
+    ours = [row["acceptance_length"] for row in json.loads(out.read_text())["per_prompt"]]
+    theirs = [row["acceptance_length"] for row in ref["per_prompt"]]
+    pairs = [a - b for a, b in zip(ours, theirs)]
+    assert ref["acceptance_difference"]["prompts"] == 3
+    assert ref["acceptance_difference"]["mean"] == pytest.approx(sum(pairs) / 3)
     if temperature == 0:  # both loops in fp32: the reference's greedy replies are ours, token for token
         assert ref["identical_to_plain"] == 3 and ref["identical_to_drafted"] == 3
     else:

@@ -107,7 +107,11 @@ def test_the_native_dit_drafts_what_torchs_does(steps, folder, tiny_qwen3_target
         noise = torch.randn(BLOCK, target.vocab_size, generator=torch.Generator().manual_seed(anchor))
         want = eager.logits(anchor, noise=noise)
         assert torch.allclose(natives[0].logits(anchor, noise=noise), want, atol=1e-5, rtol=0)
-        assert torch.equal(natives[0].logits(anchor, noise=noise, rows=2), natives[0].logits(anchor, noise=noise)[:2])
+        # the first rows alone: torch's fp32 product blocks 2 rows and 16 differently on some CPUs (AVX-512 without
+        # AMX), so equal up to its rounding
+        first = natives[0].logits(anchor, noise=noise, rows=2)
+        assert first.shape[0] == 2
+        assert torch.allclose(first, natives[0].logits(anchor, noise=noise)[:2], atol=1e-5, rtol=0)
         for drafter in natives[1:]:  # weights and inputs rounded to 8-bit codes: a proposal, verified by the target
             got = drafter.logits(anchor, noise=noise)
             assert (got - want).abs().max() < 0.05 * want.abs().max()

@@ -8,7 +8,7 @@ from core.decoding.sampling import SamplingConfig
 from core.drafting.base import Copy, Draft
 from core.drafting.policy.config import PolicyConfig
 from core.drafting.policy.costs import CallCost, RoundCosts
-from core.drafting.policy.cut import best_cut, best_draft_length, draft_pays, expected_tokens
+from core.drafting.policy.cut import best_cut, best_draft_length, draft_pays, expected_tokens, within_loss
 from core.drafting.policy.policy import DraftPolicy
 from core.drafting.policy.waits import FeatureCapture, MeasuredPays, SkipEmpty
 
@@ -20,6 +20,35 @@ def test_best_draft_length_trades_expected_tokens_against_verify_cost():
     sure_then_lost = torch.tensor([0.95, 0.95, 0.95] + [0.05] * 13)
     assert best_draft_length(sure_then_lost, cpu_curve) == 3
     assert best_draft_length(torch.full((4,), 0.9), (1.0, 1.0, 1.0)) == 2  # never past the curve's end
+
+
+def test_a_bounded_cut_gives_up_at_most_max_lost_expected_tokens_against_the_whole_draft():
+    steep = (1.0, *(1.0 + 0.5 * n for n in range(1, 17)))  # each position costs half a plain step
+    confidence = [0.6] * 16  # reach 0.6^k: expected tokens 1 + 0.6 + 0.36 + ...
+    expected = expected_tokens(confidence, steep)
+    assert best_draft_length(confidence, steep) == 1  # the cost alone keeps one slot
+    for max_lost in (0.5, 0.1, 0.02, 0.001):
+        n = best_draft_length(confidence, steep, max_lost)
+        assert n == within_loss(confidence, steep, max_lost)
+        assert expected[-1] - expected[n] <= max_lost < expected[-1] - expected[n - 1]  # the shortest such prefix
+    assert within_loss(confidence, steep, 0.0) == 16 and best_draft_length(confidence, steep, 0.0) == 1  # 0: no bound
+    cheap = (1.0,) * 17  # where the cost keeps more than the bound asks, the cost's cut stands
+    assert best_draft_length([0.9] * 16, cheap, 0.5) == best_draft_length([0.9] * 16, cheap) == 16
+    assert best_draft_length([0.0] * 16, steep, 0.02) == 0  # nothing to lose: a plain step
+    short = (1.0, 1.5, 2.0)  # never past the curve's end
+    assert best_draft_length(confidence, short, 0.001) == 2
+
+
+def test_the_policy_cuts_a_network_draft_within_its_bound():
+    curve = (1.0, *(1.0 + 0.5 * n for n in range(1, 17)))
+    weak = FixedDrafter(Draft(torch.arange(16), None, torch.full((16,), 0.6)))
+    greedy, generator = SamplingConfig(temperature=0.0), torch.Generator()
+    for max_lost, want in ((0.0, 1), (0.02, within_loss([0.6] * 16, curve, 0.02))):
+        gen = GenerationConfig(verify_cost=curve, policy=PolicyConfig(max_skip=0, max_lost=max_lost))
+        assert len(DraftPolicy.for_run(gen).draft(weak, 1, 16, greedy, generator).tokens) == want
+    assert want > 1
+    with pytest.raises(ValueError, match="max_lost"):
+        PolicyConfig(max_lost=-0.1)
 
 
 def test_the_one_pass_cut_finds_the_best_expected_tokens_per_cost_of_every_prefix():

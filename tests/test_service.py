@@ -9,7 +9,7 @@ from app.openai_api import ChatRequest, settings_for
 from app.service import ChatSettings, engine_settings
 from core.decoding.engine import GenerationConfig
 from core.drafting.policy.config import DEFAULTS
-from drafter.spec import CHOICES
+from drafter.spec import CHOICES, RunSpec, SpecError
 
 CURVE = (1.0, 1.1, 1.3, 1.6)
 
@@ -39,3 +39,21 @@ def test_the_drafters_call_cost_is_charged_only_where_the_spec_is_adaptive():
     auto, flashmap = ChatSettings().spec(), ChatSettings(drafter="flashmap").spec()
     assert engine_settings(auto, GenerationConfig(8), CURVE, True, 0.6).draft_cost == 0.6
     assert engine_settings(flashmap, GenerationConfig(8), CURVE, True, 0.6).draft_cost == 0.0
+
+
+def test_the_cuts_bound_goes_from_the_bench_flag_through_the_spec_to_the_policy():
+    parser = argparse.ArgumentParser()
+    bench.add_spec_args(parser)
+    args = parser.parse_args(["--adaptive", "--max-skip", "0", "--max-lost", "0.02"])
+    spec = bench.spec_from_args("flashmap", args)
+    assert spec.max_lost == 0.02 and spec.text() == "flashmap,adaptive=1,skip=0,lost=0.02"
+    assert RunSpec.parse(spec.text()) == spec and "at most 0.02 expected tokens a round cut" in spec.describe()
+    assert engine_settings(spec, GenerationConfig(8), CURVE).policy.max_lost == 0.02
+    with pytest.raises(SpecError, match="needs adaptive=1"):
+        RunSpec.parse("flashmap,lost=0.02")
+    with pytest.raises(SpecError, match="lost must be in"):
+        RunSpec.parse("flashmap,adaptive=1,lost=-1")
+    args = parser.parse_args(["--max-lost", "0.05"])
+    assert bench.choice_from_args("auto", args).max_lost == 0.05
+    with pytest.raises(SystemExit, match="needs adaptive=1"):
+        bench.choice_from_args("flashmap", args)  # the networks' choices draft every round, uncut

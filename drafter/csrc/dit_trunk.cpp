@@ -212,6 +212,30 @@ void gelu_inplace(float* x, int64_t n) {
   });
 }
 
+// A block's MLP sub-layer, both trunks': x (R, D) += gate * (W_out gelu(W_in h + b_in) + b_out), h = x normalised and
+// modulated by (shift, scale); linear_in and linear_out point at a weight followed by its bias; h, wide and y scratch
+void mlp_sublayer(float* x, int64_t rows, int64_t d, const float* shift, const float* scale, const float* gate,
+                  double eps, const at::Tensor* linear_in, const at::Tensor* linear_out, float* h, float* wide,
+                  float* y) {
+  norm_modulate(x, rows, d, shift, scale, eps, h);
+  const Linear mlp_in{linear_in[0], linear_in[1]};
+  mlp_in(h, rows, d, wide);
+  gelu_inplace(wide, rows * mlp_in.out_features());
+  Linear{linear_out[0], linear_out[1]}(wide, rows, mlp_in.out_features(), y);
+  gated_add(x, rows, d, gate, y);
+}
+
+// The trunk's output: x (R, D) normalised and modulated by (shift, scale) (h: scratch), times the final linear
+// (linear: its weight, then its bias) -> (R, N) fp32
+at::Tensor modulated_output(const float* x, int64_t rows, int64_t d, const float* shift, const float* scale,
+                            double eps, const at::Tensor* linear, float* h, const at::TensorOptions& options) {
+  norm_modulate(x, rows, d, shift, scale, eps, h);
+  const Linear out{linear[0], linear[1]};
+  auto result = at::empty({rows, out.out_features()}, options);
+  out(h, rows, d, result.data_ptr<float>());
+  return result;
+}
+
 // per-head RMSNorm with weight (E,), times `scale`: n rows of E values at src, `stride` apart -> dst (n, E), or
 // transposed -> dst (E, n) (keys, for `scores`)
 void head_norm(const float* src, int64_t stride, int64_t n, int64_t e, const float* weight, double eps, float scale,
@@ -384,20 +408,12 @@ at::Tensor trunk(const at::Tensor& slot_input, int64_t slots, const at::Tensor& 
                     qk_eps, mixed.data());
     Linear{w[CROSS_O], w[CROSS_O_BIAS]}(mixed.data(), rows, d, y.data());
     gated_add(x.data(), rows, d, lm + 5 * d, y.data());
-    // the MLP
-    norm_modulate(x.data(), rows, d, lm + 6 * d, lm + 7 * d, ln_eps, h.data());
-    const Linear mlp_in{w[MLP_IN], w[MLP_IN_BIAS]};
-    mlp_in(h.data(), rows, d, wide.data());
-    gelu_inplace(wide.data(), rows * mlp_in.out_features());
-    Linear{w[MLP_OUT], w[MLP_OUT_BIAS]}(wide.data(), rows, mlp_in.out_features(), y.data());
-    gated_add(x.data(), rows, d, lm + 8 * d, y.data());
+    mlp_sublayer(x.data(), rows, d, lm + 6 * d, lm + 7 * d, lm + 8 * d, ln_eps, w + MLP_IN, w + MLP_OUT, h.data(),
+                 wide.data(), y.data());
   }
   const at::Tensor* tail = weights.data() + HEAD_TENSORS + layers * LAYER_TENSORS;
-  norm_modulate(x.data(), rows, d, m + 9 * layers * d, m + (9 * layers + 1) * d, ln_eps, h.data());
-  const Linear out{tail[0], tail[1]};
-  auto result = at::empty({rows, out.out_features()}, slot_input.options());  // (R, T)
-  out(h.data(), rows, d, result.data_ptr<float>());
-  return result;
+  return modulated_output(x.data(), rows, d, m + 9 * layers * d, m + (9 * layers + 1) * d, ln_eps, tail, h.data(),
+                          slot_input.options());  // (R, T)
 }
 
 // ---- the released FlashMap DiT (drafter/flashmap_release.py ReleaseNet) ----------------------------------------------
@@ -514,20 +530,12 @@ at::Tensor release_trunk(const at::Tensor& inputs, const at::Tensor& cos, const 
     });
     Linear{w[R_CROSS_O], w[R_CROSS_O_BIAS]}(mixed.data(), slots, d, y.data());
     gated_add(x.data(), slots, d, lm + 5 * d, y.data());
-    // the MLP
-    norm_modulate(x.data(), slots, d, lm + 7 * d, lm + 6 * d, ln_eps, h.data());
-    const Linear mlp_in{w[R_MLP_IN], w[R_MLP_IN_BIAS]};
-    mlp_in(h.data(), slots, d, wide.data());
-    gelu_inplace(wide.data(), slots * mlp_in.out_features());
-    Linear{w[R_MLP_OUT], w[R_MLP_OUT_BIAS]}(wide.data(), slots, mlp_in.out_features(), y.data());
-    gated_add(x.data(), slots, d, lm + 8 * d, y.data());
+    mlp_sublayer(x.data(), slots, d, lm + 7 * d, lm + 6 * d, lm + 8 * d, ln_eps, w + R_MLP_IN, w + R_MLP_OUT,
+                 h.data(), wide.data(), y.data());
   }
   const at::Tensor* tail = weights.data() + RELEASE_HEAD_TENSORS + layers * RELEASE_LAYER_TENSORS;
-  norm_modulate(x.data(), slots, d, m + (9 * layers + 1) * d, m + 9 * layers * d, ln_eps, h.data());
-  const Linear out{tail[0], tail[1]};
-  auto result = at::empty({slots, out.out_features()}, inputs.options());  // (K, T)
-  out(h.data(), slots, d, result.data_ptr<float>());
-  return result;
+  return modulated_output(x.data(), slots, d, m + (9 * layers + 1) * d, m + 9 * layers * d, ln_eps, tail, h.data(),
+                          inputs.options());  // (K, T)
 }
 
 // x (R, I) @ W^T + bias -> (R, N) for a weight packed by `pack` (the LM head rows, and tests of the kernel)

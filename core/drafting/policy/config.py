@@ -11,6 +11,9 @@ class PolicyConfig:
     # skip the network's call for 1, 2, 4 ... rounds after drafts that did not pay for it, at most this many: a
     # FlashMap jump costs ~0.24 of a target step on the CPU, so a longer skip loses the rounds where it pays again
     max_skip: int = 8
+    # expected tokens a round the cut may give up against verifying the whole draft (cut.within_loss): 0, no bound,
+    # the cut weighs verify cost alone; RunSpec.max_lost sets it
+    max_lost: float = 0.0
     # a plain step after this many drafting rounds in a row (0: never), so a reply carries plain-step timings measured
     # under its own load, which the measured verdicts and the app's speed ratio read
     plain_probe_every: int = 0
@@ -86,6 +89,8 @@ class PolicyConfig:
         for name in counts:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_lost < 0:
+            raise ValueError(f"max_lost must be >= 0, got {self.max_lost}")
         if not 0 < self.try_budget < 1 or self.stall < 1:
             raise ValueError("try_budget must be in (0, 1) and stall >= 1")
 

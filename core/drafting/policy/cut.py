@@ -1,7 +1,8 @@
 """How much of a draft to verify: the prefix with the most expected committed tokens per unit of this machine's
-verify cost (core.runtime.verify_cost), from the slots' confidence as their acceptance estimate. Pure functions on
-Python floats: a cut runs every drafting round, where a dozen tensor ops on a few slots would cost ~5% of a step.
-Whatever length they pick, verification keeps the output exact.
+verify cost (core.runtime.verify_cost), from the slots' confidence as their acceptance estimate; with a bound on the
+tokens the cut may give up (RunSpec.max_lost), at least the shortest prefix whose expected tokens fall short of the
+whole draft's by no more than it. Pure functions on Python floats: a cut runs every drafting round, where a dozen
+tensor ops on a few slots would cost ~5% of a step. Whatever length they pick, verification keeps the output exact.
 
 Shape letters: K = drafted block length."""
 from __future__ import annotations
@@ -51,9 +52,20 @@ def extend_cut(expected: float, fed: int, confidence: list[float], verify_cost: 
     return best_m, best_value
 
 
-def best_draft_length(confidence, verify_cost: tuple[float, ...]) -> int:
-    """The prefix length n maximising expected committed tokens per unit of verify cost (best_cut)."""
-    return best_cut(confidence, verify_cost)[0]
+def within_loss(confidence, verify_cost: tuple[float, ...], max_lost: float) -> int:
+    """The shortest prefix n whose expected committed tokens fall short of verifying every slot the curve holds by at
+    most max_lost: expected(all) - expected(n) = sum_{k>n} prod_{j<=k} c_j <= max_lost. With calibrated confidences
+    that bounds the acceptance a round gives up against the whole draft's."""
+    values = confidence.tolist() if isinstance(confidence, torch.Tensor) else confidence
+    expected = expected_tokens(values, verify_cost)
+    return next(n for n, tokens in enumerate(expected) if expected[-1] - tokens <= max_lost)
+
+
+def best_draft_length(confidence, verify_cost: tuple[float, ...], max_lost: float = 0.0) -> int:
+    """The prefix length n maximising expected committed tokens per unit of verify cost (best_cut); with max_lost > 0
+    at least within_loss's n, so the cut gives up at most max_lost expected tokens a round (0: no such bound)."""
+    n = best_cut(confidence, verify_cost)[0]
+    return max(n, within_loss(confidence, verify_cost, max_lost)) if max_lost > 0 else n
 
 
 def draft_pays(confidence, verify_cost: tuple[float, ...], draft_cost: float) -> bool:
@@ -65,14 +77,14 @@ def draft_pays(confidence, verify_cost: tuple[float, ...], draft_cost: float) ->
     return any(tokens / (cost + draft_cost) > 1.0 for tokens, cost in zip(expected[1:], verify_cost[1:]))
 
 
-def clip_draft(draft: Draft | None, k: int, verify_cost: tuple[float, ...] = ()) -> Draft:
+def clip_draft(draft: Draft | None, k: int, verify_cost: tuple[float, ...] = (), max_lost: float = 0.0) -> Draft:
     """No draft -> an empty one; a drafter that overshoots the room left is cut to k slots; with a cost
-    curve, a draft with confidences is cut to its best expected length. (Alternatives are cut by the
-    trie's node budget, core.decoding.engine.round_trie.)"""
+    curve, a draft with confidences is cut to its best expected length (best_draft_length, max_lost its bound).
+    (Alternatives are cut by the trie's node budget, core.decoding.engine.round_trie.)"""
     if draft is None:
         return EMPTY
     if verify_cost and draft.confidence is not None:
-        k = min(k, best_draft_length(draft.confidence, verify_cost))
+        k = min(k, best_draft_length(draft.confidence, verify_cost, max_lost))
     if len(draft.tokens) <= k:
         return draft
     cut = lambda x: None if x is None else x[:k]  # noqa: E731

@@ -49,6 +49,7 @@ class DraftPolicy:
     # None: every forward captures, and the network is called whenever the policy asks
     capture: FeatureCapture | None = None
     decision: Decision | None = None  # the last round's
+    max_lost: float = 0.0  # expected tokens a round the cut may give up against the whole draft (0: no bound)
 
     @classmethod
     def for_run(cls, gen, state: PolicyState | None = None, window: int | None = None) -> "DraftPolicy":
@@ -63,7 +64,7 @@ class DraftPolicy:
         capture = None if window is None else FeatureCapture(window, cfg.capture_armed, cfg.capture_ready)
         return cls(state.costs.curve(gen.verify_cost), charged, SkipEmpty(cfg.max_skip if gen.verify_cost else 0),
                    PlainProbe(cfg.plain_probe_every), state, start_cost=gen.verify_cost, copy_tries=cfg.copy_tries,
-                   try_cost=state.tries.curve(gen.verify_cost), capture=capture)
+                   try_cost=state.tries.curve(gen.verify_cost), capture=capture, max_lost=cfg.max_lost)
 
     def draft(self, drafter: Drafter, anchor: int, k: int, sampling: SamplingConfig,
               generator: torch.Generator) -> Draft:
@@ -131,7 +132,7 @@ class DraftPolicy:
         rates = self.state.sampled
         if not self.verify_cost or not rates.reached:
             return False
-        return best_draft_length(rates.rates(k).tolist(), self.verify_cost) == 0
+        return best_draft_length(rates.rates(k).tolist(), self.verify_cost, self.max_lost) == 0
 
     def best_lookup(self, copies: tuple[Copy, ...], k: int) -> Draft:
         """The round's copied draft (copy_choice.best_copy), copy tries where they are on."""
@@ -203,7 +204,7 @@ class DraftPolicy:
 
     def cut(self, proposal: Draft | None, k: int) -> Draft:
         """The part of the network's proposal to verify (an empty draft for none)."""
-        draft = clip_draft(proposal, k, self.verify_cost)
+        draft = clip_draft(proposal, k, self.verify_cost, self.max_lost)
         if proposal is not None and proposal.confidence is not None and self.verify_cost:  # a draft it can cut
             self.skip.drafted(draft_pays(proposal.confidence[:k], self.verify_cost, self.call_cost()))
         self.probe.record(plain=len(draft.tokens) == 0)
