@@ -302,7 +302,7 @@ def bench(cfg: BenchConfig) -> dict:
         result["flashmap_reference"] = flashmap_reference.summary(
             anchored, plain, drafted, result["baseline_tokens_per_s"], result["tokens_per_s"],
             result["acceptance_length"], cfg.sampling.greedy, anchor.precision,
-            [AcceptanceStats().add_all(run.events).acceptance_length for run in spec])
+            [row["acceptance_length"] for row in result["per_prompt"]])
         result["flashmap_reference"]["per_prompt"] = [
             {"tokens": len(run.tokens), "s": run.seconds, "acceptance_length": run.acceptance} for run in anchored]
     elif native is not None:

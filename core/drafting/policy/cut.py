@@ -56,8 +56,7 @@ def within_loss(confidence, verify_cost: tuple[float, ...], max_lost: float) -> 
     """The shortest prefix n whose expected committed tokens fall short of verifying every slot the curve holds by at
     most max_lost: expected(all) - expected(n) = sum_{k>n} prod_{j<=k} c_j <= max_lost. With calibrated confidences
     that bounds the acceptance a round gives up against the whole draft's."""
-    values = confidence.tolist() if isinstance(confidence, torch.Tensor) else confidence
-    expected = expected_tokens(values, verify_cost)
+    expected = expected_tokens(confidence, verify_cost)
     return next(n for n, tokens in enumerate(expected) if expected[-1] - tokens <= max_lost)
 
 
