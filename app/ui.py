@@ -293,14 +293,18 @@ def api_functions(service: ChatService, default: str):
     def api_chat(message: str, drafter: str = default, block_size: int = 0, steps: int = 1, temperature: float = 0.0,
                  top_p: float = 1.0, max_new_tokens: int = 256, adaptive: bool = True, tree: int = 1,
                  system_prompt: str = "", enable_thinking: bool = False, seed: int = 0) -> str:
-        """Reply to one user message (streamed text). block_size 0: the drafter's own block."""
+        """Reply to one user message (streamed text, at most every UPDATE_EVERY_S: each update costs the server
+        about as much as a round). block_size 0: the drafter's own block."""
         values = dict(drafter=drafter, block_size=block_size, steps=steps, temperature=temperature, top_p=top_p,
                       max_new_tokens=max_new_tokens, adaptive=adaptive, tree=tree, system_prompt=system_prompt,
                       enable_thinking=enable_thinking, seed=seed)
         try:
             settings, drafter_obj = prepare(service, message, values)
+            last = float("-inf")
             for ev, _speed in service.stream(service.prompt_ids([], message, settings), settings, drafter_obj):
-                yield ev.text
+                if ev.finished or time.perf_counter() - last >= UPDATE_EVERY_S:
+                    last = time.perf_counter()
+                    yield ev.text
         except (UserError, PromptError, RemoteUnavailable) as err:
             log.warning("user error (api /chat): %s", err)
             raise gr.Error(str(err)) from err

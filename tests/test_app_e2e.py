@@ -47,9 +47,11 @@ def test_chat_api_and_draft_panel(app):
     reply = client.predict("What is 2+2? Answer with the number.", api_name="/chat")
     assert "4" in reply
     assert "★" in client.predict(api_name="/draft_panel")  # one row per round, each ending with the target's token
-    plain = client.predict("What is 2+2? Answer with the number.", drafter="none", max_new_tokens=64,
-                           api_name="/chat")
-    assert abs(client.predict(api_name="/speed")["ratio"] - 1.0) < 0.15 and plain
+    # a plain reply reads 1x plain decoding: over 64 steps, as a reply of a few 3 ms steps reads the jitter of the
+    # server's event loop as much as the model
+    plain = client.predict("Write a short poem about the sea.", drafter="none", max_new_tokens=64, api_name="/chat")
+    speed = client.predict(api_name="/speed")
+    assert speed["plain_steps"] >= 48 and abs(speed["ratio"] - 1.0) < 0.15 and plain
 
 
 def openai_client(url):

@@ -54,6 +54,17 @@ def test_chat_streams_reply_panel_and_stats_and_saves_it(service, monkeypatch):
     assert len(more[0]) == 4 and more[5] == conv_id and len(service.conversations.load(conv_id)["messages"]) == 4
 
 
+def test_the_chat_api_streams_at_most_every_update_interval_and_ends_with_the_whole_reply(service, monkeypatch):
+    api_chat = ui.api_functions(service, "copies")["chat"]
+    message = "w10 w11 w12 w10 w11"
+    monkeypatch.setattr(ui, "UPDATE_EVERY_S", 0.0)
+    every_round = list(api_chat(message, drafter="copies", block_size=4, max_new_tokens=24))
+    monkeypatch.setattr(ui, "UPDATE_EVERY_S", 60.0)
+    throttled = list(api_chat(message, drafter="copies", block_size=4, max_new_tokens=24))
+    assert len(every_round) > 2 and len(throttled) == 2  # the first round's text, then the finished reply
+    assert throttled[-1] == every_round[-1] == service.last_events[-1].text
+
+
 def test_panel_marks_accepted_rejected_unreached_and_target():
     tokenizer = make_target(tiny_llama(vocab_size=64)).tokenizer
     ev = event(drafted=(10, 11, 12, 13), n_accepted=1, target_token=20, committed=(10, 20))
