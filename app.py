@@ -138,10 +138,10 @@ def main(argv=None) -> None:
         print(f"note: {name} drafter unavailable ({why})", flush=True)
     print(f"Forward: {target.precision}", flush=True)
     print(f"Verify-cost curve: {service.curve_status}", flush=True)  # before the re-measurement changes it
-    if not args.no_measure and service.local:
-        service.measure_in_background()
-    api = FastAPI(title="FlashMap Chat")
     default = REMOTE if service.remote is not None else args.drafter
+    if not args.no_measure and service.local:
+        service.measure_in_background(default)
+    api = FastAPI(title="FlashMap Chat")
     add_openai_routes(api, service, default)
     app = gr.mount_gradio_app(api, build_ui(service, default), path="/", css=CSS)
     serve(app, args.host, args.port)

@@ -298,17 +298,34 @@ class ChatService:
         log.info("verify cost curves: %s", self.curve_status)
         return curves
 
-    def measure_in_background(self) -> threading.Thread:
-        thread = threading.Thread(target=self._measure_logged, name="verify-cost", daemon=True)
+    def measure_in_background(self, drafter: str = "auto") -> threading.Thread:
+        """The verify-cost curves, then the call cost of the given drafter choice (built and run once meanwhile),
+        measured between replies, so that the first adaptive reply waits for neither."""
+        thread = threading.Thread(target=self._measure_logged, args=(drafter,), name="verify-cost", daemon=True)
         thread.start()
         return thread
 
-    def _measure_logged(self) -> None:
+    def _measure_logged(self, drafter: str) -> None:
         try:
             self.measure_verify_cost()
         except Exception:  # a real fault: keep serving (adaptive K keeps the cached curve or stays off)
             self.curve_status = "measurement failed (see the server log)"
             log.exception("verify cost measurement failed")
+            return
+        try:
+            self.prepare_drafter(drafter)
+        except Exception:  # the first adaptive reply measures it instead
+            log.exception("measuring the %s drafter's call cost failed", drafter)
+
+    def prepare_drafter(self, choice: str) -> float:
+        """Build the drafter this choice drafts with and measure its call cost (draft_cost; 0 for plain or an
+        unavailable one): its first call, slower than the rest, then falls in no reply."""
+        with self.lock:
+            try:
+                drafter = self.drafter_for(ChatSettings(drafter=choice))
+            except DrafterUnavailable:
+                return 0.0
+            return self.draft_cost(drafter) if drafter is not self.remote else 0.0
 
     def threads(self) -> str:
         """The thread policy in effect for the status line: the measured one, else torch's own count."""

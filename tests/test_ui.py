@@ -207,6 +207,15 @@ def test_background_measurement_lets_replies_through(service):
     assert outputs[-1][0][-1]["content"] and not thread.is_alive()
 
 
+def test_background_measurement_then_prepares_the_default_drafter(service, tmp_path):
+    """After the curves, the default choice's drafter is built and its call cost measured: no reply pays for it."""
+    fresh = ChatService(service.target, data_dir=tmp_path)
+    fresh.measure_in_background("copies").join(timeout=120)
+    copies = fresh.drafter_for(ChatSettings(drafter="copies"))
+    assert fresh.cost_curves is not None and id(copies) in fresh._draft_costs
+    assert fresh.prepare_drafter("none") == 0.0 and fresh.prepare_drafter("flashmap") == 0.0  # plain; unavailable
+
+
 def test_requests_are_served_in_arrival_order():
     from app.service import FairLock
 
