@@ -23,7 +23,7 @@ from core.decoding.stats import ReplySpeed
 from core.drafting.base import MAX_BLOCK_SIZE
 from core.drafting.policy.state import PolicyState
 from core.runtime.target import Target
-from core.runtime.threads import apply_thread_policy
+from core.runtime.threads import with_threads
 from core.runtime.verify_cost import CostCurves, curve_passes, load_cached, save_cached
 from core.runtime.verify_cost import draft_cost as measure_draft_cost
 from drafter.registry import DrafterUnavailable, build_drafter, with_lookup
@@ -119,8 +119,9 @@ class ChatService:
         self.target = target
         self.remote = remote  # app.remote.VllmServer (checked) or None: the "vllm" choice writes replies there
         self.last_remote: dict | None = None  # what the server's spec-decode counters moved by in its last reply
-        # core.runtime.threads.ThreadPolicy: each reply's thread count; None: left as set
+        # core.runtime.threads.ThreadPolicy: the thread count while replies run; None: left as set
         self.thread_policy = thread_policy
+        self.thread_count = thread_policy.live() if thread_policy is not None else None  # asked before each step
         self.weights = weights or {}
         self.allow_download = allow_download
         self.lock = FairLock()
@@ -233,9 +234,9 @@ class ChatService:
             if gen.charges_draft_cost() and drafter is not None:  # measured only where the engine charges it
                 gen = replace(gen, draft_cost=self.draft_cost(drafter))
             measured = None if drafter is None else self._measured.setdefault(id(drafter), PolicyState())
-            if self.thread_policy is not None:  # more threads only while nothing else runs (ThreadPolicy.threads_now)
-                apply_thread_policy(self.thread_policy.threads_now())
-            for ev in generate(self.target, prompt_ids, gen, drafter, cancel, measured=measured, prefix=self.prefix):
+            # more threads only while nothing else runs (ThreadPolicy.live), in every thread that resumes the reply
+            events = generate(self.target, prompt_ids, gen, drafter, cancel, measured=measured, prefix=self.prefix)
+            for ev in with_threads(events, self.thread_count or 0):
                 speed.add(ev, time.perf_counter())
                 self.last_events.append(ev)
                 yield ev, speed

@@ -65,8 +65,51 @@ def test_a_policy_that_takes_all_cores_only_while_nothing_else_runs(monkeypatch,
     assert ThreadPolicy(1, "passive").threads_now() == 1  # no idle count: nothing is looked at
 
 
+def test_the_live_count_follows_the_latest_snapshots(monkeypatch):
+    """A neighbour runnable for a moment is outvoted; one that stays takes the count down once three of the five
+    latest snapshots see it; snapshots are taken at most every 0.25 s."""
+    snapshots = iter([1, 1, 0, 0, 0] + [0, 0, 1, 1, 1, 1])
+    monkeypatch.setattr(threads_mod, "others_running", lambda: next(snapshots))
+    now = [0.0]
+    watch = threads_mod.IdleWatch(clock=lambda: now[0])
+    seen = []
+    for _ in range(13):
+        seen.append(watch.idle())
+        now[0] += 0.125  # a snapshot every other call (exact in binary)
+    assert seen == [True] * 10 + [False] * 3
+    monkeypatch.setattr(threads_mod, "IdleWatch", lambda: watch)
+    assert ThreadPolicy(1, "spin", 2).live()() == 1 and ThreadPolicy(3, "spin").live()() == 3
+
+
 def test_others_running_reads_this_machine():
     assert threads_mod.others_running() >= 0 and isinstance(threads_mod.machine_idle(samples=2, gap_s=0), bool)
+
+
+def test_a_busy_neighbour_is_seen_whatever_this_process_runs():
+    """A process spinning beside this one keeps the machine from looking idle, while this process's own spinning
+    thread is not counted as another's."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            pass
+
+    own = threading.Thread(target=spin)
+    own.start()
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert sum(threads_mod.others_running() >= 1 for _ in range(5)) >= 4 and not threads_mod.machine_idle()
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+        stop.set()
+        own.join()
 
 
 def test_wait_idle_waits_for_a_neighbour_to_settle_and_gives_up_in_time(monkeypatch):
@@ -75,3 +118,36 @@ def test_wait_idle_waits_for_a_neighbour_to_settle_and_gives_up_in_time(monkeypa
     assert threads_mod.wait_idle(timeout_s=5.0)
     monkeypatch.setattr(threads_mod, "machine_idle", lambda: False)
     assert not threads_mod.wait_idle(timeout_s=0.05)
+
+
+def test_a_reply_keeps_its_thread_count_in_whichever_thread_resumes_it():
+    """OpenMP keeps a count per OS thread: a worker that ran an earlier reply with 2 threads resumes this one with
+    its 1; closing the reply closes what it wraps."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from core.runtime.threads import with_threads
+
+    worker = ThreadPoolExecutor(1)
+    worker.submit(torch.set_num_threads, 2).result()  # an earlier reply's count, which this OS thread keeps
+
+    def counts():
+        while True:
+            yield torch.get_num_threads()
+
+    reply = with_threads(counts(), 1)
+    assert [next(reply), worker.submit(next, reply).result(), worker.submit(next, reply).result()] == [1, 1, 1]
+    closed = []
+
+    def events():
+        try:
+            yield from counts()
+        finally:
+            closed.append(True)
+
+    left = with_threads(events(), 0)
+    next(left)
+    left.close()
+    assert closed == [True]
+    worker.shutdown()

@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,6 +42,17 @@ class ThreadPolicy:
         """The thread count for a reply starting now (0: one per core)."""
         return self.idle_threads if self.idle_threads and machine_idle() else self.threads
 
+    def live(self) -> Callable[[], int]:
+        """A function giving the thread count now, for a server to call before each step of its replies: the idle
+        count while most of IdleWatch's latest snapshots, kept from one reply to the next, saw no other process
+        runnable. A neighbour runnable only as a reply starts (the client that sent it) is outvoted; one that starts
+        mid-reply takes the count down within three snapshots."""
+        busy_count = self.threads or os.cpu_count() or 1
+        if not self.idle_threads:
+            return lambda: busy_count
+        watch = IdleWatch()
+        return lambda: self.idle_threads if watch.idle() else busy_count
+
 
 DEFAULT_POLICY = ThreadPolicy(threads=1, wait="short-spin", idle_threads=os.cpu_count() or 1)
 
@@ -63,33 +76,68 @@ def choose(rows: list[dict]) -> ThreadPolicy:
 
 
 def others_running() -> int:
-    """Threads of other processes runnable at this instant: /proc/stat's procs_running less this process's own
-    running threads (0 where /proc is absent)."""
+    """Threads of other processes runnable at this instant, each read from its own /proc/PID/task/TID/stat (0
+    where /proc is absent). Not /proc/stat's procs_running less this process's runnable threads: those are two
+    readings taken apart, and this process's own threads waking between them (a server's, as a reply starts) hid a
+    busy neighbour."""
+    me = os.getpid()
     try:
-        stat = Path("/proc/stat").read_text()
-        running = next(int(line.split()[1]) for line in stat.splitlines() if line.startswith("procs_running"))
-    except (OSError, StopIteration, ValueError):
+        pids = [name for name in os.listdir("/proc") if name.isdigit() and int(name) != me]
+    except OSError:
         return 0
-    ours = 0
-    for task in Path("/proc/self/task").glob("*/stat"):
+    running = 0
+    for pid in pids:
         try:
-            ours += task.read_text().rsplit(")", 1)[1].split()[0] == "R"
-        except (OSError, IndexError):
-            pass
-    return max(0, running - ours)
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as stat:
+                    running += stat.read().rsplit(b")", 1)[1].split(None, 1)[0] == b"R"
+            except (OSError, IndexError):
+                pass
+    return running
+
+
+def busy_snapshots(samples: int = 5, gap_s: float = 0.002) -> list[bool]:
+    """Whether another process had a thread runnable, in each of `samples` snapshots gap_s apart."""
+    import time
+
+    busy = []
+    for i in range(samples):
+        if i:
+            time.sleep(gap_s)
+        busy.append(others_running() > 0)
+    return busy
 
 
 def machine_idle(samples: int = 5, gap_s: float = 0.002) -> bool:
     """Whether no other process keeps a core busy: in most of a few snapshots ~2 ms apart, nothing else is runnable
     (a busy neighbour is runnable in nearly all of them; a daemon waking now and then in few)."""
-    import time
+    return sum(busy_snapshots(samples, gap_s)) <= samples // 2
 
-    busy = 0
-    for i in range(samples):
-        busy += others_running() > 0
-        if i + 1 < samples:
-            time.sleep(gap_s)
-    return busy <= samples // 2
+
+class IdleWatch:
+    """machine_idle over time: the snapshots of its first call, then one more at most every `every_s` (taken only
+    when asked: nothing runs between replies), the majority of the latest `window` deciding."""
+
+    def __init__(self, window: int = 5, every_s: float = 0.25, clock: Callable[[], float] | None = None):
+        import time
+
+        self.every_s, self.clock = every_s, clock or time.monotonic
+        self.busy: deque[bool] = deque(maxlen=window)  # per snapshot: was another process runnable
+        self.last = float("-inf")
+
+    def idle(self) -> bool:
+        now = self.clock()
+        if not self.busy:
+            self.busy.extend(busy_snapshots(self.busy.maxlen))
+            self.last = now
+        elif now - self.last >= self.every_s:
+            self.busy.append(others_running() > 0)
+            self.last = now
+        return sum(self.busy) <= len(self.busy) // 2
 
 
 def wait_idle(timeout_s: float = 0.5) -> bool:
@@ -167,6 +215,32 @@ def apply_thread_policy(threads: int = 0) -> int:
     if threads:
         torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+def with_threads(items: Iterable, threads: int | Callable[[], int]) -> Iterator:
+    """`items` (a reply's events) with `threads` torch threads (0: as set; a function: its answer before each
+    item, ThreadPolicy.live) in whichever OS thread resumes it.
+    OpenMP keeps a thread count per OS thread, and a server resumes a streamed reply from its worker threads in
+    turn: a worker that ran an earlier reply keeps that reply's count, two threads beside a busy neighbour among
+    them (each step then waits for the thread the neighbour keeps off its core)."""
+    import torch
+
+    count = threads if callable(threads) else (lambda: threads)
+    source = iter(items)
+    try:
+        while True:
+            now = count()
+            if now and torch.get_num_threads() != now:
+                torch.set_num_threads(now)
+            try:
+                item = next(source)
+            except StopIteration:
+                return
+            yield item
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
 
 
 def wait_policy() -> str:
