@@ -46,7 +46,7 @@ class ThreadPolicy:
         """A function giving the thread count now, for a server to call before each step of its replies: the idle
         count while most of IdleWatch's latest snapshots, kept from one reply to the next, saw no other process
         runnable. A neighbour runnable only as a reply starts (the client that sent it) is outvoted; one that starts
-        mid-reply takes the count down within three snapshots."""
+        between replies or mid-reply takes the count down within three snapshots (0.75 s of a reply)."""
         busy_count = self.threads or os.cpu_count() or 1
         if not self.idle_threads:
             return lambda: busy_count
