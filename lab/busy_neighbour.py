@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -20,13 +19,7 @@ import time
 from pathlib import Path
 
 from core.prompts import read_prompt_file
-from scripts.screenshots import start_app
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from scripts.screenshots import free_port, start_app
 
 
 def summary(speeds: dict[str, list[float]]) -> dict:

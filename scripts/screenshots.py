@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -40,6 +41,13 @@ def chat_in_browser(pw, url: str, message: str, timeout_ms: int = 300_000):
     browser, page = open_page(pw, url)
     send(page, message, timeout_ms)
     return browser, page
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now, for an app started by start_app."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def start_app(port: int, drafter: str = "auto", *extra: str) -> tuple[subprocess.Popen, str]:

@@ -3,14 +3,13 @@ headless Chromium (Debian's, through Playwright): the issue's checks of an hones
 with the default settings, a streaming Compare tab, conversations that survive a restart, and a soak test."""
 import os
 import re
-import socket
 import time
 from pathlib import Path
 
 import pytest
 
 from core.prompts import read_prompt_file
-from scripts.screenshots import CHROMIUM, open_page, send, start_app
+from scripts.screenshots import CHROMIUM, free_port, open_page, send, start_app
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -18,12 +17,6 @@ browser_needed = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian
                                     "(.ci/run installs it)")
 SOAK_TURNS = 30
 SOAK_RSS_BOUND_MB = 150  # resident memory may grow this much over the soak test's turns (warm caches, allocator)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
