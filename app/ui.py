@@ -29,7 +29,7 @@ from app.render import (
     speed_lines,
 )
 from app.service import REMOTE, ChatService, ChatSettings
-from core.decoding.engine import PromptError
+from core.decoding.engine import PromptError, RoundEvent
 from core.decoding.stats import AcceptanceStats
 from core.prompts import read_prompt_file
 from drafter.registry import DrafterUnavailable
@@ -38,6 +38,20 @@ from drafter.spec import ADAPTIVE_CHOICES, FLASHMAP_CHOICES
 __all__ = ["CSS", "build_ui"]
 UPDATE_EVERY_S = 0.1  # at most ~10 screen updates a second: the browser shares the CPU with the model
 CHART_EVERY_S = 1.5  # the per-slot chart is redrawn this often while a reply streams (a figure costs ~ a round)
+
+
+class Every:
+    """Whether a streamed reply's screen (or chart) is due: at most once every `seconds`, and at the reply's end."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.last = seconds, float("-inf")
+
+    def due(self, ev: RoundEvent) -> bool:
+        now = time.perf_counter()
+        if not ev.finished and now - self.last < self.seconds:
+            return False
+        self.last = now
+        return True
 ADAPTIVE_LABEL = ("Adaptive K: cut low-confidence draft tails and skip the drafter while its drafts do not pay for it "
                   "(uses this machine's measured verify cost)")
 TREE_LABEL = "FlashMap drafts per round (T = 0: verified together as a tree of at most K tokens)"
@@ -136,15 +150,13 @@ def chat(service: ChatService, message: str, history: list[dict], stats: Accepta
         prompt_ids = service.prompt_ids(history, message, settings)
         shown = settings.drafter if drafter is not None else "none"
         history += [{"role": "user", "content": message}, {"role": "assistant", "content": ""}]
-        last_update = last_chart = float("-inf")
+        screen, chart = Every(UPDATE_EVERY_S), Every(CHART_EVERY_S)
         for ev, speed in service.stream(prompt_ids, settings, drafter):
             stats.add(ev)
             history[-1]["content"] = ev.text
-            now = time.perf_counter()
-            if not ev.finished and now - last_update < UPDATE_EVERY_S:
+            if not screen.due(ev):
                 continue  # every event is counted; the screen catches up at the next update
-            redraw = ev.finished or now - last_chart >= CHART_EVERY_S
-            last_chart, last_update = (now if redraw else last_chart), now
+            redraw = chart.due(ev)
             yield (history, render_panel(service.target.tokenizer, service.last_events),
                    stats_text(service, stats, speed, shown, history, settings), slot_chart(stats) if redraw
                    else gr.skip(), stats, conv_id)
@@ -225,11 +237,10 @@ def compare(service: ChatService, prompt: str, against: str = "none", **settings
         labels[1] += " (2)" if labels[1] == labels[0] else ""
         sides = {}
         for side, (side_settings, side_drafter) in enumerate(((other, other_drafter), (settings, drafter))):
-            text, tokens, last = "", [], float("-inf")
+            text, tokens, screen = "", [], Every(UPDATE_EVERY_S)
             for ev, speed in service.stream(ids, side_settings, side_drafter):
                 text, tokens = ev.text, tokens + list(ev.committed)
-                if ev.finished or time.perf_counter() - last >= UPDATE_EVERY_S:
-                    last = time.perf_counter()
+                if screen.due(ev):
                     tps = f"{speed.tokens_per_s:.1f} tokens/s" if speed.tokens_per_s else "starting…"
                     texts = (text, "") if side == 0 else (sides[labels[0]][0], text)
                     yield (gr.update(value=texts[0], label=labels[0]), gr.update(value=texts[1], label=labels[1]),
@@ -300,10 +311,9 @@ def api_functions(service: ChatService, default: str):
                       enable_thinking=enable_thinking, seed=seed)
         try:
             settings, drafter_obj = prepare(service, message, values)
-            last = float("-inf")
+            screen = Every(UPDATE_EVERY_S)
             for ev, _speed in service.stream(service.prompt_ids([], message, settings), settings, drafter_obj):
-                if ev.finished or time.perf_counter() - last >= UPDATE_EVERY_S:
-                    last = time.perf_counter()
+                if screen.due(ev):
                     yield ev.text
         except (UserError, PromptError, RemoteUnavailable) as err:
             log.warning("user error (api /chat): %s", err)

@@ -86,8 +86,8 @@ def test_others_running_reads_this_machine():
 
 
 def test_a_busy_neighbour_is_seen_whatever_this_process_runs():
-    """A process spinning beside this one keeps the machine from looking idle, while this process's own spinning
-    thread is not counted as another's."""
+    """A process spinning beside this one keeps the machine from looking idle, also while this process keeps a
+    thread of its own busy."""
     import subprocess
     import sys
     import threading
