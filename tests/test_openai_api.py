@@ -92,3 +92,59 @@ def test_content_as_a_list_of_text_parts_is_read_as_their_text(client, service):
     with pytest.raises(openai.BadRequestError, match="image_url.*text only") as caught:
         client.chat.completions.create(model="tiny-api", messages=[{"role": "user", "content": image}])
     assert caught.value.status_code == 400
+
+
+@pytest.mark.parametrize("field, value", [("logprobs", True), ("top_logprobs", 3), ("logit_bias", {"5": 10}),
+                                          ("presence_penalty", 0.5), ("frequency_penalty", 1.0),
+                                          ("tools", [{"type": "function", "function": {"name": "f"}}]),
+                                          ("response_format", {"type": "json_object"})])
+def test_a_field_the_server_does_not_serve_is_refused_with_a_400_that_names_it(client, field, value):
+    with pytest.raises(openai.BadRequestError, match=field) as caught:
+        client.chat.completions.create(model="tiny-api", max_tokens=4, messages=[{"role": "user", "content": "w10"}],
+                                       extra_body={field: value})
+    assert caught.value.body["param"] == field
+    reply = client.chat.completions.create(model="tiny-api", max_tokens=4, logprobs=False, presence_penalty=0,
+                                           response_format={"type": "text"}, temperature=0,
+                                           messages=[{"role": "user", "content": "w10"}])
+    assert reply.choices[0].message.content is not None  # the defaults pass
+
+
+def failing_client(service, monkeypatch):
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("kernel fault")
+        yield  # (a generator, as ChatService.stream is)
+
+    monkeypatch.setattr(service, "stream", broken)
+    app = FastAPI()
+    add_openai_routes(app, service, "copies")
+    http = TestClient(app, raise_server_exceptions=False)  # as a server answers: the error is not raised to the client
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="local", http_client=http, max_retries=0)
+
+
+def test_an_unexpected_error_answers_an_openai_error_body_and_is_logged(service, monkeypatch, caplog):
+    client = failing_client(service, monkeypatch)
+    messages = [{"role": "user", "content": "w10 w11"}]
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.chat.completions.create(model="tiny-api", max_tokens=4, messages=messages)
+    assert caught.value.status_code == 500 and "kernel fault" in caught.value.body["message"]
+    assert caught.value.body["type"] == "server_error"
+    assert any("kernel fault" in r.getMessage() for r in caplog.records)
+
+
+def test_an_error_during_a_stream_ends_it_with_an_error_event(service, monkeypatch):
+    def breaks_after_one(*args, **kwargs):
+        stream = original(*args, **kwargs)
+        yield next(stream)
+        stream.close()
+        raise RuntimeError("fault mid-reply")
+
+    original = service.stream
+    monkeypatch.setattr(service, "stream", breaks_after_one)
+    app = FastAPI()
+    add_openai_routes(app, service, "copies")
+    http = TestClient(app, raise_server_exceptions=False)
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="local", http_client=http, max_retries=0)
+    with pytest.raises(openai.APIError, match="fault mid-reply"):
+        for _ in client.chat.completions.create(model="tiny-api", max_tokens=16, stream=True, temperature=0,
+                                                messages=[{"role": "user", "content": "w10 w11"}]):
+            pass

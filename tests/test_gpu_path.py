@@ -1,0 +1,191 @@
+"""The objects a GPU serves a reply with, on the CPU (tests/gpu_path.py's tiny Qwen3 folder and release-format
+drafter, loaded as the app loads them with --graphs sim --dtype fp32): fixed-shape steps with a prefix cache, a reply
+resumed from alternating threads, no tensor with a grad, every random draw on its generator's device, the released
+drafter found by its target's architecture and read with or without the release's `flashmap.` prefix."""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch.overrides import TorchFunctionMode
+
+from core.decoding.engine import GenerationConfig, generate, generate_all
+from core.decoding.prefix import PrefixCache
+from core.decoding.sampling import SamplingConfig
+from core.runtime.graphs import GraphedSteps
+from core.runtime.target import TargetConfig, load_target
+from drafter.graphed_release import GraphedReleaseDrafter
+from drafter.registry import build_drafter
+from drafter.spec import DrafterSpec
+from tests.gpu_path import write_folders
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return write_folders(tmp_path_factory.mktemp("gpu-path"))
+
+
+@pytest.fixture(scope="module")
+def target(folders, tmp_path_factory):
+    cfg = TargetConfig(target=str(folders[0]), graphs="sim", dtype="fp32",
+                       cache_dir=str(tmp_path_factory.mktemp("gpu-path-cache")))
+    return load_target(cfg)
+
+
+@pytest.fixture(scope="module")
+def drafter(target, folders):
+    return build_drafter(DrafterSpec("flashmap", weights=str(folders[1])), target)
+
+
+def prompt(target, text: str = "What is the capital of France?", thinking: bool = False) -> list[int]:
+    return target.chat_ids([{"role": "user", "content": text}], enable_thinking=thinking)
+
+
+def test_the_app_loads_the_gpus_objects_in_sim(target, drafter):
+    assert isinstance(target.lean, GraphedSteps) and target.lean.mode == "sim"
+    assert isinstance(drafter, GraphedReleaseDrafter) and drafter.mode == "sim"
+
+
+def test_the_qwen3_format_opens_the_reply_with_an_empty_think_block_when_thinking_is_off(target):
+    on, off = prompt(target, thinking=True), prompt(target, thinking=False)
+    assert off[: len(on)] == on and target.decode(off[len(on):]) == "<think>\n\n</think>\n\n"
+
+
+def test_a_reply_on_fixed_shape_steps_with_a_prefix_cache_equals_one_without(target, drafter):
+    """The app hands every reply its conversation's prefix cache; the fixed-shape steps reuse none of it (their
+    prefill is not bit for bit what the steps cached), so each turn equals a fresh reply."""
+    gen = GenerationConfig(max_new_tokens=24)
+    prefix = PrefixCache()
+    first = prompt(target)
+    for ids in (first, first + [11, 12, 13]):
+        fresh, _ = generate_all(target, ids, gen)
+        for with_drafter in (None, drafter):
+            events = list(generate(target, ids, gen, with_drafter, prefix=prefix))
+            assert [t for ev in events for t in ev.committed] == fresh
+
+
+def alternating(events, seen: list[str]):
+    """The events, each asked for from the other of two threads in turn, as a server resumes a stream."""
+    names = []
+
+    def step():
+        names.append(threading.current_thread().name)
+        return next(events, None)
+
+    workers = [ThreadPoolExecutor(1, thread_name_prefix=f"worker-{i}") for i in range(2)]
+    try:
+        for turn in range(10**6):
+            ev = workers[turn % 2].submit(step).result()
+            if ev is None:
+                return
+            yield ev
+    finally:
+        seen.extend(names)
+        for worker in workers:
+            worker.shutdown()
+
+
+def test_a_reply_resumed_from_alternating_threads_runs_in_inference_mode_and_equals_one_thread(target, drafter,
+                                                                                            monkeypatch):
+    modes = []
+    forward = type(target.lean).__call__
+
+    def recorded(self, *args, **kwargs):
+        modes.append(torch.is_inference_mode_enabled())
+        logits, features = forward(self, *args, **kwargs)
+        assert not logits.requires_grad and (features is None or not features.requires_grad)
+        return logits, features
+
+    monkeypatch.setattr(GraphedSteps, "__call__", recorded)
+    for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0)):
+        gen = GenerationConfig(max_new_tokens=24, sampling=sampling, seed=3)
+        ids = prompt(target)
+        one_thread = [ev.committed for ev in generate(target, ids, gen, drafter)]
+        seen: list[str] = []
+        many = [ev.committed for ev in alternating(generate(target, ids, gen, drafter), seen)]
+        assert many == one_thread and len(set(seen)) == 2
+    assert modes and all(modes)
+
+
+def test_no_weight_of_the_target_or_the_drafter_asks_for_a_grad(target, drafter):
+    assert not any(p.requires_grad for p in target.model.parameters())
+    assert not any(p.requires_grad for p in drafter.net.parameters())
+
+
+RANDOM_FACTORIES = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal, torch.rand_like,
+                    torch.randn_like, torch.randint_like}
+
+
+class DrawDevices(TorchFunctionMode):
+    """Records every random draw made with a generator: (function, the device it named, the generator's device). A
+    draw that names no device draws on the default (the host) whatever its generator's device: on a GPU a CUDA
+    generator meets a host draw (a RuntimeError) or a host generator a device draw."""
+
+    def __init__(self):
+        super().__init__()
+        self.draws: list[tuple[str, object, torch.device]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        generator = kwargs.get("generator")
+        if generator is not None:
+            named = kwargs.get("device")
+            if func is torch.multinomial or func in (torch.Tensor.uniform_, torch.Tensor.normal_,
+                                                     torch.Tensor.exponential_):
+                named = args[0].device  # drawn where its input lies
+            self.draws.append((getattr(func, "__name__", str(func)), named, generator.device))
+        return func(*args, **kwargs)
+
+
+def test_every_draw_names_its_generators_device(target, drafter, folders):
+    """Structural: wherever it runs, every draw with a generator says where it draws, and that is the generator's
+    device (the engine's verify generator lives on the target's device, the drafter's noise generator on the host)."""
+    gen = GenerationConfig(max_new_tokens=24, sampling=SamplingConfig(temperature=1.0), seed=1)
+    gen_top_p = replace(gen, sampling=SamplingConfig(temperature=0.7, top_p=0.9))
+    eager = build_drafter(DrafterSpec("flashmap", weights=str(folders[1]), steps=2), target)
+    with DrawDevices() as mode:
+        for with_drafter, config in ((None, gen), (drafter, gen), (drafter, gen_top_p), (eager, gen)):
+            generate_all(target, prompt(target), config, with_drafter)
+    names = {name for name, _, _ in mode.draws}
+    assert {"rand", "randn"} <= names, names  # the target's verdicts and the drafter's noise were both seen
+    wrong = [(name, named, on) for name, named, on in mode.draws
+             if named is None or torch.device(named) != on]
+    assert not wrong, wrong[:5]
+
+
+def test_the_released_drafter_is_found_for_a_local_folder_of_its_architecture(target, folders, tmp_path,
+                                                                             monkeypatch):
+    """A local folder of Qwen3-8B is not named "Qwen/Qwen3-8B": the released drafter is matched by the config."""
+    import huggingface_hub.constants as hub
+
+    from drafter import runtime
+    from drafter.flashmap_release import ReleaseDrafter
+
+    cfg = target.model.config
+    shape = (cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, cfg.vocab_size)
+    monkeypatch.setitem(runtime.PUBLISHED_ARCHITECTURES, shape, "test-org/Tiny-Qwen3")
+    monkeypatch.setitem(runtime.PUBLISHED_FLASHMAP, "test-org/Tiny-Qwen3", "test-org/FlashMap-Tiny-Qwen3")
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--test-org--FlashMap-Tiny-Qwen3"
+    (repo / "snapshots" / "0123abcd").mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (repo / "snapshots" / "0123abcd" / name).write_bytes((folders[1] / name).read_bytes())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    assert target.name == str(folders[0]) and runtime.published_target(target) == "test-org/Tiny-Qwen3"
+    assert isinstance(build_drafter(DrafterSpec("flashmap"), target), ReleaseDrafter)
+
+
+def test_a_release_folder_saved_with_the_flashmap_prefix_drafts_the_same(target, drafter, folders, tmp_path):
+    prefixed = tmp_path / "prefixed"
+    prefixed.mkdir()
+    (prefixed / "config.json").write_bytes((folders[1] / "config.json").read_bytes())
+    state = load_file(str(folders[1] / "model.safetensors"))
+    save_file({f"flashmap.{name}": tensor for name, tensor in state.items()}, str(prefixed / "model.safetensors"))
+    other = build_drafter(DrafterSpec("flashmap", weights=str(prefixed)), target)
+    for name, tensor in drafter.net.state_dict().items():
+        assert torch.equal(other.net.state_dict()[name], tensor), name
