@@ -333,3 +333,25 @@ def test_the_status_line_says_why_the_native_step_is_off(service, monkeypatch):
     monkeypatch.setitem(service.target.extra, "native_step", "no C++ compiler (g++) on this machine")
     text = ui.status_text(service)
     assert "native step off: no C++ compiler (g++) on this machine" in text and "CPU threads: " in text
+
+
+def test_a_fault_is_said_in_the_conversation_and_logged_not_laid_over_the_page(service, monkeypatch, caplog):
+    original = service.stream
+
+    def breaks_after_one(*args, **kwargs):
+        stream = original(*args, **kwargs)
+        yield next(stream)
+        stream.close()
+        raise RuntimeError("kernel fault")
+
+    monkeypatch.setattr(ui, "UPDATE_EVERY_S", 0.0)
+    monkeypatch.setattr(service, "stream", breaks_after_one)
+    history = [{"role": "user", "content": "w9"}, {"role": "assistant", "content": "w10"}]
+    outputs = list(ui.chat(service, "w10 w11 w12", history, None, "some-id", **SETTINGS))  # nothing raised
+    shown = outputs[-1][0]
+    assert shown[:2] == history and shown[2] == {"role": "user", "content": "w10 w11 w12"}
+    assert shown[3]["role"] == "assistant" and "The reply failed: RuntimeError: kernel fault" in shown[3]["content"]
+    assert shown[3]["content"].split("\n\n")[0] == outputs[0][0][3]["content"]  # what it had written stays
+    assert any(r.exc_info and "kernel fault" in r.getMessage() for r in caplog.records)  # with its traceback
+    summary = list(ui.compare(service, "w10 w11", drafter="copies", block_size=4, max_new_tokens=8))[-1][2]
+    assert "The reply failed: RuntimeError: kernel fault" in summary
