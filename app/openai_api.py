@@ -67,6 +67,17 @@ class ChatRequest(BaseModel):
     seed: int = 0
     stop: str | list[str] | None = None
     n: int = 1
+    # fields clients send that this server does not serve: refused with a 400 naming them when they ask for something
+    # (unsupported_fields), never silently ignored
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    functions: list | None = None
+    response_format: dict | None = None
     drafter: str | None = None  # extensions: the app's drafter settings
     block_size: int | None = Field(None, ge=1)
     steps: int = Field(1, ge=1)
@@ -84,6 +95,29 @@ def error_response(status: int, message: str, code: str | None = None, param: st
     log.warning("api error %d: %s", status, message)  # one line: the client's mistake, not a fault
     kind = "invalid_request_error" if status < 500 else "server_error"
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status)
+
+
+def unsupported_fields(req: ChatRequest) -> list[str]:
+    """The fields of this request that ask for what the server does not do: token log-probabilities, logit biases,
+    repetition penalties, tool calls and structured output (each left at its default passes)."""
+    asked = {
+        "logprobs": bool(req.logprobs),
+        "top_logprobs": bool(req.top_logprobs),
+        "logit_bias": bool(req.logit_bias),
+        "presence_penalty": bool(req.presence_penalty),
+        "frequency_penalty": bool(req.frequency_penalty),
+        "tools": bool(req.tools),
+        "tool_choice": req.tool_choice not in (None, "none"),
+        "functions": bool(req.functions),
+        "response_format": (req.response_format or {"type": "text"}).get("type") != "text",
+    }
+    return [name for name, wanted in asked.items() if wanted]
+
+
+def fault_body(err: Exception) -> dict:
+    """An OpenAI-style error body for a fault of the server's (not the request's)."""
+    return {"error": {"message": f"the reply failed: {type(err).__name__}: {err} (the server log has the details)",
+                      "type": "server_error", "param": None, "code": "internal_error"}}
 
 
 def settings_for(req: ChatRequest, default_drafter: str) -> ChatSettings:
@@ -124,6 +158,10 @@ class Completion:
                            code="model_not_found", param="model")
         if req.n != 1:
             raise ApiError(400, "only n = 1 is supported", param="n")
+        unsupported = unsupported_fields(req)
+        if unsupported:
+            raise ApiError(400, f"{', '.join(unsupported)}: not supported by this server (it writes plain text "
+                                "replies, exact to the target's own decoding)", param=unsupported[0])
         self.service, self.settings = service, settings_for(req, default_drafter)
         history, message = conversation(req)
         try:
@@ -174,10 +212,16 @@ class Completion:
                                                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
         yield sse(chunk({"role": "assistant", "content": ""}))
         sent = ""
-        for _ in events:
-            if self.text != sent and self.text.startswith(sent):
-                yield sse(chunk({"content": self.text[len(sent):]}))
-                sent = self.text
+        try:
+            for _ in events:
+                if self.text != sent and self.text.startswith(sent):
+                    yield sse(chunk({"content": self.text[len(sent):]}))
+                    sent = self.text
+        except Exception as err:  # the status went out with the first chunk: the fault goes as an error event
+            log.exception("streamed reply failed")
+            yield sse(fault_body(err))
+            yield "data: [DONE]\n\n"
+            return
         spec = speculative(self.name, self.stats, self.speed, self.service.target.precision)
         yield sse(chunk({}, self.finish, usage=self.usage(), speculative=spec))
         yield "data: [DONE]\n\n"
@@ -197,6 +241,12 @@ def add_openai_routes(app: FastAPI, service: ChatService, default_drafter: str) 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, err: ApiError):
         return error_response(err.status, err.message, err.code, err.param)
+
+    @app.exception_handler(Exception)
+    async def fault(request: Request, err: Exception):  # anything else: answered as OpenAI does
+        # one line here; Starlette raises the error on after this answer, and the server logs its traceback
+        log.error("%s %s failed: %s: %s", request.method, request.url.path, type(err).__name__, err)
+        return JSONResponse(fault_body(err), 500)
 
     @app.get("/v1/models")
     def models() -> dict:

@@ -113,6 +113,22 @@ def toast(err: Exception) -> None:
     gr.Warning(message)
 
 
+def fault_message(err: Exception) -> str:
+    """What the page says of an unexpected error (logged whole, with its traceback, under the same words)."""
+    log.exception("reply failed: %s: %s", type(err).__name__, err)
+    return f"⚠️ The reply failed: {type(err).__name__}: {err} (the server log has the details)"
+
+
+def fault_in_conversation(history: list[dict], message: str, started: bool, err: Exception) -> list[dict]:
+    """The conversation with the fault said as the assistant's turn: after what the reply had written where it had
+    started (history then ends with the user's message and the reply), else after the user's message."""
+    note = fault_message(err)
+    if started:
+        written = history[-1]["content"]
+        return [*history[:-1], {"role": "assistant", "content": f"{written}\n\n{note}" if written else note}]
+    return [*history, {"role": "user", "content": message}, {"role": "assistant", "content": note}]
+
+
 def context_usage(service: ChatService, history: list[dict], settings: ChatSettings) -> tuple[int, int]:
     """(tokens the conversation takes with the next turn's prompt, the model's context)."""
     messages = service.messages(history, None, settings)
@@ -145,11 +161,13 @@ def chat(service: ChatService, message: str, history: list[dict], stats: Accepta
     the conversation is saved when the reply ends (stopped replies included)."""
     stats, history = stats or AcceptanceStats(), plain_history(history)
     unchanged = (list(history), gr.skip(), gr.skip(), gr.skip(), stats, conv_id)
+    started = False  # whether the user's message and the reply are in the history
     try:
         settings, drafter = prepare(service, message, settings_values)
         prompt_ids = service.prompt_ids(history, message, settings)
         shown = settings.drafter if drafter is not None else "none"
         history += [{"role": "user", "content": message}, {"role": "assistant", "content": ""}]
+        started = True
         screen, chart = Every(UPDATE_EVERY_S), Every(CHART_EVERY_S)
         for ev, speed in service.stream(prompt_ids, settings, drafter):
             stats.add(ev)
@@ -163,6 +181,9 @@ def chat(service: ChatService, message: str, history: list[dict], stats: Accepta
     except (UserError, PromptError, RemoteUnavailable, MemoryError, torch.OutOfMemoryError) as err:
         toast(err)
         yield unchanged
+        return
+    except Exception as err:  # a fault, not the user's: logged whole, and said in the conversation, not over the page
+        yield fault_in_conversation(history, message, started, err), gr.skip(), gr.skip(), gr.skip(), stats, conv_id
         return
     if service.conversations is not None:
         conv_id = service.conversations.save(history, conv_id)
@@ -249,6 +270,9 @@ def compare(service: ChatService, prompt: str, against: str = "none", **settings
     except (UserError, PromptError, RemoteUnavailable, MemoryError, torch.OutOfMemoryError) as err:
         toast(err)
         yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return
+    except Exception as err:  # a fault: logged whole, said in the summary, not over the page
+        yield gr.skip(), gr.skip(), fault_message(err), gr.skip()
         return
     yield (sides[labels[0]][0], sides[labels[1]][0], compare_summary(settings, labels, sides),
            speed_chart(labels, [sides[label][2].tokens_per_s or 0.0 for label in labels]))

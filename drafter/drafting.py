@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from core.decoding.sampling import sample_rows
+from core.decoding.sampling import draw_device, sample_rows
 from drafter.flow import flow_map_step, time_grid
 from drafter.network import FlowNet
 
@@ -32,7 +32,9 @@ def one_jump(net: FlowNet, ctx, mask, block: int, generator, factor: torch.Tenso
     zeros, ones = torch.zeros(b, device=ctx.device), torch.ones(b, device=ctx.device)
     if noise_scale == 0:  # x0 = 0: the raw path RMSNorm(x0 E) is 0, every slot's input is pi_0 E's state
         return net.probs(net.start_state().expand(b, block, dt), zeros, ones, ctx, mask)
-    g = torch.randn(b, block, dt, generator=generator) if noise is None else noise  # (B, K, D_t)
+    if noise is None:
+        noise = torch.randn(b, block, dt, generator=generator, device=draw_device(generator))  # (B, K, D_t)
+    g = noise
     x0_embed = noise_scale * g.to(ctx.device) @ factor.T  # (B, K, D_t)
     return net.probs(net.noise_input(x0_embed, ones), zeros, ones, ctx, mask)
 
@@ -47,7 +49,8 @@ def jumps(net: FlowNet, ctx, mask, block: int, steps: int, generator, diagonal: 
     if steps < 1:
         raise ValueError("steps must be >= 1")
     if noise is None:
-        noise = torch.randn(ctx.shape[0], block, net.cfg.draft_vocab, generator=generator)  # (B, K, V)
+        noise = torch.randn(ctx.shape[0], block, net.cfg.draft_vocab, generator=generator,
+                            device=draw_device(generator))  # (B, K, V)
     x0 = noise_scale * noise  # (B, K, V)
     for _x, delta in euler_path(net, ctx, mask, x0.to(ctx.device), steps, diagonal):
         pass
@@ -99,7 +102,7 @@ def build_noise_bank(net: FlowNet, size: int, generator, keep_noise: bool = Fals
     embed = net.embed_matrix().detach()  # (V, D_t)
     parts = []
     for start in range(0, size, chunk):
-        x0 = torch.randn(min(chunk, size - start), v, generator=generator)  # (m, V)
+        x0 = torch.randn(min(chunk, size - start), v, generator=generator, device=draw_device(generator))  # (m, V)
         parts.append((x0 @ embed, torch.softmax(alpha * x0, -1) @ embed, torch.logsumexp(alpha * x0, -1), x0))
     x0_embed, weighted, log_s, x0 = (torch.cat(p) for p in zip(*parts))
     return NoiseBank(u, x0_embed, weighted, log_s, x0 if keep_noise else None)
@@ -109,10 +112,10 @@ def banked_noise(bank: NoiseBank, b: int, block: int, vocab: int, generator, top
                  redraw: bool = True) -> tuple[torch.Tensor, ...]:
     """two_jumps_banked's noise, drawn in its order: each slot's bank entry (B, K) and, with redraw, the noise
     of its top tokens (B, K, T)."""
-    idx = torch.randint(len(bank.log_s), (b, block), generator=generator)  # (B, K)
+    idx = torch.randint(len(bank.log_s), (b, block), generator=generator, device=draw_device(generator))  # (B, K)
     if not redraw:
         return (idx,)
-    return idx, torch.randn(b, block, min(top, vocab), generator=generator)  # (B, K, T)
+    return idx, torch.randn(b, block, min(top, vocab), generator=generator, device=draw_device(generator))  # (B, K, T)
 
 
 def two_jumps_banked(net: FlowNet, ctx, mask, block: int, bank: NoiseBank, generator, top: int = 16,
@@ -235,12 +238,14 @@ class BlockSampler:
         if self.mode == "dflash":
             return ()
         if self.mode == "flowmap" and self.steps == 1:
-            return (torch.randn(b, block, self.net.cfg.target_hidden, generator=generator),)  # (B, K, D_t)
+            return (torch.randn(b, block, self.net.cfg.target_hidden, generator=generator,
+                                device=draw_device(generator)),)  # (B, K, D_t)
         if self._banked():
             if self._bank is None:
                 self._bank = build_noise_bank(self.net, self.bank_size, torch.Generator().manual_seed(0))
             return banked_noise(self._bank, b, block, self.net.cfg.draft_vocab, generator)
-        return (torch.randn(b, block, self.net.cfg.draft_vocab, generator=generator),)  # (B, K, V)
+        return (torch.randn(b, block, self.net.cfg.draft_vocab, generator=generator,
+                            device=draw_device(generator)),)  # (B, K, V)
 
     def _from_noise(self, ctx, mask, block: int, noise: tuple[torch.Tensor, ...]) -> torch.Tensor:
         if self.mode == "dflash":

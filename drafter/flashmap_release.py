@@ -42,13 +42,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core.decoding.sampling import SamplingConfig, sample_rows, top_probs
+from core.decoding.sampling import SamplingConfig, draw_device, sample_rows, top_probs
 from core.drafting.base import Draft
 from core.runtime import cpu_linear
 from drafter import native_trunk
 from drafter.checkpoint import CheckpointError, load_published_state, read_published
 
 MODEL_TYPE = "flashmap"
+BASE_PREFIX = "flashmap."  # the release model's base_model_prefix: on the tensor names of a folder saved through it
 NOISE_GATES = ("jump", "constant")
 # the release's grids of the "decoding_error" schedule at the Qwen3 vocabulary, used where a config omits them
 DEFAULT_JUMP_GRIDS = {
@@ -397,7 +398,7 @@ def draft_logits(net: ReleaseNet, context, positions: torch.Tensor, embedding: t
     else the network's forward. rows: the last jump's logits of the first `rows` slots only (every slot attends to the
     others, so all of them are drafted; only the LM head's rows are spared)."""
     k, device = positions.shape[0], positions.device
-    draw_on = generator.device if generator is not None else device
+    draw_on = draw_device(generator, device)
     if dit is None:
         def dit(inputs, s, t):
             return net(inputs, net.modulations(s, t), positions, context, mask)
@@ -454,12 +455,22 @@ def check_target(cfg: ReleaseConfig, target, folder) -> None:
                       stacklevel=2)
 
 
+def without_prefix(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors with `prefix` taken off their names where every name has it: the release's FlashMapDraftModel
+    names its base model "flashmap", and a folder saved through a model that wraps it carries that prefix (transformers'
+    loader reads both forms)."""
+    if state and all(name.startswith(prefix) for name in state):
+        return {name[len(prefix):]: tensor for name, tensor in state.items()}
+    return state
+
+
 def load_release_net(folder, target, dtype: torch.dtype | None = None) -> ReleaseNet:
     """The release's network for this target, on its device, in `dtype` (default: fp32 on the CPU, where the engine's
     drafter runs in fp32, and the target's floating dtype elsewhere)."""
     cfg, state = read_release(folder)
     check_target(cfg, target, folder)
-    net = load_published_state(ReleaseNet(cfg), state, folder)
+    net = load_published_state(ReleaseNet(cfg), without_prefix(state, BASE_PREFIX), folder)
+    net.requires_grad_(False)  # frozen: a drafter's forward records nothing for autograd, whatever the thread's mode
     if dtype is None:
         weight_dtype = target.model.get_input_embeddings().weight.dtype
         dtype = torch.float32 if target.device.type == "cpu" or not weight_dtype.is_floating_point else weight_dtype

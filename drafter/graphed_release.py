@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.decoding.sampling import SamplingConfig, sample_rows, top_probs
+from core.decoding.sampling import SamplingConfig, draw_device, sample_rows, top_probs
 from core.drafting.base import Draft
 from core.runtime.graphs import MIN_SPAN, attend_span, capture
 from drafter.flashmap_release import ReleaseDrafter, ReleaseNet, draft_logits
@@ -156,7 +156,8 @@ class GraphedReleaseDrafter(ReleaseDrafter):
         """The starting noise as ReleaseDrafter draws it (draft_logits): z (K, D_t) for one step, else x0 (K, V),
         scaled by noise_scale, on the generator's device, then copied to the buffer."""
         dtype = self.net.dtype if self.embedded_noise else torch.float32
-        return self.noise_scale * torch.randn((self.c.block_size, self.noise_width), dtype=dtype, generator=generator)
+        return self.noise_scale * torch.randn((self.c.block_size, self.noise_width), dtype=dtype, generator=generator,
+                                              device=draw_device(generator))
 
     def _proposal(self, span: int, temperature: float) -> _Proposal:
         key = (span, temperature, self.context.generation)

@@ -199,11 +199,31 @@ PUBLISHED_FLASHMAP = {  # the FlashMap authors' released drafters (flashmap 0.1.
     "Qwen/Qwen3-4B": "j-shen/FlashMap-Qwen3-4B",
 }
 
+# the published targets by architecture (model_type, hidden size, layers, MLP width, vocabulary), so that a local
+# folder of Qwen3-8B (or a copy saved under another name) finds the drafters published for it
+PUBLISHED_ARCHITECTURES = {
+    ("qwen3", 4096, 36, 12288, 151936): "Qwen/Qwen3-8B",
+    ("qwen3", 2560, 36, 9728, 151936): "Qwen/Qwen3-4B",
+}
+
+
+def published_target(target) -> str | None:
+    """The hub id of the published model this target is: its own id where it is one, else the one whose architecture
+    its config has (a local folder); None for any other."""
+    if target.name in PUBLISHED_FLASHMAP or target.name in PUBLISHED_DFLASH:
+        return target.name
+    cfg = getattr(getattr(target, "model", None), "config", None)
+    if cfg is None:
+        return None
+    shape = tuple(getattr(cfg, name, None) for name in ("model_type", "hidden_size", "num_hidden_layers",
+                                                        "intermediate_size", "vocab_size"))
+    return PUBLISHED_ARCHITECTURES.get(shape)
+
 
 def released_flashmap(target, allow_download: bool = False) -> Path:
     """The released FlashMap drafter for this target from the local Hugging Face cache, or CheckpointError saying in
     one line how to get it."""
-    repo = PUBLISHED_FLASHMAP[target.name]
+    repo = PUBLISHED_FLASHMAP[published_target(target)]
     try:
         return resolve_weights(repo, allow_download)
     except CheckpointError as err:
@@ -234,9 +254,10 @@ def load_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False)
     with a known published drafter and no local checkpoint, that one is looked up in the cache."""
     name, weights = spec.name, spec.weights
     path = resolve_weights(weights, allow_download) if weights else default_weights(target.identity["name"], name)
-    if name == "dflash" and not weights and not path.exists() and target.name in PUBLISHED_DFLASH:
-        path = resolve_weights(PUBLISHED_DFLASH[target.name], allow_download)
-    if name == "flashmap" and not weights and not path.exists() and target.name in PUBLISHED_FLASHMAP:
+    published = published_target(target)
+    if name == "dflash" and not weights and not path.exists() and published in PUBLISHED_DFLASH:
+        path = resolve_weights(PUBLISHED_DFLASH[published], allow_download)
+    if name == "flashmap" and not weights and not path.exists() and published in PUBLISHED_FLASHMAP:
         path = released_flashmap(target, allow_download)
     if name == "dflash" and zlab_dflash.is_zlab_folder(path):
         return zlab_dflash.ZLabDFlashDrafter(zlab_dflash.load_zlab_net(path, target), target)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import torch
 
@@ -38,6 +38,8 @@ from core.drafting.policy.sources import Decision, kept_source, shown_source
 from core.drafting.policy.state import PolicyState
 from core.runtime.forward import keep_positions, target_forward
 from core.runtime.target import Target
+
+T = TypeVar("T")
 
 
 class PromptError(ValueError):
@@ -218,11 +220,39 @@ def generate(
     measured: PolicyState | None = None,
     prefix: PrefixCache | None = None,
 ) -> Iterator[RoundEvent]:
-    """Yield one RoundEvent per target forward until EOS, a stop string, the budget or cancel. `measured` carries
+    """One RoundEvent per target forward until EOS, a stop string, the budget or cancel. `measured` carries
     what drafting measured in earlier replies of a conversation (core.drafting.policy.state.PolicyState; updated in
     place), so a reply starts from it instead of measuring again; None: this reply measures on its own. `prefix` holds
     what the previous generation left in its cache (core.decoding.prefix.PrefixCache; updated in place): the prompt's
-    prefill starts after the tokens it shares with it; None: the whole prompt is prefilled."""
+    prefill starts after the tokens it shares with it; None: the whole prompt is prefilled.
+    Every step runs in inference mode, in whichever thread resumes the reply (in_inference_mode)."""
+    return in_inference_mode(_reply(target, prompt_ids, gen, drafter, cancel, clock, measured, prefix))
+
+
+def in_inference_mode(items: Iterator[T]) -> Iterator[T]:
+    """`items` (a reply's events), each produced under torch.inference_mode in whichever thread asks for it. The mode
+    is thread-local, and Gradio and Starlette resume a streamed reply from their worker threads in turn: a mode
+    entered inside the generator would be off in the next thread, where the fixed-shape steps' in-place writes into
+    tensors made in inference mode raise and an eager forward records autograd graphs."""
+    try:
+        while True:
+            with torch.inference_mode():
+                try:
+                    item = next(items)
+                except StopIteration:
+                    return
+            yield item
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            with torch.inference_mode():
+                close()
+
+
+def _reply(target: Target, prompt_ids: list[int], gen: GenerationConfig, drafter: Drafter | None, cancel,
+           clock: Callable[[], float], measured: PolicyState | None,
+           prefix: PrefixCache | None) -> Iterator[RoundEvent]:
+    """generate's reply: the cache (a reused prefix in it), the policy and the generators, then the loop."""
     block_size = block_size_for(gen, drafter)
     check_prompt(target, prompt_ids, gen, block_size)
     cancel = cancel or Never()
@@ -284,56 +314,55 @@ def _generate(target: Target, prompt_ids: list[int], reused: int, gen: Generatio
     already in `cached`)."""
     state = _State(len(prompt_ids), IncrementalText(target.decode))
     policy, cache, layers = run.policy, run.cache, run.layers
-    with torch.inference_mode():
+    t0 = clock()
+    logits, features = target_forward(target, prompt_ids[reused:], cache, captures(policy, layers, True), keep=1)
+    reused_features = cached.all_features()  # (R, F): the last R reused positions', or None
+    cached.add(prompt_ids[reused:], features)
+    if reused_features is not None and features is not None:
+        features = torch.cat([reused_features, features])  # (R + N, F): the reused positions', then the new ones
+    no_draft = Draft(torch.empty(0, dtype=torch.long), None)
+    anchor = _verify(no_draft, logits[-1:], gen.sampling, run.verify_gen).next_token
+    verify_s = clock() - t0
+    if drafter is not None:
+        drafter.reset()
+        drafter.extend(prompt_ids, features)
+    committed, reason = _commit(state, target, [anchor], gen)
+    yield RoundEvent(kind="prefill", drafted=(), n_accepted=0, target_token=anchor, committed=tuple(committed),
+                     text=state.text, draft_s=0.0, verify_s=verify_s, finish_reason=reason)
+    while reason is None:
+        if cancel.is_set():
+            yield RoundEvent(kind="round", drafted=(), n_accepted=0, target_token=anchor, committed=(),
+                             text=state.text, draft_s=0.0, verify_s=0.0, finish_reason="cancelled")
+            return
         t0 = clock()
-        logits, features = target_forward(target, prompt_ids[reused:], cache, captures(policy, layers, True), keep=1)
-        reused_features = cached.all_features()  # (R, F): the last R reused positions', or None
-        cached.add(prompt_ids[reused:], features)
-        if reused_features is not None and features is not None:
-            features = torch.cat([reused_features, features])  # (R + N, F): the reused positions', then the new ones
-        no_draft = Draft(torch.empty(0, dtype=torch.long), None)
-        anchor = _verify(no_draft, logits[-1:], gen.sampling, run.verify_gen).next_token
-        verify_s = clock() - t0
+        room = gen.max_new_tokens - len(state.output)
+        k = min(run.block_size, room - 1)
+        drafting = drafter is not None and k > 0
+        draft = policy.draft(drafter, anchor, k, gen.sampling, run.draft_gen) if drafting else no_draft
+        trie = round_trie(draft, k)
+        t1 = clock()
+        block = [anchor, *trie.tokens]  # (T,) = (K+1,) for a full chain
+        logits, features = target_forward(target, block, cache, captures(policy, layers), trie=trie)
+        kept_at, anchor = verify_round(draft, trie, logits, gen.sampling, run.verify_gen)
+        keep_positions(cache, len(block), kept_at)
+        kept = [block[i] for i in kept_at]  # anchor + accepted drafts now have hidden states
+        kept_features = None if features is None else kept_rows(features, kept_at)  # (N, F)
+        cached.add(kept, kept_features)
         if drafter is not None:
-            drafter.reset()
-            drafter.extend(prompt_ids, features)
-        committed, reason = _commit(state, target, [anchor], gen)
-        yield RoundEvent(kind="prefill", drafted=(), n_accepted=0, target_token=anchor, committed=tuple(committed),
-                         text=state.text, draft_s=0.0, verify_s=verify_s, finish_reason=reason)
-        while reason is None:
-            if cancel.is_set():
-                yield RoundEvent(kind="round", drafted=(), n_accepted=0, target_token=anchor, committed=(),
-                                 text=state.text, draft_s=0.0, verify_s=0.0, finish_reason="cancelled")
-                return
-            t0 = clock()
-            room = gen.max_new_tokens - len(state.output)
-            k = min(run.block_size, room - 1)
-            drafting = drafter is not None and k > 0
-            draft = policy.draft(drafter, anchor, k, gen.sampling, run.draft_gen) if drafting else no_draft
-            trie = round_trie(draft, k)
-            t1 = clock()
-            block = [anchor, *trie.tokens]  # (T,) = (K+1,) for a full chain
-            logits, features = target_forward(target, block, cache, captures(policy, layers), trie=trie)
-            kept_at, anchor = verify_round(draft, trie, logits, gen.sampling, run.verify_gen)
-            keep_positions(cache, len(block), kept_at)
-            kept = [block[i] for i in kept_at]  # anchor + accepted drafts now have hidden states
-            kept_features = None if features is None else kept_rows(features, kept_at)  # (N, F)
-            cached.add(kept, kept_features)
-            if drafter is not None:
-                drafter.extend(kept, kept_features)
-            t2 = clock()
-            committed, reason = _commit(state, target, kept[1:] + [anchor], gen)
-            followed = followed_branch(trie, branches_of(draft), kept[1:])
-            event = RoundEvent(
-                kind="round", drafted=tuple(followed), n_accepted=len(kept) - 1, target_token=anchor,
-                committed=tuple(committed), text=state.text, draft_s=t1 - t0, verify_s=t2 - t1, finish_reason=reason,
-                branches=1 + len(draft.alternatives), source=shown_source(draft),
-                kept_from=kept_source(draft, followed) if len(kept) > 1 else "",
-                decision=policy.decision if drafting else None,
-            )
-            policy.observe(draft, event.n_accepted, len(event.committed), event.draft_s + event.verify_s, event.draft_s,
-                           kept[1:])
-            yield event
+            drafter.extend(kept, kept_features)
+        t2 = clock()
+        committed, reason = _commit(state, target, kept[1:] + [anchor], gen)
+        followed = followed_branch(trie, branches_of(draft), kept[1:])
+        event = RoundEvent(
+            kind="round", drafted=tuple(followed), n_accepted=len(kept) - 1, target_token=anchor,
+            committed=tuple(committed), text=state.text, draft_s=t1 - t0, verify_s=t2 - t1, finish_reason=reason,
+            branches=1 + len(draft.alternatives), source=shown_source(draft),
+            kept_from=kept_source(draft, followed) if len(kept) > 1 else "",
+            decision=policy.decision if drafting else None,
+        )
+        policy.observe(draft, event.n_accepted, len(event.committed), event.draft_s + event.verify_s, event.draft_s,
+                       kept[1:])
+        yield event
 
 
 def generate_all(target: Target, prompt_ids: list[int], gen: GenerationConfig, drafter: Drafter | None = None):

@@ -109,6 +109,13 @@ def mass_above(top: torch.Tensor) -> torch.Tensor:
     return before.gather(-1, first)
 
 
+def draw_device(generator: torch.Generator | None, near: torch.device | str = "cpu") -> torch.device:
+    """Where a random draw from `generator` runs: on the generator's own device (a CUDA generator cannot draw on the
+    host, nor a host one on the card); without a generator, `near`. Every draw in the engine and the drafters names
+    its device so (tests/test_sampling.py checks each one)."""
+    return generator.device if generator is not None else torch.device(near)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None, excluded: int | None = None) -> int:
     """Draw one token id from a distribution (V,), the `excluded` token's mass counted as 0: sample_rows' one-row
     case."""
@@ -123,8 +130,8 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None,
     one-hot q: p without the rejected token). Sums run in float64, so 49k partial sums keep their small steps; far
     faster than torch.multinomial (docs/engine.md). The native kernel (core/runtime/csrc/sampling.cpp) sums blocks of
     64 first, then steps within one."""
-    draw_on = generator.device if generator is not None else probs.device  # the engine's generator lives on the host
-    u = torch.rand(probs.shape[0], generator=generator, device=draw_on, dtype=torch.float64).to(probs.device)  # (K,)
+    u = torch.rand(probs.shape[0], generator=generator, device=draw_device(generator, probs.device),
+                   dtype=torch.float64).to(probs.device)  # (K,)
     module = _kernels_for(probs, (torch.float32,))
     if module is not None:
         return module.sample_rows(probs.contiguous(), u, excluded or [])
@@ -214,7 +221,8 @@ def verify_logits(draft_tokens: list[int], logits: torch.Tensor, q_draft: torch.
     if (q_draft is not None or module is None or sampling.top_p < 1.0
             or (sampling.top_k and sampling.top_k < logits.shape[-1])):
         return verify_sampled_rows(draft_tokens, lambda slot: target_probs(logits[slot], sampling), q_draft, generator)
-    u = torch.rand(2 * len(draft_tokens) + 1, generator=generator, device=logits.device, dtype=torch.float64)
+    u = torch.rand(2 * len(draft_tokens) + 1, generator=generator, device=draw_device(generator, logits.device),
+                   dtype=torch.float64).to(logits.device)
     return Verdict(*module.verify_copy(logits, draft_tokens, 1.0 / sampling.temperature, u))
 
 
@@ -238,7 +246,7 @@ def verify_sampled_rows(
         p_slot = p_row(slot)  # (V,)
         p_tok = float(p_slot[token])
         q_tok = 1.0 if q_draft is None else float(q_draft[slot, token])
-        u = float(torch.rand((), generator=generator))
+        u = float(torch.rand((), generator=generator, device=draw_device(generator, p_slot.device)))
         # accept with probability min(1, p/q); q_tok > 0 because the token was drawn from q
         if q_tok > 0 and u * q_tok < p_tok:
             continue

@@ -106,12 +106,31 @@ class GraphedSteps:
         return self.lean.weights
 
     @property
-    def native(self):
+    def native(self) -> None:
         return None
 
     @property
     def fixed_order(self) -> bool:
         return False
+
+    @property
+    def native_prefill(self) -> bool:
+        """False: a prompt's prefill runs the lean forward's batched kernels where the steps attend with sdpa over a
+        mask, so a prefix the steps cached is not bit for bit what prefilling it again gives (core.decoding.prefix
+        reuses none)."""
+        return False
+
+    @property
+    def lm_head(self) -> torch.nn.Module:
+        return self.lean.lm_head
+
+    @property
+    def device(self) -> torch.device:
+        return self.lean.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lean.dtype
 
     def new_cache(self, capacity: int) -> StaticCache:
         """The persistent cache, emptied; reallocated (and every step recaptured) only when it is too small."""

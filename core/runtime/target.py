@@ -19,6 +19,7 @@ from core.runtime.cpu_linear import int4_available, pack_linears
 from core.runtime.graphs import GRAPH_MODES, GraphedSteps, graph_mode
 from core.runtime.lean import LeanForward, head_dim, lean_supported
 from core.runtime.plan import estimate_weight_bytes, plan_memory
+from core.runtime.protocol import TargetForward
 from core.runtime.threads import cpu_flags
 
 EMBEDDED_ID = "smollm2-135m-instruct"
@@ -133,7 +134,7 @@ class Target(ChatText):
     extra: dict = field(default_factory=dict)
     # the lean forward on a static cache (core.runtime.lean), or its fixed-shape steps (core.runtime.graphs); None:
     # transformers'
-    lean: LeanForward | GraphedSteps | None = None
+    lean: TargetForward | None = None
 
     def new_cache(self, capacity: int):
         """An empty KV cache for up to `capacity` positions: static for the lean forward, else transformers'."""
@@ -386,7 +387,7 @@ def _load_hf(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Tar
 
 
 def _finish(model, tokenizer, name: str, device: torch.device) -> Target:
-    model.eval()
+    model.eval().requires_grad_(False)  # served, never trained here: no forward records anything for autograd
     return Target(model, tokenizer, name, device, eos_ids(model.generation_config, tokenizer))
 
 
@@ -499,16 +500,18 @@ def _setup_forward(target: Target, cfg: TargetConfig) -> Target:
         raise TargetLoadError(f"--engine lean does not serve this model: {why_not}. Use --engine auto.")
     if cfg.quant == "q4" and why_not:
         raise TargetLoadError(f"--quant q4 runs through the lean forward, which does not serve this model: {why_not}")
+    lean = None
     if cfg.engine != "transformers" and why_not is None and not _quantised(target.model):
         native = _native_step(target) if cfg.quant == "q4" else None
-        target.lean = LeanForward(target.model, weights="q4" if cfg.quant == "q4" else "packed", native=native,
-                                  native_prefill=native_prefill(native, cpu_flags()))
+        lean = LeanForward(target.model, weights="q4" if cfg.quant == "q4" else "packed", native=native,
+                           native_prefill=native_prefill(native, cpu_flags()))
     try:
-        mode = graph_mode(cfg.graphs, target.lean)
+        mode = graph_mode(cfg.graphs, lean)
     except ValueError as err:
         raise TargetLoadError(str(err)) from err
-    if mode != "off":
-        target.lean = GraphedSteps(target.lean, mode)
+    target.lean = lean
+    if mode != "off" and lean is not None:  # (graph_mode refuses a mode other than off without the lean forward)
+        target.lean = GraphedSteps(lean, mode)
         target.extra["graphs"] = mode
     return target
 

@@ -42,7 +42,8 @@ def timed_passes(target, context: int, repeats: int, positions=POSITIONS) -> Ite
     gen = torch.Generator().manual_seed(0)
 
     def draw(n: int) -> list[int]:
-        return torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (n,), generator=gen).tolist()
+        return torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (n,), generator=gen,
+                             device=gen.device).tolist()
 
     cache = target.new_cache(context + max(positions) + 1)
     times: dict[int, list[float]] = {t: [] for t in positions}
@@ -90,7 +91,8 @@ def draft_cost(target, drafter, context: int = 256, repeats: int = 10) -> float:
     charges a
     draft for the drafter's own time. Leaves the drafter reset."""
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (context + repeats + 1,), generator=gen)
+    ids = torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (context + repeats + 1,), generator=gen,
+                        device=gen.device)
     ids = ids.tolist()
     cache = target.new_cache(context + repeats + 2)
     greedy = SamplingConfig(temperature=0.0)
