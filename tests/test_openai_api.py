@@ -148,3 +148,17 @@ def test_an_error_during_a_stream_ends_it_with_an_error_event(service, monkeypat
         for _ in client.chat.completions.create(model="tiny-api", max_tokens=16, stream=True, temperature=0,
                                                 messages=[{"role": "user", "content": "w10 w11"}]):
             pass
+
+
+def test_a_stream_never_sends_text_a_stop_string_later_cuts(client):
+    """A stop string can arrive across rounds: its first characters with one token, the rest with the next. The
+    stream holds back a tail that could still begin one, so the deltas add up to the whole reply's text."""
+    messages = [{"role": "user", "content": "w10 w11 w12"}]
+    args = dict(model="tiny-api", temperature=0, max_tokens=24, messages=messages, extra_body={"drafter": "none"})
+    whole = client.chat.completions.create(**args).choices[0].message.content
+    for start in range(2, min(len(whole) - 3, 14)):
+        stop = whole[start: start + 3]
+        cut = client.chat.completions.create(stop=[stop], **args).choices[0]
+        streamed = "".join(c.choices[0].delta.content or "" for c in
+                           client.chat.completions.create(stop=[stop], stream=True, **args))
+        assert cut.message.content == whole[: whole.index(stop)] == streamed and cut.finish_reason == "stop"
