@@ -213,10 +213,11 @@ class Completion:
         yield sse(chunk({"role": "assistant", "content": ""}))
         sent = ""
         try:
-            for _ in events:
-                if self.text != sent and self.text.startswith(sent):
-                    yield sse(chunk({"content": self.text[len(sent):]}))
-                    sent = self.text
+            for ev in events:
+                ready = settled(self.text, self.settings.stop_strings, ev.finished)
+                if ready != sent and ready.startswith(sent):
+                    yield sse(chunk({"content": ready[len(sent):]}))
+                    sent = ready
         except Exception as err:  # the status went out with the first chunk: the fault goes as an error event
             log.exception("streamed reply failed")
             yield sse(fault_body(err))
@@ -225,6 +226,18 @@ class Completion:
         spec = speculative(self.name, self.stats, self.speed, self.service.target.precision)
         yield sse(chunk({}, self.finish, usage=self.usage(), speculative=spec))
         yield "data: [DONE]\n\n"
+
+
+def settled(text: str, stops: tuple[str, ...], finished: bool) -> str:
+    """What a stream may send of the reply so far: all of it once it has finished; before that, all but a tail that
+    could still grow into a stop string (the engine cuts the reply before a stop string only once the string is
+    whole, and a delta sent cannot be taken back)."""
+    if finished:
+        return text
+    hold = 0
+    for stop in stops:
+        hold = max(hold, next((n for n in range(min(len(stop) - 1, len(text)), 0, -1) if text.endswith(stop[:n])), 0))
+    return text[: len(text) - hold]
 
 
 def sse(obj: dict) -> str:
