@@ -189,3 +189,14 @@ def test_a_release_folder_saved_with_the_flashmap_prefix_drafts_the_same(target,
     other = build_drafter(DrafterSpec("flashmap", weights=str(prefixed)), target)
     for name, tensor in drafter.net.state_dict().items():
         assert torch.equal(other.net.state_dict()[name], tensor), name
+
+
+def test_context_is_the_replys_limit(folders, tmp_path):
+    from core.decoding.engine import PromptError
+
+    small = load_target(TargetConfig(target=str(folders[0]), graphs="sim", dtype="fp32", context=256,
+                                     cache_dir=str(tmp_path)))
+    assert small.model.config.max_position_embeddings == 40960 and small.max_positions == 256
+    with pytest.raises(PromptError, match="context of 256 tokens"):
+        list(generate(small, list(range(100, 340)), GenerationConfig(max_new_tokens=16)))
+    assert len(generate_all(small, list(range(100, 220)), GenerationConfig(max_new_tokens=16))[0]) == 16

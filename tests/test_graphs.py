@@ -9,6 +9,7 @@ from core.decoding.tree import build_trie
 from core.drafting.base import NgramDrafter
 from core.runtime.forward import keep_positions, target_forward
 from core.runtime.graphs import MIN_SPAN, SPARE_SLOTS, GraphedSteps, attend_span, graph_mode, visible_mask
+from core.runtime.lean import LeanForward
 from core.testing import tiny_llama, tiny_qwen3
 from tests.test_engine import NoisyOracle
 from tests.test_lean import lean_target
@@ -124,3 +125,21 @@ def test_compiled_steps_trace_whole_and_give_the_eager_steps_logits():
             torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
     assert target.lean.compiled and sorted(target.lean.steps) == [(1, (1,), 0, 8), (1, (1,), 0, 16), (3, (1,), 0, 16),
                                                                   (5, (1,), 0, 8)]  # (positions, layers, keep, span)
+
+
+def test_the_persistent_cache_is_let_go_before_a_larger_one_is_made(monkeypatch):
+    """The fixed-shape steps' cache grows by a new allocation: the old one (and the graphs over it) go first, so that
+    the two are never held at once."""
+    model = tiny_qwen3(vocab_size=64).eval()
+    steps = GraphedSteps(LeanForward(model), "sim", min_span=4)
+    held_when_made = []
+    make = steps.lean.new_cache
+
+    def recorded(capacity):
+        held_when_made.append(steps.cache is not None)
+        return make(capacity)
+
+    monkeypatch.setattr(steps.lean, "new_cache", recorded)
+    for capacity in (8, 8, 300, 1000):
+        steps.new_cache(capacity)
+    assert held_when_made == [False, False, False]  # three allocations, none beside the old cache
