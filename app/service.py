@@ -26,7 +26,7 @@ from core.runtime.target import Target
 from core.runtime.threads import with_threads
 from core.runtime.verify_cost import CostCurves, curve_passes, load_cached, save_cached
 from core.runtime.verify_cost import draft_cost as measure_draft_cost
-from drafter.registry import DrafterUnavailable, build_drafter, with_lookup
+from drafter.registry import DrafterUnavailable, build_drafter, check_drafter, with_lookup
 from drafter.spec import CHOICES, DrafterSpec, RunSpec, choice_spec
 
 APP_DRAFTERS = CHOICES  # what the UI and the API offer (drafter.spec.choice_spec; the teacher is for analysis)
@@ -148,9 +148,9 @@ class ChatService:
             self.cost_curves = cached[0]
             when = time.strftime('%Y-%m-%d %H:%M', time.localtime(cached[1]))
             self.curve_status = f"cached from {when}{describe(self.cost_curves)}"
-        for name in ("flashmap", "dflash"):  # probe checkpoints once so the UI lists only what works
+        for name in ("flashmap", "dflash"):  # the UI lists what works, read from the configs; loaded when chosen
             try:
-                self.drafter(DrafterSpec(name))
+                check_drafter(DrafterSpec(name, weights=self.weights.get(name)), target, allow_download)
             except DrafterUnavailable as err:
                 self.unavailable[name] = str(err)
 
@@ -191,7 +191,7 @@ class ChatService:
                           phrasebook=spec.phrasebook if spec.name == "copies" else True,
                           weights=self.weights.get(spec.name))
         if key not in self._drafters:
-            self._drafters[key] = build_drafter(key, self.target, self.allow_download)
+            self._drafters[key] = build_drafter(key, self.target, self.allow_download)  # (DrafterUnavailable: why)
         if not spec.lookup:
             return self._drafters[key]
         hybrid = replace(key, lookup=True, phrasebook=spec.phrasebook)  # the same network, free sources beside it
@@ -327,6 +327,22 @@ class ChatService:
             except DrafterUnavailable:
                 return 0.0
             return self.draft_cost(drafter) if drafter is not self.remote else 0.0
+
+    def memory_held(self) -> dict[str, int]:
+        """The bytes this app holds in tensors, by the memory plan's rows (core.runtime.plan.plan_rows): the target's
+        weights, its KV caches (the fixed-shape steps' persistent one and what the prefix cache keeps), every drafter
+        built so far (its network and context buffers), and under working memory the forward's and the drafters'
+        tables and static inputs and outputs (the row also holds what no tensor shows: activations, the CUDA
+        context); each storage counted once."""
+        from core.runtime.memory import held_rows
+
+        lean = self.target.lean
+        caches = [getattr(lean, "cache", None), self.prefix.cache]
+        drafters = list(self._drafters.values())
+        networks = [(getattr(d, "net", None), getattr(d, "context", None))  # weights and context buffers
+                    for d in (getattr(d, "main", d) for d in drafters)]  # (a LookupHybrid's network drafter)
+        return held_rows({"weights": self.target.model, "kv cache": caches, "drafter": networks,
+                          "working": [lean, drafters]})
 
     def threads(self) -> str:
         """The thread policy in effect for the status line: the measured one, else torch's own count."""

@@ -33,8 +33,9 @@ def save_checkpoint(folder, net, vocab_ids: torch.Tensor, target_identity: dict,
     (folder / "config.json").write_text(json.dumps(meta, indent=2))
 
 
-def read_checkpoint(folder, target_identity: dict | None = None):
-    """Return (config, state dict, vocab_ids, meta) or raise CheckpointError."""
+def read_checkpoint_config(folder, target_identity: dict | None = None, with_meta: bool = False):
+    """A checkpoint's drafter config (and its whole config.json with with_meta), checked against the target's
+    identity, without reading its weights; CheckpointError says why it cannot serve."""
     folder = Path(folder)
     cfg_path, weights_path = folder / "config.json", folder / "model.safetensors"
     if not cfg_path.is_file() or not weights_path.is_file():
@@ -51,6 +52,14 @@ def read_checkpoint(folder, target_identity: dict | None = None):
             f"drafter at {folder} was trained for target {meta.get('target')}, but the loaded target is "
             f"{target_identity}"
         )
+    return (cfg, meta) if with_meta else cfg
+
+
+def read_checkpoint(folder, target_identity: dict | None = None):
+    """Return (config, state dict, vocab_ids, meta) or raise CheckpointError."""
+    folder = Path(folder)
+    weights_path = folder / "model.safetensors"
+    cfg, meta = read_checkpoint_config(folder, target_identity, with_meta=True)
     try:
         state = load_file(str(weights_path))
     except (SafetensorError, OSError, ValueError) as err:
@@ -61,15 +70,20 @@ def read_checkpoint(folder, target_identity: dict | None = None):
     return cfg, {k: v.float() for k, v in state.items()}, vocab_ids, meta
 
 
+def read_config(folder, parse, what: str):
+    """parse(a published drafter folder's config.json), or CheckpointError saying it is not a `what` drafter's."""
+    try:
+        return parse(json.loads((Path(folder) / "config.json").read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{folder}/config.json is not a {what} drafter config: {err}") from err
+
+
 def read_published(folder, parse, what: str) -> tuple[object, dict[str, torch.Tensor]]:
     """A published drafter folder (another project's format): parse(its config.json) and every tensor
     (model.safetensors, or the shards its model.safetensors.index.json names), or CheckpointError saying which part
     is not a `what` drafter's."""
     folder = Path(folder)
-    try:
-        cfg = parse(json.loads((folder / "config.json").read_text()))
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{folder}/config.json is not a {what} drafter config: {err}") from err
+    cfg = read_config(folder, parse, what)
     index = folder / "model.safetensors.index.json"
     try:
         files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()

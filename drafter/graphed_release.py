@@ -178,7 +178,8 @@ class GraphedReleaseDrafter(ReleaseDrafter):
         """Record the step's kernels once (core.runtime.graphs.capture). Its warm-ups write an anchor row at the
         current rows index, which the next commit overwrites."""
         proposal.rows.fill_(self.context.rows)
-        proposal.graph, _ = capture(lambda: self._outputs(proposal, self.static_propose(proposal)))
+        proposal.graph, _ = capture(lambda: self._outputs(proposal, self.static_propose(proposal)),
+                                     device=self.device)
         self.captures += 1
 
     def _outputs(self, proposal: _Proposal, logits: torch.Tensor) -> None:

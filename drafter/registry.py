@@ -7,7 +7,7 @@ from core.drafting import phrasebook
 from core.drafting.base import Drafter, LookupHybrid, NgramDrafter, NoNetwork
 from core.runtime.target import Target
 from drafter.checkpoint import CheckpointError
-from drafter.runtime import default_weights, load_engine_drafter
+from drafter.runtime import check_engine_drafter, default_weights, load_engine_drafter
 from drafter.spec import DrafterSpec
 
 _books: dict[str, phrasebook.Phrasebook | None] = {}  # target name -> its phrasebook (None: it has none usable)
@@ -32,6 +32,17 @@ def build_drafter(spec: DrafterSpec, target: Target, allow_download: bool = Fals
     except CheckpointError as err:
         raise DrafterUnavailable(str(err)) from err
     return with_lookup(drafter, target, spec.phrasebook) if spec.lookup else drafter
+
+
+def check_drafter(spec: DrafterSpec, target: Target, allow_download: bool = False) -> None:
+    """Raise DrafterUnavailable where build_drafter could not serve this spec, from the drafter's config alone: what
+    the app offers is listed without loading a drafter that nobody chose."""
+    if spec.name not in ("flashmap", "flashmap-teacher", "dflash"):
+        return
+    try:
+        check_engine_drafter(spec, target, allow_download)
+    except CheckpointError as err:
+        raise DrafterUnavailable(str(err)) from err
 
 
 def with_lookup(drafter: Drafter, target: Target, use_phrasebook: bool = True) -> LookupHybrid:

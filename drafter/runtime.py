@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ from core.runtime.cpu_linear import pack_linears
 from core.runtime.graphs import GraphedSteps
 from drafter import calibration as calib
 from drafter import drafting, flashmap_release, zlab_dflash
-from drafter.checkpoint import CheckpointError, read_checkpoint
+from drafter.checkpoint import CheckpointError, read_checkpoint, read_checkpoint_config, read_config
 from drafter.config import DrafterConfig, ZLabFlowConfig
 from drafter.frozen import FrozenDraftNet
 from drafter.graphed_release import GraphedReleaseDrafter
@@ -247,11 +248,9 @@ def resolve_weights(spec: str, allow_download: bool = False) -> Path:
         raise CheckpointError(f"no folder {spec} and hub repo {spec} is not in the local cache{hint} ({err})") from err
 
 
-def load_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False):
-    """A network drafter (flashmap | flashmap-teacher | dflash) for this spec. Raises CheckpointError with the reason.
-
-    dflash also accepts a published z-lab DFlash folder or hub id (drafter.zlab_dflash); for a target
-    with a known published drafter and no local checkpoint, that one is looked up in the cache."""
+def drafter_folder(spec: DrafterSpec, target, allow_download: bool = False) -> Path:
+    """The folder a network drafter's spec loads: its weights=, else weights/<target>/<name>, else the drafter
+    published for the target (its id or its architecture, published_target) from the local model cache."""
     name, weights = spec.name, spec.weights
     path = resolve_weights(weights, allow_download) if weights else default_weights(target.identity["name"], name)
     published = published_target(target)
@@ -259,6 +258,37 @@ def load_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False)
         path = resolve_weights(PUBLISHED_DFLASH[published], allow_download)
     if name == "flashmap" and not weights and not path.exists() and published in PUBLISHED_FLASHMAP:
         path = released_flashmap(target, allow_download)
+    return path
+
+
+def check_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False) -> Path:
+    """The folder of a network drafter, checked from its config alone against this target (no weights are read, so
+    that the app lists what it offers without holding drafters nobody chose); CheckpointError says why it cannot
+    serve. Loading it (load_engine_drafter) checks the weights too."""
+    path = drafter_folder(spec, target, allow_download)
+    if spec.name == "dflash" and zlab_dflash.is_zlab_folder(path):
+        zlab_dflash.check_target(read_config(path, zlab_dflash.ZLabConfig.from_json, "DFlash"), target, path)
+    elif flashmap_release.is_release_folder(path):
+        if spec.name != "flashmap":
+            raise CheckpointError(f"{path} holds a released FlashMap drafter: use it as flashmap, not {spec.name}")
+        with warnings.catch_warnings():  # (said once, when it is loaded)
+            warnings.simplefilter("ignore")
+            flashmap_release.check_target(read_config(path, flashmap_release.ReleaseConfig.from_json,
+                                                      "FlashMap release"), target, path)
+    else:
+        cfg = read_checkpoint_config(path, target.identity)
+        if (cfg.kind == "dflash") != (DRAFTER_MODES[spec.name] == "dflash"):
+            raise CheckpointError(f"{path} holds a {cfg.kind} drafter, not {spec.name}")
+    return path
+
+
+def load_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False):
+    """A network drafter (flashmap | flashmap-teacher | dflash) for this spec. Raises CheckpointError with the reason.
+
+    dflash also accepts a published z-lab DFlash folder or hub id (drafter.zlab_dflash); for a target
+    with a known published drafter and no local checkpoint, that one is looked up in the cache."""
+    name = spec.name
+    path = drafter_folder(spec, target, allow_download)
     if name == "dflash" and zlab_dflash.is_zlab_folder(path):
         return zlab_dflash.ZLabDFlashDrafter(zlab_dflash.load_zlab_net(path, target), target)
     if flashmap_release.is_release_folder(path):
@@ -280,13 +310,14 @@ def release_drafter(spec: DrafterSpec, folder: Path, target) -> flashmap_release
     if spec.tree > 1 or spec.best_of > 1 or spec.noise != "shared":
         raise CheckpointError(f"{folder}: a released FlashMap drafter drafts one block from shared noise; tree, "
                               "best_of and noise=shuffled apply to the project's own network")
-    net = flashmap_release.load_release_net(folder, target)
+    net = flashmap_release.shared_release_net(folder, target)
     if spec.steps not in net.c.steps_offered:
         raise CheckpointError(f"{folder}: steps must be one of {', '.join(map(str, net.c.steps_offered))} (the "
                               f"drafter's jump_grids), got {spec.steps}")
     if isinstance(target.lean, GraphedSteps):  # the target's steps are fixed-shape (CUDA graphs, or sim): so is this
+        # its context buffers hold every position a reply may reach (--context) from the start: they never grow
         return GraphedReleaseDrafter(net, target, steps=spec.steps, noise_scale=spec.noise_scale, folder=folder,
-                                     mode=target.lean.mode)
+                                     mode=target.lean.mode, capacity=target.max_positions + 1)
     return flashmap_release.ReleaseDrafter(net, target, steps=spec.steps, noise_scale=spec.noise_scale, folder=folder)
 
 

@@ -142,7 +142,8 @@ def check_prompt(target: Target, prompt_ids: list[int], gen: GenerationConfig, b
     if len(prompt_ids) + gen.max_new_tokens + block_size + 1 > limit:
         raise PromptError(
             f"The prompt is {len(prompt_ids)} tokens; with max_new_tokens={gen.max_new_tokens} it exceeds the "
-            f"model's context of {limit} tokens. Shorten the conversation or lower max new tokens."
+            f"context of {limit} tokens. Shorten the conversation or lower max new tokens (or start the app with a "
+            "larger --context, where the model and memory allow)."
         )
 
 

@@ -135,8 +135,9 @@ class GraphedSteps:
     def new_cache(self, capacity: int) -> StaticCache:
         """The persistent cache, emptied; reallocated (and every step recaptured) only when it is too small."""
         if self.cache is None or self.cache.capacity < capacity + SPARE_SLOTS:
-            self.cache = self.lean.new_cache(capacity + SPARE_SLOTS)
+            self.cache = None  # the old cache and the graphs over it go first: the two are never held at once
             self.steps.clear()
+            self.cache = self.lean.new_cache(capacity + SPARE_SLOTS)
             self.lean.rope_tables(torch.tensor([self.cache.capacity - 1], device=self.lean.device))  # whole table
             _, cos, sin = self.lean._rope[self.lean.dtype]  # (>= S, 1, D) each, kept alive for the graphs
             self.rope = (cos, sin)
@@ -190,7 +191,8 @@ class GraphedSteps:
         step.slots.copy_(torch.arange(capacity - fed, capacity))
         step.positions.copy_(step.slots)
         step.past.fill_(capacity - fed)
-        step.graph, (step.logits, step.features) = capture(lambda: self.forward(step, layers, keep))
+        step.graph, (step.logits, step.features) = capture(lambda: self.forward(step, layers, keep),
+                                                            device=self.lean.device)
         self.captures += 1
 
     def static_forward(self, step: _Step, layers: tuple[int, ...], keep: int):
@@ -223,10 +225,24 @@ class GraphedSteps:
         return lean.output(index, attn, out, plan)  # (T, E)
 
 
-def capture(run, warmups: int = 2):
-    """Record run()'s kernels once as a CUDA graph, after warm-up runs on a side stream (the allocator's and the
-    libraries' first-use work stays outside the capture) -> (the graph, what the captured run returned: tensors the
-    graph writes on every replay)."""
+_POOL: dict[torch.device, object] = {}  # the one memory pool every captured graph of the process draws from
+
+
+def graph_pool(device: torch.device):
+    """The memory pool all graphs on this device are captured into (the target's steps and the drafter's proposals):
+    one pool, so graphs that never run at once share their intermediates instead of each keeping its own. Safe
+    here because every replay's outputs are copied out (or read) before the next replay."""
+    device = torch.device(device)
+    if device not in _POOL:
+        _POOL[device] = torch.cuda.graph_pool_handle()
+    return _POOL[device]
+
+
+def capture(run, warmups: int = 2, device: torch.device | None = None):
+    """Record run()'s kernels once as a CUDA graph into the device's shared pool (graph_pool), after warm-up runs on a
+    side stream (the allocator's and the libraries' first-use work stays outside the capture) -> (the graph, what
+    the captured run returned: tensors the graph writes on every replay)."""
+    device = torch.device(device or torch.device("cuda", torch.cuda.current_device()))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -234,7 +250,7 @@ def capture(run, warmups: int = 2):
             run()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=graph_pool(device)):
         out = run()
     return graph, out
 

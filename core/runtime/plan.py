@@ -93,19 +93,30 @@ def kv_cache_bytes(config, context: int, bytes_per_value: int = 2) -> int:
     return 2 * config.num_hidden_layers * heads * head_dim * context * bytes_per_value
 
 
+def plan_rows(config, quant: str, context: int, drafter_bytes: int | None = None,
+              dtype: torch.dtype = torch.bfloat16, working: int = WORKING_BYTES) -> dict[str, int]:
+    """What the app holds on the device, by row: the target's weights in this precision, its KV cache for `context`
+    positions (and the spare rows the fixed-shape steps keep past them), the drafter (None: a released-architecture
+    FlashMap drafter at this target's width and context, in `dtype`) and the working memory (activations, the CUDA
+    context, allocator slack). core.runtime.memory counts the same rows on a running app."""
+    from core.runtime.graphs import SPARE_SLOTS
+
+    value = torch.finfo(dtype).bits // 8
+    if drafter_bytes is None:
+        drafter_bytes = flashmap_drafter_bytes(config.hidden_size, context, bytes_per_value=value)
+    return {"weights": estimate_weight_bytes(config, dtype, quant),
+            "kv cache": kv_cache_bytes(config, context + SPARE_SLOTS, value), "drafter": drafter_bytes,
+            "working": working}
+
+
 def plan_memory(config, free_bytes: int, capability: tuple[int, int], context: int = 8192,
                 drafter_bytes: int | None = None) -> Plan:
     """Evaluate bf16, FP8 and 8-bit; choose the fastest one that fits in free_bytes. drafter_bytes: what the drafter
     holds (None: a released-architecture FlashMap drafter at this target's width and context)."""
-    import torch
-
-    if drafter_bytes is None:
-        drafter_bytes = flashmap_drafter_bytes(config.hidden_size, context)
-    fixed = kv_cache_bytes(config, context) + drafter_bytes + WORKING_BYTES
     options = []
     for quant in SPEED_ORDER:
-        weights = estimate_weight_bytes(config, torch.bfloat16, quant)
-        total = weights + fixed
+        rows = plan_rows(config, quant, context, drafter_bytes)
+        weights, total = rows["weights"], sum(rows.values())
         if quant == "fp8" and capability < (8, 9):
             options.append(Option(quant, weights, total, False, f"needs compute capability 8.9, GPU has "
                                   f"{capability[0]}.{capability[1]}"))

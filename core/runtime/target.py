@@ -135,6 +135,14 @@ class Target(ChatText):
     # the lean forward on a static cache (core.runtime.lean), or its fixed-shape steps (core.runtime.graphs); None:
     # transformers'
     lean: TargetForward | None = None
+    # the positions a reply may reach (--context, which the memory plan reserves KV for); None: the model's own
+    context: int | None = None
+
+    @property
+    def max_positions(self) -> int:
+        """The positions a prompt and its reply may take: the model's, capped by --context."""
+        model = ChatText.max_positions.fget(self)
+        return min(model, self.context) if self.context else model
 
     def new_cache(self, capacity: int):
         """An empty KV cache for up to `capacity` positions: static for the lean forward, else transformers'."""
@@ -417,6 +425,7 @@ def load_target(cfg: TargetConfig) -> Target:
             return load_target(replace(cfg, quant="none"))
     dtype = _dtype_for(cfg, device)
     target = _setup_forward(_load(cfg, device, dtype), cfg)
+    target.context = cfg.context
     if device.type == "cpu":
         sampling.kernels()  # built (once per machine, ~30 s) or loaded now, not in the middle of the first reply
     return _checked(target, cfg, dtype)
