@@ -81,3 +81,40 @@ def test_interleaved_passes_open_each_round_one_key_later_and_report_every_key()
     assert opened == list("abc" "bca" "cab" "abc")
     assert [list(m) for m in medians] == [list("abc")] * 4  # each round's medians keyed in the callers' order
     assert medians[-1]["a"] == {1: 7.0}  # a opened the 1st, 6th, 8th and 10th pass: the median of all of them
+
+
+def test_on_fixed_shape_steps_every_timed_pass_runs_the_steps_after_its_own_context(monkeypatch):
+    """The fixed-shape steps hand out one persistent cache: the passes after 256 and 1,024 positions share it, each
+    at its own context, and every timed forward is a step over that cache (none falls back to the eager forward)."""
+    from core.runtime.graphs import GraphedSteps
+    from core.runtime.lean import LeanForward
+    from core.runtime.verify_cost import curve_passes
+    from core.testing import QWEN3_TEMPLATE, make_target, tiny_qwen3
+
+    model = tiny_qwen3(vocab_size=64)
+    model.config.max_position_embeddings = 4096
+    target = make_target(model, template=QWEN3_TEMPLATE)
+    steps = target.lean = GraphedSteps(LeanForward(model), "sim", min_span=16)
+    seen = []
+    call = GraphedSteps.__call__
+
+    def recorded(self, ids, cache, *args, **kwargs):
+        if len(ids) <= 17:  # a timed forward, not a context's prefill
+            seen.append((cache is self.cache, cache.length))
+        return call(self, ids, cache, *args, **kwargs)
+
+    monkeypatch.setattr(GraphedSteps, "__call__", recorded)
+    for curves in curve_passes(target, 2, contexts=(256, 1024), max_positions=4):
+        pass
+    assert seen and all(on_steps for on_steps, _ in seen) and steps.cache is not None
+    assert {length for _, length in seen} == {256, 1024}
+    assert curves.contexts == (256, 1024)
+
+
+def test_a_curve_extrapolated_past_the_last_context_never_goes_below_what_was_measured():
+    from core.runtime.verify_cost import CostCurves
+
+    curves = CostCurves((256, 1024), ((1.0, 2.0, 3.0), (0.9, 1.8, 2.0)))  # longer context measured cheaper (noise)
+    far = curves.at(100_000)
+    assert all(1.0 <= cost <= n for n, cost in enumerate(far, start=1))
+    assert far == tuple(s / 0.9 for s in (0.9, 1.8, 2.0))  # held at the smaller of the two, not extrapolated down
