@@ -25,6 +25,7 @@ from core.decoding.sampling import SamplingConfig
 from core.drafting.base import MAX_BLOCK_SIZE
 from core.runtime import native
 from core.runtime.forward import keep_positions, target_forward
+from core.runtime.lean import StaticCache
 from core.runtime.target import CPU_LINEARS, add_target_args, load_target, target_config_from_args
 
 POSITIONS = (1, 2, 4, 8, 16, 17)
@@ -35,24 +36,38 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_passes(target, context: int, repeats: int, positions=POSITIONS) -> Iterator[dict[int, list[float]]]:
+def random_ids(target, n: int, gen: torch.Generator) -> list[int]:
+    """n token ids drawn from the target's vocabulary past its first 100 (specials and bytes)."""
+    return torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (n,), generator=gen,
+                         device=gen.device).tolist()
+
+
+def prefilled_cache(target, context: int, room: int):
+    """A cache holding `context` random positions with room for `room` more."""
+    cache = target.new_cache(context + room)
+    with torch.inference_mode():
+        target_forward(target, random_ids(target, context, torch.Generator().manual_seed(0)), cache, ())
+    return cache
+
+
+def timed_passes(target, context: int, repeats: int, positions=POSITIONS,
+                 cache: StaticCache | None = None) -> Iterator[dict[int, list[float]]]:
     """Seconds of one forward over T new positions after `context` cached ones, T values interleaved, one pass over
     all of them at a time: yields the times so far after each pass (the first, a warm-up, is not timed), so a
-    caller can hand the model to others between passes."""
-    gen = torch.Generator().manual_seed(0)
-
-    def draw(n: int) -> list[int]:
-        return torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (n,), generator=gen,
-                             device=gen.device).tolist()
-
-    cache = target.new_cache(context + max(positions) + 1)
+    caller can hand the model to others between passes. cache: a static cache that already holds at least `context`
+    positions, shared with passes after other contexts (each pass moves its index to `context`: the rows before it
+    are a valid context); None: one of its own, prefilled here."""
+    gen = torch.Generator().manual_seed(1)
+    shared = cache is not None
+    if cache is None:
+        cache = prefilled_cache(target, context, max(positions) + 1)
     times: dict[int, list[float]] = {t: [] for t in positions}
-    with torch.inference_mode():
-        target_forward(target, draw(context), cache, ())
     for repeat in range(repeats + 1):
+        if shared:
+            cache.length = context
         with torch.inference_mode():  # entered per pass: a suspended generator must not leave the caller in it
             for t in positions:
-                block = draw(t)
+                block = random_ids(target, t, gen)
                 elapsed = _seconds(target.device, lambda: target_forward(target, block, cache, ()))
                 if repeat:
                     times[t].append(elapsed)
@@ -150,7 +165,8 @@ class CostCurves:
             upper = next((i for i, c in enumerate(self.contexts) if c >= context), len(self.contexts) - 1)
             (c0, c1), (s0, s1) = self.contexts[upper - 1 : upper + 1], self.seconds[upper - 1 : upper + 1]
             share = (context - c0) / (c1 - c0)
-            seconds = tuple(a + share * (b - a) for a, b in zip(s0, s1))
+            # past the last context, never below the smaller of the two measured (a noisy pair slopes down)
+            seconds = tuple(max(a + share * (b - a), min(a, b)) for a, b in zip(s0, s1))
         return sane_curve(tuple(s / seconds[0] for s in seconds))
 
     def as_dict(self) -> dict:
@@ -176,7 +192,9 @@ def curve_passes(target, repeats: int, contexts=CONTEXTS, max_positions: int = M
     """timed_passes after each context, one pass of each in turn: yields the CostCurves so far after every round of
     passes (repeats of them), so a caller can hand the model to others in between."""
     contexts = fitting_contexts(target, contexts, max_positions)
-    passes = {c: timed_passes(target, c, repeats, range(1, max_positions + 1)) for c in contexts}
+    # on a static cache the contexts share one (the fixed-shape steps have only one), prefilled once for the longest
+    shared = prefilled_cache(target, max(contexts), max_positions + 1) if target.lean is not None else None
+    passes = {c: timed_passes(target, c, repeats, range(1, max_positions + 1), shared) for c in contexts}
     for costs in interleaved(passes, repeats):
         yield CostCurves(contexts, tuple(tuple(costs[c][t] for t in sorted(costs[c])) for c in contexts))
 
