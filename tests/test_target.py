@@ -161,3 +161,30 @@ def test_the_embedded_defaults_text_side_loads_alone_and_formats_as_the_loaded_t
     assert served.model is None and served.chat_ids(messages) == embedded_target.chat_ids(messages)
     assert served.eos_token_ids == embedded_target.eos_token_ids and served.identity == embedded_target.identity
     assert "http://127.0.0.1:8000" in served.precision
+
+
+def test_an_fp8_the_card_refuses_falls_back_to_the_next_precision_with_a_line_saying_so(monkeypatch, capsys):
+    from core.runtime.target import supported_quant
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(fp8, "why_not_fp8", lambda device: "FP8 needs compute capability 8.9, this GPU has 8.6")
+    assert supported_quant("fp8", cuda) == "8bit"
+    out = capsys.readouterr().out
+    assert "compute capability 8.9" in out and "--quant 8bit instead" in out
+    monkeypatch.setattr(fp8, "why_not_fp8", lambda device: None)
+    assert supported_quant("fp8", cuda) == "fp8" and supported_quant("none", cuda) == "none"
+    with pytest.raises(TargetLoadError, match="needs a CUDA GPU"):
+        supported_quant("fp8", torch.device("cpu"))  # nothing to fall back to off a GPU
+
+
+def test_weights_that_stay_in_their_precision_load_straight_onto_the_card():
+    from core.runtime.target import pretrained_kwargs
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert pretrained_kwargs("none", cuda, torch.bfloat16, True)["device_map"] == {"": cuda}
+    assert "device_map" not in pretrained_kwargs("none", cpu, torch.float32, True)
+    assert pretrained_kwargs("8bit", cuda, torch.bfloat16, True)["device_map"] == {"": cuda}
+    for host_first in ("fp8", "int8"):  # read on the host, each linear quantised onto the card as it goes
+        assert "device_map" not in pretrained_kwargs(host_first, cuda, torch.bfloat16, True)
+    assert all(kwargs["use_safetensors"] for kwargs in (pretrained_kwargs(q, cuda, torch.bfloat16, False)
+                                                         for q in ("none", "fp8", "8bit", "int8")))
