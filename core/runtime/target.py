@@ -18,7 +18,7 @@ from core.decoding import sampling
 from core.runtime.cpu_linear import int4_available, pack_linears
 from core.runtime.graphs import GRAPH_MODES, GraphedSteps, graph_mode
 from core.runtime.lean import LeanForward, head_dim, lean_supported
-from core.runtime.plan import estimate_weight_bytes, plan_memory
+from core.runtime.plan import SPEED_ORDER, estimate_weight_bytes, plan_memory
 from core.runtime.protocol import TargetForward
 from core.runtime.threads import cpu_flags
 
@@ -285,6 +285,22 @@ def check_quant_supported(quant: str, device: torch.device) -> None:
                                   "(pip install triton). Use --quant fp8, 8bit or none.")
 
 
+def supported_quant(quant: str, device: torch.device) -> str:
+    """quant, where this device runs it. An FP8 that the card refuses falls back to the next precision of the memory
+    plan's order (core.runtime.plan.SPEED_ORDER: 8-bit) with a line saying so; anything else refused raises
+    TargetLoadError saying why."""
+    try:
+        check_quant_supported(quant, device)
+        return quant
+    except TargetLoadError as err:
+        if quant != "fp8" or device.type != "cuda":
+            raise
+        fallback = SPEED_ORDER[SPEED_ORDER.index("fp8") + 1]
+        check_quant_supported(fallback, device)
+        print(f"note: {err} Loading --quant {fallback} instead.", flush=True)
+        return fallback
+
+
 def check_fits(config, dtype: torch.dtype, quant: str, device: torch.device, headroom: float = 1.15) -> None:
     need = estimate_weight_bytes(config, dtype, quant) * headroom
     free = free_memory_bytes(device)
@@ -365,20 +381,13 @@ def _load_hf(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Tar
 
     source, local_only = _resolve_source(cfg)
     hf_config = AutoConfig.from_pretrained(source, local_files_only=local_only)
-    cfg = replace(cfg, quant=resolve_quant(cfg, hf_config, device))
-    check_quant_supported(cfg.quant, device)
+    cfg = replace(cfg, quant=supported_quant(resolve_quant(cfg, hf_config, device), device))
     check_fits(hf_config, dtype, cfg.quant, device)
-    quant_config = _quantization_config(cfg.quant)
     native_fp8 = cfg.quant == "fp8" and not getattr(hf_config, "quantization_config", None)
-    on_host_first = native_fp8 or cfg.quant == "int8"  # read on the host, each linear quantised onto the device
     if cfg.quant == "fp8":
         check_prequantised_fp8(hf_config)
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
-    kwargs = {"dtype": dtype, "local_files_only": local_only, "use_safetensors": True}
-    if cfg.quant != "none" and not on_host_first:  # accelerate places quantised weights directly on the device
-        kwargs["device_map"] = {"": device}
-        if quant_config is not None:
-            kwargs["quantization_config"] = quant_config
+    kwargs = pretrained_kwargs(cfg.quant, device, dtype, local_only, prequantised=not native_fp8)
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     if native_fp8:  # read on the host, each decoder linear quantised onto the device as it goes (core.runtime.fp8)
         from core.runtime.fp8 import quantize_decoder
@@ -392,6 +401,22 @@ def _load_hf(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Tar
     elif cfg.quant == "none":
         model = model.to(device)
     return _finish(model, tokenizer, cfg.target, device)
+
+
+def pretrained_kwargs(quant: str, device: torch.device, dtype: torch.dtype, local_only: bool,
+                      prequantised: bool = False) -> dict:
+    """from_pretrained's arguments: safetensors only; on a GPU the weights go straight onto the card (accelerate
+    places each tensor there as it is read: no host copy of a bf16 Qwen3-8B's 16 GB), but for the precisions this
+    project quantises itself (FP8 from a bf16 checkpoint, int8), read on the host and quantised onto the card a
+    linear at a time."""
+    kwargs = {"dtype": dtype, "local_files_only": local_only, "use_safetensors": True}
+    on_host_first = (quant == "fp8" and not prequantised) or quant == "int8"
+    if device.type == "cuda" and not on_host_first:
+        kwargs["device_map"] = {"": device}
+        quant_config = _quantization_config(quant)
+        if quant_config is not None:
+            kwargs["quantization_config"] = quant_config
+    return kwargs
 
 
 def _finish(model, tokenizer, name: str, device: torch.device) -> Target:
