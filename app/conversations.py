@@ -5,6 +5,7 @@ written atomically (temporary file, then rename), so a crash never leaves half a
 """
 from __future__ import annotations
 
+import builtins
 import json
 import re
 import time
@@ -52,7 +53,7 @@ class ConversationStore:
             raise ConversationError(f"no conversation {conv_id!r}")
         return json.loads(path.read_text(encoding="utf-8"))
 
-    def save(self, messages: list[dict], conv_id: str | None = None) -> str:
+    def save(self, messages: builtins.list[dict], conv_id: str | None = None) -> str:
         """Write the messages (a new conversation when conv_id is None or was deleted meanwhile); returns the id."""
         now = time.time()
         try:

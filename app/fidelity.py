@@ -24,6 +24,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,9 +35,9 @@ from core.runtime.target import EMBEDDED_ID, Target, TargetConfig, embedded_gguf
 from core.runtime.threads import apply_thread_policy
 
 # what each precision asks the loader for; the reference is transformers' own fp32 forward with torch's linears
-PRECISIONS = {"q4": {"quant": "q4"}, "bf16": {"dtype": "bf16", "quant": "none"},
+PRECISIONS: dict[str, dict[str, Any]] = {"q4": {"quant": "q4"}, "bf16": {"dtype": "bf16", "quant": "none"},
               "fp32": {"dtype": "fp32", "quant": "none"}}
-REFERENCE = {"dtype": "fp32", "quant": "none", "engine": "transformers", "cpu_linear": "torch"}
+REFERENCE: dict[str, Any] = {"dtype": "fp32", "quant": "none", "engine": "transformers", "cpu_linear": "torch"}
 
 
 @dataclass(frozen=True)
@@ -150,16 +151,17 @@ def fidelity(cfg: FidelityConfig) -> dict:
     cases = [reference_case(reference, reference.chat_ids([{"role": "user", "content": p}]), cfg.max_new_tokens)
              for p in prompts]
     del reference
+    precisions: dict[str, dict] = {}
     result = {"prompts": list(cfg.prompts), "limit": cfg.limit, "max_new_tokens": cfg.max_new_tokens,
-              "reference": "transformers fp32 (dequantised GGUF, torch linears)", "precisions": {}}
+              "reference": "transformers fp32 (dequantised GGUF, torch linears)", "precisions": precisions}
     for name in cfg.precisions:
         target = load_target(replace(cfg.target, **PRECISIONS[name]))
         rows = [compare(case.logits, engine_logits(target, case)) for case in cases]
-        result["precisions"][name] = {"forward": target.precision, **pooled(rows), "per_prompt": slim(rows)}
+        precisions[name] = {"forward": target.precision, **pooled(rows), "per_prompt": slim(rows)}
         del target
     if cfg.llama_cpp:
         rows = [compare(case.logits, llama_cpp_logits(case, threads)) for case in cases]
-        result["precisions"]["llama.cpp"] = {"forward": "llama.cpp (llama-cpp-python), the GGUF's own kernels",
+        precisions["llama.cpp"] = {"forward": "llama.cpp (llama-cpp-python), the GGUF's own kernels",
                                              **pooled(rows), "per_prompt": slim(rows)}
     return result
 

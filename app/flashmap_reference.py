@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -80,7 +81,7 @@ def acceptance_difference(engine: list[float | None], reference: list[float | No
 
 def summary(runs: list[ReferenceRun], plain: list[list[int]], drafted: list[list[int]], plain_tps: float,
             drafter_tps: float, acceptance_length: float | None, greedy: bool, precision: str,
-            engine_per_prompt: list[float | None] = ()) -> dict:
+            engine_per_prompt: Sequence[float | None] = ()) -> dict:
     """The reference loop's tokens/s and acceptance length (tokens per target forward) beside this engine's (pooled,
     and paired by prompt where engine_per_prompt gives this engine's per prompt), and how many of its replies equal
     this engine's plain and drafted replies token for token (at T = 0; a different precision may part at a

@@ -104,11 +104,13 @@ class LlamaCpp:
         self.threads = threads or os.cpu_count() or 1
         self.proc = subprocess.Popen([sys.executable, "-c", WORKER, str(gguf), str(self.threads), str(context)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=own_environment())
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # (piped)
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         if not self._reply().get("ready"):
             raise LlamaCppUnavailable("llama.cpp did not start")
 
     def _reply(self) -> dict:
-        line = self.proc.stdout.readline()
+        line = self.stdout.readline()
         if not line:
             raise LlamaCppUnavailable(f"llama.cpp's process ended (exit code {self.proc.wait()})")
         return json.loads(line)
@@ -118,14 +120,14 @@ class LlamaCpp:
         reply (llama-cpp-python's prefix match; the engine's runs reuse theirs, core.decoding.prefix), else from
         scratch."""
         ask = {"ids": list(prompt_ids), "max_tokens": max_new_tokens, "reuse": reuse}
-        self.proc.stdin.write(json.dumps(ask) + "\n")
-        self.proc.stdin.flush()
+        self.stdin.write(json.dumps(ask) + "\n")
+        self.stdin.flush()
         out = self._reply()
         return LlamaCppRun(int(out["tokens"]), float(out["seconds"]), out["text"])
 
     def close(self) -> None:
         if self.proc.poll() is None:
-            self.proc.stdin.close()
+            self.stdin.close()
             self.proc.wait(timeout=30)
 
 

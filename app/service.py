@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -127,7 +128,7 @@ class ChatService:
         self.lock = FairLock()
         self.data_dir = Path(data_dir) if data_dir else None
         self.conversations = ConversationStore(self.data_dir / "conversations") if self.data_dir else None
-        self._drafters: dict[DrafterSpec, object] = {}
+        self._drafters: dict[DrafterSpec, Any] = {}  # a drafter (core.drafting.base.Drafter), or None for plain
         self._draft_costs: dict[int, float] = {}  # id(drafter) -> its call's cost relative to a target step
         # id(drafter) -> what drafting measured against plain steps in the replies so far
         # (core.drafting.policy.state.PolicyState)
@@ -272,7 +273,7 @@ class ChatService:
 
     def run_once(self, prompt_ids: list[int], settings: ChatSettings, drafter) -> tuple[str, list[int], ReplySpeed]:
         """Whole reply: (text, token ids, speed)."""
-        text, tokens, speed = "", [], ReplySpeed()
+        text, tokens, speed = "", list[int](), ReplySpeed()
         for ev, speed in self.stream(prompt_ids, settings, drafter):
             text, tokens = ev.text, tokens + list(ev.committed)
         return text, tokens, speed

@@ -61,7 +61,8 @@ def run_suite(cfg: SuiteConfig, target, runners: list[bench.Runner]) -> dict:
     curves = cost_curves(target) if any(spec.adaptive for spec in cfg.specs) else None
     runners = [r.with_draft_cost(target) for r in runners]
     prompts = [p for path in cfg.prompts for p in bench.read_prompts(path, cfg.limit)]
-    base, spec = [], [[] for _ in runners]
+    base: list = []
+    spec: list[list] = [[] for _ in runners]
     plain_prefix = bench.PrefixCache()  # plain decoding's own previous prompt, as each runner has its own
     for i, prompt in enumerate(tqdm(prompts, desc=f"suite x{len(runners)}", unit="prompt")):
         ids = target.chat_ids([{"role": "user", "content": prompt}])

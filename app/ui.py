@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from typing import Callable
 
 import gradio as gr
 import torch
@@ -57,9 +58,10 @@ ADAPTIVE_LABEL = ("Adaptive K: cut low-confidence draft tails and skip the draft
 TREE_LABEL = "FlashMap drafts per round (T = 0: verified together as a tree of at most K tokens)"
 TREE_CHOICES = [1, 2, 4, 8]
 # every ChatSettings field, by name: components map onto these keys
-CASTS = {"drafter": str, "block_size": lambda v: int(v) or None, "steps": int, "temperature": float, "top_p": float,
-         "max_new_tokens": int, "enable_thinking": bool, "system_prompt": lambda v: v or "", "adaptive": bool,
-         "tree": int, "seed": int, "stop_strings": tuple}
+CASTS: dict[str, Callable] = {
+    "drafter": str, "block_size": lambda v: int(v) or None, "steps": int, "temperature": float, "top_p": float,
+    "max_new_tokens": int, "enable_thinking": bool, "system_prompt": lambda v: v or "", "adaptive": bool,
+    "tree": int, "seed": int, "stop_strings": tuple}
 COMPARE_FIXED = ("top_p", "enable_thinking", "system_prompt", "seed", "stop_strings")  # Compare keeps their defaults
 log = logging.getLogger("flashmap")
 
@@ -256,9 +258,9 @@ def compare(service: ChatService, prompt: str, against: str = "none", **settings
         ids = service.prompt_ids([], prompt, settings)
         labels = [side_label(other, other_drafter), side_label(settings, drafter)]
         labels[1] += " (2)" if labels[1] == labels[0] else ""
-        sides = {}
+        sides: dict[str, tuple] = {}
         for side, (side_settings, side_drafter) in enumerate(((other, other_drafter), (settings, drafter))):
-            text, tokens, screen = "", [], Every(UPDATE_EVERY_S)
+            text, tokens, screen = "", list[int](), Every(UPDATE_EVERY_S)
             for ev, speed in service.stream(ids, side_settings, side_drafter):
                 text, tokens = ev.text, tokens + list(ev.committed)
                 if screen.due(ev):
@@ -325,9 +327,10 @@ def example_prompts() -> list[str]:
 def api_functions(service: ChatService, default: str):
     """The named API endpoints (/chat, /compare, /draft_panel): every setting a parameter with its default."""
 
-    def api_chat(message: str, drafter: str = default, block_size: int = 0, steps: int = 1, temperature: float = 0.0,
-                 top_p: float = 1.0, max_new_tokens: int = 256, adaptive: bool = True, tree: int = 1,
-                 system_prompt: str = "", enable_thinking: bool = False, seed: int = 0) -> str:
+    def api_chat(  # type: ignore[misc]  # (-> str: gradio reads the hint as the type of each update)
+            message: str, drafter: str = default, block_size: int = 0, steps: int = 1, temperature: float = 0.0,
+            top_p: float = 1.0, max_new_tokens: int = 256, adaptive: bool = True, tree: int = 1,
+            system_prompt: str = "", enable_thinking: bool = False, seed: int = 0) -> str:
         """Reply to one user message (streamed text, at most every UPDATE_EVERY_S: each update costs the server
         about as much as a round). block_size 0: the drafter's own block."""
         values = dict(drafter=drafter, block_size=block_size, steps=steps, temperature=temperature, top_p=top_p,

@@ -54,8 +54,8 @@ def tiny_qwen3(vocab_size: int = 64, layers: int = 4, seed: int = 0) -> Qwen3For
     cfg = Qwen3Config(
         vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
-        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=1, bos_token_id=3,
-        pad_token_id=2, use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, eos_token_id=1, bos_token_id=3, pad_token_id=2, use_sliding_window=False,
     )
     return Qwen3ForCausalLM(cfg).eval()
 
@@ -79,7 +79,7 @@ def exact_joint_last_two(target: Target, prompt: list[int], tokens: int) -> torc
         return torch.softmax(model(torch.tensor([ids])).logits[0, -1].double(), -1)
 
     with torch.no_grad():
-        prefixes = {(): 1.0}  # output prefix -> its probability
+        prefixes: dict[tuple[int, ...], float] = {(): 1.0}  # output prefix -> its probability
         for _ in range(tokens - 2):
             prefixes = {prefix + (y,): weight * float(p) for prefix, weight in prefixes.items()
                         for y, p in enumerate(next_probs(prompt + list(prefix)))}

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from drafter.network import FlowNet
+from drafter.network import DraftNet, FlowNet
 
 
 @dataclass
@@ -50,6 +50,6 @@ class Blocks:
         if rows is not None:
             window, mask, anchor_embed = window[rows], mask[rows], anchor_embed[rows]
         projected = net.ctx_in(self.pool)  # (P, D): each position once
-        if pooled and hasattr(net, "context_pooled"):
+        if pooled and isinstance(net, DraftNet):  # (the project's network reads a pooled context)
             return net.context_pooled(projected, window, mask, anchor_embed)
         return net.context_projected(projected[window], mask, anchor_embed)  # (B, W, D) gathered

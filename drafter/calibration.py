@@ -98,7 +98,8 @@ def fit(confidence: torch.Tensor, n_accepted: torch.Tensor, draft_len: torch.Ten
     k = confidence.shape[1]
     reached, accepted = reached_outcomes(n_accepted, draft_len, k)  # (R, K) x2
     logit = torch.logit(confidence.double().clamp(1e-6, 1 - 1e-6))  # (R, K)
-    slope, bias = [], []
+    slope: list[float] = []
+    bias: list[float] = []
     for slot in range(k):
         rows = reached[:, slot]  # (R,)
         y = accepted[rows, slot]

@@ -226,7 +226,7 @@ class Sequence:
     prompt_len: int
     features: torch.Tensor | FeatureSlice | None = None  # (T, F) cached target features, when extracted
 
-    def cached_features(self) -> torch.Tensor:
+    def cached_features(self) -> torch.Tensor | None:
         return self.features.load() if isinstance(self.features, FeatureSlice) else self.features
 
 
@@ -243,7 +243,8 @@ def read_shard(path: Path, features_path: Path | None = None) -> list[Sequence]:
     tokens, offsets = shard["tokens"].tolist(), shard["offsets"].tolist()
     cached = features_path is not None and features_path.exists()
     return [Sequence(tokens[offsets[i]:offsets[i + 1]], plen,
-                     FeatureSlice(features_path, offsets[i], offsets[i + 1]) if cached else None)
+                     FeatureSlice(features_path, offsets[i], offsets[i + 1])
+                     if cached and features_path is not None else None)
             for i, plen in enumerate(shard["prompt_lens"].tolist())]
 
 
@@ -376,7 +377,8 @@ def blocks_at(target: Target, seqs: list[Sequence], anchors: list[list[int]], bl
     """Blocks at the given anchor positions of each sequence. The features of all sequences form one
     pool that every block indexes (Blocks.window)."""
     if all(s.features is not None for s in seqs):
-        feats = [s.cached_features().float() for s in seqs]  # cached: no target forward this step
+        # cached: no target forward this step
+        feats = [features.float() for s in seqs if (features := s.cached_features()) is not None]
     else:
         feats = target_features(target, seqs, layers)
     embed = target.model.get_input_embeddings().weight.detach()

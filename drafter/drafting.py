@@ -11,10 +11,13 @@ import torch
 
 from core.decoding.sampling import draw_device, sample_rows
 from drafter.flow import flow_map_step, time_grid
+from drafter.frozen import FrozenDraftNet
 from drafter.network import FlowNet
 
+DraftingNet = FlowNet | FrozenDraftNet  # a network, or its frozen inference view (drafter.frozen)
 
-def noise_embedding_factor(net: FlowNet) -> torch.Tensor:
+
+def noise_embedding_factor(net: DraftingNet) -> torch.Tensor:
     """L with L L^T = E^T E: x0 E ~ N(0, E^T E), so g L^T (g ~ N(0, I_{D_t})) draws x0 E without a
     vocabulary-sized noise tensor (the first jump from s = 0 only reads x0 through x0 E)."""
     embed = net.embed_matrix().detach().double()  # (V, D_t)
@@ -23,7 +26,7 @@ def noise_embedding_factor(net: FlowNet) -> torch.Tensor:
     return torch.linalg.cholesky(gram + 1e-6 * gram.diagonal().mean() * eye).float()
 
 
-def one_jump(net: FlowNet, ctx, mask, block: int, generator, factor: torch.Tensor,
+def one_jump(net: DraftingNet, ctx, mask, block: int, generator, factor: torch.Tensor,
              noise_scale: float = 1.0, noise: torch.Tensor | None = None) -> torch.Tensor:
     """The full jump (0, 1) from x0 ~ N(0, noise_scale^2 I), read through x0 E. noise_scale 0: the jump from
     x0 = 0, the centre of the noise, whose draft is deterministic (the T = 0 path).
@@ -39,7 +42,7 @@ def one_jump(net: FlowNet, ctx, mask, block: int, generator, factor: torch.Tenso
     return net.probs(net.noise_input(x0_embed, ones), zeros, ones, ctx, mask)
 
 
-def jumps(net: FlowNet, ctx, mask, block: int, steps: int, generator, diagonal: bool = False,
+def jumps(net: DraftingNet, ctx, mask, block: int, steps: int, generator, diagonal: bool = False,
           noise_scale: float = 1.0, noise: torch.Tensor | None = None) -> torch.Tensor:
     """Compose `steps` jumps on the grid t_n = tau^{-1}(n/N). With diagonal=True the network is used
     as the teacher denoiser D_s (s = t), and each jump is an Euler step (eq. 3 rewritten as eq. 5).
@@ -57,7 +60,7 @@ def jumps(net: FlowNet, ctx, mask, block: int, steps: int, generator, diagonal: 
     return delta
 
 
-def euler_path(net: FlowNet, ctx, mask, x: torch.Tensor, steps: int, diagonal: bool):
+def euler_path(net: DraftingNet, ctx, mask, x: torch.Tensor, steps: int, diagonal: bool):
     """Yields (x_n, delta_n) for n = 0..N-1 along the grid t_n = tau^{-1}(n/N) from x_0 = x (B, K, V): the state
     each jump starts from and the network's output there (jumps; diagonal: the teacher's Euler steps)."""
     b = ctx.shape[0]
@@ -95,7 +98,7 @@ class NoiseBank:
     x0: torch.Tensor | None = None  # (M, V), kept only to test the corrections against the exact jump
 
 
-def build_noise_bank(net: FlowNet, size: int, generator, keep_noise: bool = False, chunk: int = 256) -> NoiseBank:
+def build_noise_bank(net: DraftingNet, size: int, generator, keep_noise: bool = False, chunk: int = 256) -> NoiseBank:
     v = net.cfg.draft_vocab
     u = float(time_grid(2, v)[1])
     alpha = u / (1 - u)
@@ -118,7 +121,7 @@ def banked_noise(bank: NoiseBank, b: int, block: int, vocab: int, generator, top
     return idx, torch.randn(b, block, min(top, vocab), generator=generator, device=draw_device(generator))  # (B, K, T)
 
 
-def two_jumps_banked(net: FlowNet, ctx, mask, block: int, bank: NoiseBank, generator, top: int = 16,
+def two_jumps_banked(net: DraftingNet, ctx, mask, block: int, bank: NoiseBank, generator, top: int = 16,
                      redraw: bool = True, noise: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
     """Two jumps (0 -> u -> 1) reading only `top` rows of E per slot in the second jump (App. B).
 
@@ -135,7 +138,9 @@ def two_jumps_banked(net: FlowNet, ctx, mask, block: int, bank: NoiseBank, gener
     zeros, us, ones = (torch.full((b,), value) for value in (0.0, u, 1.0))
     delta = net.probs(net.noise_input(x0_embed, us), zeros, us, ctx, mask)  # (B, K, V)
     d_top, top_ids = delta.topk(min(top, delta.shape[-1]), dim=-1)  # (B, K, T)
-    z_top = noise[1] if redraw else bank.x0[idx].gather(-1, top_ids)  # (B, K, T)
+    if not redraw and bank.x0 is None:
+        raise ValueError("redraw=False reads the noise of the top tokens from a bank built with keep_noise")
+    z_top = noise[1] if redraw or bank.x0 is None else bank.x0[idx].gather(-1, top_ids)  # (B, K, T)
     e_top = net.embed_matrix()[top_ids]  # (B, K, T, D_t)
     r_over_s = torch.exp(alpha * z_top - log_s[..., None]) * torch.expm1(alpha**2 * d_top)  # (B, K, T)
     posterior_embed = (weighted + (r_over_s[..., None] * e_top).sum(-2)) / (1 + r_over_s.sum(-1, keepdim=True))
@@ -144,7 +149,7 @@ def two_jumps_banked(net: FlowNet, ctx, mask, block: int, bank: NoiseBank, gener
     return net.probs(h, us, ones, ctx, mask)
 
 
-def masked(net: FlowNet, ctx, mask, block: int) -> torch.Tensor:
+def masked(net: DraftingNet, ctx, mask, block: int) -> torch.Tensor:
     b = ctx.shape[0]
     zeros = torch.zeros(b, device=ctx.device)
     return net.probs(net.masked_input(b)[:, :block], zeros, zeros, ctx, mask)
@@ -170,7 +175,7 @@ class BlockSampler:
     tokens are still drawn from the q handed to verification: lossless at any temperature.
     """
 
-    net: FlowNet
+    net: DraftingNet
     mode: str
     steps: int = 1
     shared_noise: bool = True
@@ -254,7 +259,7 @@ class BlockSampler:
             if self._factor is None:
                 self._factor = noise_embedding_factor(self.net)
             return one_jump(self.net, ctx, mask, block, None, self._factor, self.noise_scale, noise=noise[0])
-        if self._banked():
+        if self._banked() and self._bank is not None:  # (built by the draw of this noise)
             return two_jumps_banked(self.net, ctx, mask, block, self._bank, None, noise=noise)
         return jumps(self.net, ctx, mask, block, self.steps, None, diagonal=self.mode == "teacher",
                      noise_scale=self.noise_scale, noise=noise[0])

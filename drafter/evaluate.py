@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, fields
 from itertools import groupby
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -42,10 +43,11 @@ from tqdm import tqdm
 from core.decoding.tree import build_trie, depth_in, followed_branch
 from core.drafting.base import NgramDrafter, lookup_plan
 from core.prompts import read_jsonl
-from core.runtime.target import add_target_args, load_target, target_config_from_args
+from core.runtime.target import Target, add_target_args, load_target, target_config_from_args
 from drafter import flashmap_release
 from drafter.data import blocks_at, load_sequences, target_to_draft_map
 from drafter.drafting import BlockSampler, fold_unused, greedy_block
+from drafter.network import FlowNet
 from drafter.runtime import DRAFTER_MODES, default_weights, load_named_net
 from drafter.spec import NET_DRAFTERS, DrafterSpec, SpecError
 from drafter.train_release import block_context
@@ -135,7 +137,7 @@ class Rounds:
     confidence: torch.Tensor  # (R, K) each slot's largest probability, the engine's raw confidence (NaN for trees)
 
 
-def load_variant(variant: Variant, target) -> tuple:
+def load_variant(variant: Variant, target) -> tuple[Any, torch.Tensor]:
     """(network, vocab_ids) of the variant's checkpoint, refusing one of the other kind; a released-format folder
     (drafter.flashmap_release) drafts the target's whole vocabulary."""
     folder = variant.spec.weights or default_weights(target.identity["name"], variant.spec.name)
@@ -156,7 +158,7 @@ class ReleaseDrafting:
 
     variant: Variant
     net: flashmap_release.ReleaseNet
-    target: object
+    target: Target
     generator: torch.Generator
     embedding: torch.Tensor  # (V, D_t) the target's, fp32, read once: its noise factor is cached by it
     head: torch.Tensor  # (V, D_t) the target's LM head, fp32
@@ -197,9 +199,9 @@ class Drafting:
     """One variant's network made ready to draft offline blocks at T = 0."""
 
     variant: Variant
-    net: object
+    net: FlowNet
     vocab_ids: torch.Tensor  # (V,) target id per draft id, -1 for "other"
-    target: object
+    target: Target
     to_draft: torch.Tensor  # (V_t,) draft id of each target id (target_to_draft_map)
     sampler: BlockSampler
     generator: torch.Generator
@@ -276,6 +278,7 @@ def draft_rounds(variant: Variant, net, vocab_ids: torch.Tensor, target, seqs, s
                  seed: int = 0, walk: bool = False) -> Rounds:
     """Draft at every stride-th anchor of each sequence (walk: at the anchors the engine's rounds visit), as the
     engine would at T=0."""
+    drafting: ReleaseDrafting | Drafting
     if isinstance(net, flashmap_release.ReleaseNet):
         drafting = ReleaseDrafting.of(variant, net, target, seed)
     else:
@@ -287,7 +290,7 @@ def draft_rounds(variant: Variant, net, vocab_ids: torch.Tensor, target, seqs, s
                    for start in tqdm(range(0, len(jobs), batch), desc=variant.label, unit="batch", leave=False)])
 
 
-def walk_rounds(drafting: Drafting, seqs, batch: int):
+def walk_rounds(drafting: Drafting | ReleaseDrafting, seqs, batch: int):
     """The engine's own walk through each response at T = 0 without a cut: the first anchor is the token the prefill
     produced (position prompt_len), and each round's next anchor is the target's token after the accepted prefix
     (a + n_accepted + 1), while a full block follows it. Rounds then fall as densely as the engine's do, many where
@@ -329,11 +332,12 @@ def tree_rounds(draft: torch.Tensor, length: torch.Tensor, truth: torch.Tensor, 
     return shown, shown_len, torch.tensor(accepted)
 
 
-def evaluate_variant(variant: Variant, loaded: tuple, target, seqs, domains: list[str], stride: int, batch: int,
-                     seed: int, walk: bool = False) -> dict:
+def evaluate_variant(variant: Variant, loaded: tuple[Any, torch.Tensor], target, seqs, domains: list[str],
+                     stride: int, batch: int, seed: int, walk: bool = False) -> dict:
     k = variant.block_size(loaded[0])
     began = time.perf_counter()
-    rounds = draft_rounds(variant, *loaded, target, seqs, stride, batch, seed, walk)
+    net, vocab_ids = loaded
+    rounds = draft_rounds(variant, net, vocab_ids, target, seqs, stride, batch, seed, walk)
     seconds = time.perf_counter() - began
     domain_of_round = [domains[i] for i in rounds.seq_index.tolist()]
     by_domain = {}

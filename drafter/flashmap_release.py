@@ -38,6 +38,7 @@ import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -46,6 +47,7 @@ from torch.nn import functional as F
 from core.decoding.sampling import SamplingConfig, draw_device, sample_rows, top_probs
 from core.drafting.base import Draft
 from core.runtime import cpu_linear
+from core.runtime.modules import ModuleList
 from drafter import native_trunk
 from drafter.checkpoint import CheckpointError, load_published_state, read_published
 
@@ -216,6 +218,15 @@ class AdaNorm(nn.Module):
         return F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale) + shift, gate
 
 
+class HeadNorm(nn.Module):
+    """An RMSNorm's weight per head dimension (Hd,), applied by rms_norm with the config's epsilon (the release's
+    q_norm / k_norm: their tensors are `...q_norm.weight`)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+
+
 class Attention(nn.Module):
     def __init__(self, c: ReleaseConfig):
         super().__init__()
@@ -223,10 +234,7 @@ class Attention(nn.Module):
         d = c.hidden_size
         self.q_proj, self.k_proj = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
         self.v_proj, self.o_proj = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
-        self.q_norm = nn.Module()
-        self.k_norm = nn.Module()
-        self.q_norm.weight = nn.Parameter(torch.ones(c.head_dim))
-        self.k_norm.weight = nn.Parameter(torch.ones(c.head_dim))
+        self.q_norm, self.k_norm = HeadNorm(c.head_dim), HeadNorm(c.head_dim)
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.unflatten(-1, (self.c.num_attention_heads, self.c.head_dim))  # (..., N, D) -> (..., N, H, Hd)
@@ -294,11 +302,11 @@ class ReleaseNet(nn.Module):
             setattr(self, name, norm)
         self.noise_gate = nn.Parameter(torch.ones(1))
         self.time_embed, self.jump_embed = TimeMLP(c), TimeMLP(c)  # the jump's start s and end t
-        self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
+        self.layers = ModuleList[Layer](Layer(c) for _ in range(c.num_hidden_layers))
         self.final_adaln = AdaNorm(c)
         self.head = nn.Linear(d, dt)
         self._modulations: dict[tuple[float, float], tuple] = {}
-        self._noise_factor: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._noise_factor: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
     @property
     def dtype(self) -> torch.dtype:
@@ -419,6 +427,7 @@ def draft_logits(net: ReleaseNet, context, positions: torch.Tensor, embedding: t
             inputs = net.state_inputs(state, s, t, embedding)
         hidden = dit(inputs, s, t)  # (*batch, K, D_t)
         if t < 1.0:
+            assert state is not None  # (more than one jump: the state is drawn or given, never embedded noise alone)
             state = jump_target(state, lm_head(hidden), s, t)
     return lm_head(hidden if rows is None else hidden[..., :rows, :])  # (*batch, K or rows, V)
 
@@ -435,7 +444,8 @@ def is_release_folder(folder) -> bool:
 
 def read_release(folder) -> tuple[ReleaseConfig, dict[str, torch.Tensor]]:
     """The config and tensors of a release folder (model.safetensors or an index of shards), or CheckpointError."""
-    return read_published(folder, ReleaseConfig.from_json, "FlashMap release")
+    cfg, state = read_published(folder, ReleaseConfig.from_json, "FlashMap release")
+    return cast(ReleaseConfig, cfg), state
 
 
 def check_target(cfg: ReleaseConfig, target, folder) -> None:
@@ -489,7 +499,7 @@ def load_release_net(folder, target, dtype: torch.dtype | None = None) -> Releas
     if dtype is None:
         weight_dtype = target.model.get_input_embeddings().weight.dtype
         dtype = torch.float32 if target.device.type == "cpu" or not weight_dtype.is_floating_point else weight_dtype
-    return net.to(device=target.device, dtype=dtype).eval()
+    return cast(ReleaseNet, net.to(device=target.device, dtype=dtype).eval())
 
 
 # ---- the engine's drafter ------------------------------------------------------------------------------------------
@@ -534,23 +544,34 @@ class ContextRows:
         anchor's, keys, values (L, H, 1, Hd) (written after them, overwritten by the next committed position)."""
         self.write(self.rows, keys, values)
         end = self.rows + 1
-        return list(zip(self.keys_t[..., :end].transpose(-1, -2).unbind(0), self.values[:, :, :end].unbind(0)))
+        keys_t, all_values = self.tensors()
+        return list(zip(keys_t[..., :end].transpose(-1, -2).unbind(0), all_values[:, :, :end].unbind(0)))
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The buffers, keys transposed and values (made by the first write)."""
+        if self.keys_t is None or self.values is None:
+            raise RuntimeError("the context holds no rows yet")
+        return self.keys_t, self.values
 
     def write(self, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         end = start + keys.shape[2]
         self.reserve(end + 1, keys)
-        self.keys_t[..., start:end] = keys.transpose(-1, -2)
-        self.values[:, :, start:end] = values
+        keys_t, all_values = self.tensors()
+        keys_t[..., start:end] = keys.transpose(-1, -2)
+        all_values[:, :, start:end] = values
 
-    def reserve(self, rows: int, like: torch.Tensor) -> None:
+    def reserve(self, rows: int, like: torch.Tensor | None = None) -> None:
+        """Buffers with room for `rows` rows, shaped like `like` (L, H, N, Hd) (doubled while too small)."""
         capacity = self.values.shape[2] if self.values is not None else 0
         if rows <= capacity:
             return
+        if like is None:
+            raise ValueError("a first reserve needs the shape of the rows it will hold")
         capacity = max(64, 2 * capacity, rows)
         layers, heads, _, head_dim = like.shape
         keys_t = like.new_zeros(layers, heads, head_dim, capacity)
         values = like.new_zeros(layers, heads, capacity, head_dim)
-        if self.values is not None:
+        if self.keys_t is not None and self.values is not None:
             keys_t[..., :self.rows + 1] = self.keys_t[..., :self.rows + 1]
             values[:, :, :self.rows + 1] = self.values[:, :, :self.rows + 1]
         self.keys_t, self.values = keys_t, values
@@ -614,7 +635,7 @@ class ReleaseDrafter:
             self.reset_context()
         start = self.position + len(token_ids) - kept
         self.position += len(token_ids)
-        if kept:
+        if kept and features is not None:
             positions = torch.arange(start, self.position, device=self.device)  # (M,)
             self.context.append(*self.cross(self.net.context_inputs(features.to(self.device)), positions))
 
@@ -640,13 +661,15 @@ class ReleaseDrafter:
             return None
         cos, sin = (angles.reshape(positions.shape[0], -1).contiguous()  # (K, Hd/2) each
                     for angles in rotary(positions, self.c.head_dim, self.c.rope_theta))
-        keys_t, values = list(self.context.keys_t.unbind(0)), list(self.context.values.unbind(0))
+        all_keys_t, all_values = self.context.tensors()
+        keys_t, values = list(all_keys_t.unbind(0)), list(all_values.unbind(0))
         context = self.context.rows + 1
+        trunk = self.trunk
 
         def dit(inputs: torch.Tensor, s: float, t: float) -> torch.Tensor:
             if (s, t) not in self._trunk_mods:
                 self._trunk_mods[(s, t)] = native_trunk.ReleaseTrunk.modulations(self.net.modulations(s, t))
-            return self.trunk(inputs, cos, sin, self._trunk_mods[(s, t)], keys_t, values, context)
+            return trunk(inputs, cos, sin, self._trunk_mods[(s, t)], keys_t, values, context)
 
         return dit
 

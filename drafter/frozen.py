@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, replace
+from typing import cast
 
 import torch
 from torch import nn
@@ -104,7 +105,8 @@ class FrozenDraftNet:
         self.kv_pos = F.linear(self.net.ctx_pos.detach(), self.kv_weight, kv_bias)  # (W+1, 2L*D) by distance
         self.native = self._native_trunk()
         self.kv = self._product(self.kv_weight)  # (D) -> (2L*D): a position's share of every key and value map
-        self.ctx_in, self.anchor_in = (self._projection(self.net.ctx_in), self._projection(self.net.anchor_in))
+        self.ctx_in, self.anchor_in = (self._projection(cast(nn.Sequential, self.net.ctx_in)),
+                                       self._projection(self.net.anchor_in))
         # the LM head rows (V, D_t) as a linear layer: x @ head.T took 1.9 ms a proposal on one core, a third of it
         self.head = self._product(self.net.head_matrix().detach().clone())
         self._start = self.net.start_state()  # (D_t,) every slot's input in a jump from x0 = 0
@@ -123,7 +125,8 @@ class FrozenDraftNet:
 
     def _projection(self, layers: nn.Sequential) -> tuple:
         """ctx_in or anchor_in (a linear layer, then an RMSNorm) as (its product, its norm)."""
-        return self._product(layers[0].weight, layers[0].bias), layers[1]
+        linear = cast(nn.Linear, layers[0])
+        return self._product(linear.weight, linear.bias), layers[1]
 
     def _product(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         """x @ weight.T + bias for frozen weights: native where the trunk is, else torch's linear (prepacked for oneDNN

@@ -21,24 +21,26 @@ Mode "sim" runs the same static step without capture on any device: the tests, a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from core.decoding.sampling import SamplingConfig, draw_device, sample_rows, top_probs
 from core.drafting.base import Draft
 from core.runtime.graphs import MIN_SPAN, attend_span, capture
-from drafter.flashmap_release import ReleaseDrafter, ReleaseNet, draft_logits
+from drafter.flashmap_release import ContextRows, ReleaseDrafter, ReleaseNet, draft_logits
 
 MODES = ("sim", "cuda")
 FIRST_CAPACITY = 4096  # context rows the buffers start with; they double (and the steps are captured again) when full
 
 
-class StaticContext:
+class StaticContext(ContextRows):
     """Every layer's cross-attention keys and values of the committed positions in buffers at fixed addresses:
     keys, values (L, H, C, Hd), the anchor's row written after the committed ones by the proposal itself. They grow
     only when full (by doubling: new addresses, so `generation` moves on and the captured proposals are dropped)."""
 
     def __init__(self, capacity: int, shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device):
+        super().__init__()
         self.capacity, self.shape, self.dtype, self.device = capacity, shape, dtype, device  # shape: (L, H, Hd)
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
@@ -49,11 +51,18 @@ class StaticContext:
         """Keys, values (L, H, N, Hd) of the next N committed positions."""
         end = self.rows + keys.shape[2]
         self.reserve(end + 1)  # + 1: the anchor's row
-        self.keys[:, :, self.rows:end] = keys
-        self.values[:, :, self.rows:end] = values
+        all_keys, all_values = self.static_tensors()
+        all_keys[:, :, self.rows:end] = keys
+        all_values[:, :, self.rows:end] = values
         self.rows = end
 
-    def reserve(self, rows: int) -> None:
+    def static_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """keys, values (L, H, C, Hd) (made by the first reserve)."""
+        if self.keys is None or self.values is None:
+            raise RuntimeError("the context's buffers are not made yet")
+        return self.keys, self.values
+
+    def reserve(self, rows: int, like: torch.Tensor | None = None) -> None:
         """Buffers with room for `rows` rows (allocated on first use, doubled while too small)."""
         if self.keys is not None and rows <= self.capacity:
             return
@@ -62,7 +71,7 @@ class StaticContext:
         layers, heads, head_dim = self.shape
         keys, values = (torch.zeros(layers, heads, self.capacity, head_dim, dtype=self.dtype, device=self.device)
                         for _ in range(2))
-        if self.keys is not None:
+        if self.keys is not None and self.values is not None:
             keys[:, :, :self.rows] = self.keys[:, :, :self.rows]
             values[:, :, :self.rows] = self.values[:, :, :self.rows]
         self.keys, self.values = keys, values
@@ -83,7 +92,7 @@ class _Proposal:
     confidence: torch.Tensor | None = None  # (K,) fp32
     q_draft: torch.Tensor | None = None  # (K, V) fp32 at T > 0
     logits: torch.Tensor | None = None  # (K, V) fp32
-    graph: object = None
+    graph: Any = None  # torch.cuda.CUDAGraph
 
 
 class GraphedReleaseDrafter(ReleaseDrafter):
@@ -105,7 +114,7 @@ class GraphedReleaseDrafter(ReleaseDrafter):
         factor = net.noise_factor(self.embedding)[1]  # computed once, before any capture
         # a one-step draft reads its noise only as z @ L^T, z (K, D_t); more steps read the whole state (K, V)
         self.embedded_noise = len(self.grid) == 2 and factor is not None
-        self.noise_width = factor.shape[0] if self.embedded_noise else self.embedding.shape[0]
+        self.noise_width = factor.shape[0] if factor is not None and self.embedded_noise else self.embedding.shape[0]
         self.slot_offsets = 1 + torch.arange(self.c.block_size, device=self.device)  # (K,)
         self.head = lambda hidden: self.lm_head(hidden.to(self.head_dtype)).float()  # noqa: E731
 
@@ -113,7 +122,7 @@ class GraphedReleaseDrafter(ReleaseDrafter):
         """Empty the context; the buffers (and the steps captured over them) stay."""
         if getattr(self, "context", None) is None:
             shape = (self.c.num_hidden_layers, self.c.num_attention_heads, self.c.head_dim)
-            self.context = StaticContext(self.first_capacity, shape, self.net.dtype, self.device)
+            self.context = self.buffers = StaticContext(self.first_capacity, shape, self.net.dtype, self.device)
         self.context.rows = 0
 
     @torch.inference_mode()
@@ -125,13 +134,15 @@ class GraphedReleaseDrafter(ReleaseDrafter):
             raise ValueError(f"noise must be (K, {self.noise_width}) for {self.steps} step(s), got "
                              f"{tuple(noise.shape)}")
         logits = self.run(anchor, generator, 0.0, noise).logits
+        assert logits is not None  # (written by the run)
         return logits if rows is None else logits[:rows]
 
     @torch.inference_mode()
     def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         proposal = self.run(anchor, generator, sampling.temperature)
+        assert proposal.ids is not None and proposal.confidence is not None  # (written by the run)
         confidence = proposal.confidence[:block_size].cpu()  # (K',) fp32: with the ids, what the host reads
-        if sampling.greedy:
+        if sampling.greedy or proposal.q_draft is None:
             return Draft(proposal.ids[:block_size].cpu(), None, confidence)
         q_draft = proposal.q_draft[:block_size]  # (K', V) on the device
         return Draft(sample_rows(q_draft, generator).cpu(), q_draft, confidence)
@@ -139,12 +150,12 @@ class GraphedReleaseDrafter(ReleaseDrafter):
     def run(self, anchor: int, generator: torch.Generator | None, temperature: float,
             noise: torch.Tensor | None = None) -> _Proposal:
         """Fill the static inputs for a proposal after `anchor`, then replay (or run) its step."""
-        self.context.reserve(self.context.rows + 1)
-        span = attend_span(self.context.rows + 1, self.context.capacity, self.min_span)
+        self.buffers.reserve(self.buffers.rows + 1)
+        span = attend_span(self.buffers.rows + 1, self.buffers.capacity, self.min_span)
         proposal = self._proposal(span, temperature)
         proposal.anchor.fill_(anchor)
         proposal.position.fill_(self.position)
-        proposal.rows.fill_(self.context.rows)
+        proposal.rows.fill_(self.buffers.rows)
         proposal.noise.copy_(self._noise(generator) if noise is None else noise)
         if proposal.graph is not None:
             proposal.graph.replay()
@@ -160,9 +171,9 @@ class GraphedReleaseDrafter(ReleaseDrafter):
                                               device=draw_device(generator))
 
     def _proposal(self, span: int, temperature: float) -> _Proposal:
-        key = (span, temperature, self.context.generation)
+        key = (span, temperature, self.buffers.generation)
         if key not in self.proposals:
-            if any(k[2] != self.context.generation for k in self.proposals):  # buffers moved: steps read old ones
+            if any(k[2] != self.buffers.generation for k in self.proposals):  # buffers moved: steps read old ones
                 self.proposals.clear()
             long = dict(dtype=torch.long, device=self.device)
             noise_dtype = self.net.dtype if self.embedded_noise else torch.float32
@@ -177,7 +188,7 @@ class GraphedReleaseDrafter(ReleaseDrafter):
     def _capture(self, proposal: _Proposal) -> None:
         """Record the step's kernels once (core.runtime.graphs.capture). Its warm-ups write an anchor row at the
         current rows index, which the next commit overwrites."""
-        proposal.rows.fill_(self.context.rows)
+        proposal.rows.fill_(self.buffers.rows)
         proposal.graph, _ = capture(lambda: self._outputs(proposal, self.static_propose(proposal)),
                                      device=self.device)
         self.captures += 1
@@ -195,10 +206,11 @@ class GraphedReleaseDrafter(ReleaseDrafter):
         net, span = self.net, proposal.span
         anchor_embed = self.embedding.index_select(0, proposal.anchor)  # (1, D_t)
         keys, values = self.cross(net.anchor_input(anchor_embed), proposal.position.view(1))  # (L, H, 1, Hd) each
-        self.context.keys.index_copy_(2, proposal.rows.view(1), keys)
-        self.context.values.index_copy_(2, proposal.rows.view(1), values)
+        all_keys, all_values = self.buffers.static_tensors()
+        all_keys.index_copy_(2, proposal.rows.view(1), keys)
+        all_values.index_copy_(2, proposal.rows.view(1), values)
         visible = torch.arange(span, device=self.device) <= proposal.rows  # (S,)
-        context = list(zip(self.context.keys[:, :, :span].unbind(0), self.context.values[:, :, :span].unbind(0)))
+        context = list(zip(all_keys[:, :, :span].unbind(0), all_values[:, :, :span].unbind(0)))
         positions = proposal.position + self.slot_offsets  # (K,)
         return draft_logits(net, context, positions, self.embedding, self.head, self.grid, 1.0,
                             mask=visible.view(1, 1, span), noise=None if self.embedded_noise else proposal.noise,

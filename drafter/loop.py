@@ -54,7 +54,9 @@ class Evaluator:
     def __init__(self, cfg: TrainConfig, target, val: Path, stride: int, curve: Path, spec_text: str | None = None):
         self.cfg, self.target, self.stride, self.curve = cfg, target, stride, curve
         self.spec_text = spec_text or SPEC_OF_STAGE[cfg.stage]
-        self.val, self.seqs, self.domains = val, None, None
+        self.val = val
+        self.seqs: list | None = None  # the held-out sequences and their domains, read at the first evaluation
+        self.domains: list[str] = []
         earlier = read_curve(curve)
         self.cpu_start = time.process_time()
         self.cpu_offset = earlier[-1]["cpu_hours"] if earlier else 0.0  # carried on from earlier sessions
@@ -66,6 +68,7 @@ class Evaluator:
         loaded = load_variant(variant, self.target)
         if self.seqs is None:
             self.seqs, self.domains = held_out_sequences(self.val, loaded[0].cfg.feature_layers, None)
+        assert self.seqs is not None
         result = evaluate_variant(variant, loaded, self.target, self.seqs, self.domains, self.stride, 128, 0)
         acceptance = {d: round(result[d]["acceptance_length"], 4) for d in ["all", *dict.fromkeys(self.domains)]}
         cpu_hours = self.cpu_offset + (time.process_time() - self.cpu_start) / 3600

@@ -51,7 +51,7 @@ def pack(module, weight: torch.Tensor, products: str | None = None) -> torch.Ten
     return cpu_linear.pack_q8_blocks(*cpu_linear.quantize_q8(padded), "bytes")  # (N'/16, I'/32, 136)
 
 
-def _eps(norm: nn.Module) -> float:
+def _eps(norm: nn.RMSNorm) -> float:
     """An RMSNorm's eps as torch applies it (None: the dtype's machine epsilon)."""
     return norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
 
@@ -65,7 +65,7 @@ def packed_linear(module, products: str, *layers: nn.Linear) -> list[torch.Tenso
     return [pack(module, weight, products), bias.contiguous()]
 
 
-def norm_weights(*norms: nn.Module) -> list[torch.Tensor]:
+def norm_weights(*norms: nn.RMSNorm) -> list[torch.Tensor]:
     """Norms' weights (E,) as a trunk reads them: contiguous fp32."""
     return [norm.weight.detach().float().contiguous() for norm in norms]
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from drafter.config import DrafterConfig
+from core.runtime.modules import ModuleList
+from drafter.config import DrafterConfig, ZLabFlowConfig
 from drafter.flow import posterior
 
 
@@ -128,8 +130,36 @@ class FlowNet(nn.Module):
     (App. A, eq. 9) and logits leave through its LM head rows. Subclasses give embed_matrix, head_matrix,
     matrix_sources (the tensors those are built from) and forward(slot_input, s, t, context, context_mask)."""
 
+    cfg: DrafterConfig | ZLabFlowConfig
     state_norm: nn.RMSNorm
     raw_norm: nn.RMSNorm
+    _frozen: dict[str, tuple[tuple, torch.Tensor]]
+    ctx_in: Callable[[torch.Tensor], torch.Tensor]  # target features (..., F) -> context states (..., D)
+
+    def context_projected(self, ctx: torch.Tensor, mask: torch.Tensor,
+                          anchor_embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ctx (B, W, D) after ctx_in, mask (B, W), anchor_embed (B, D_t) -> context (B, W+1, D), mask (B, W+1)."""
+        raise NotImplementedError
+
+    def masked_input(self, batch: int) -> torch.Tensor:
+        """The slot inputs (B, K, D_t) of a fully masked block (the one-pass DFlash-style draft)."""
+        raise NotImplementedError
+
+    def start_from_mask(self) -> None:
+        """Make a DFlash-style net's one pass the flow's t = 0 pass (a teacher warm-started from it)."""
+        raise NotImplementedError
+
+    def embed_matrix(self) -> torch.Tensor:
+        """E's rows for the draft vocabulary (V, D_t)."""
+        raise NotImplementedError
+
+    def head_matrix(self) -> torch.Tensor:
+        """The LM head's rows for the draft vocabulary (V, D_t)."""
+        raise NotImplementedError
+
+    def matrix_sources(self) -> tuple[torch.Tensor, ...]:
+        """The tensors embed_matrix and head_matrix are built from (a change to any rebuilds them)."""
+        raise NotImplementedError
 
     def state_input(self, x: torch.Tensor, s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """h = RMSNorm(pi_s(x) E) + (t - s) RMSNorm(x E) (App. A, eq. 9). x (B, K, V) -> (B, K, D_t).
@@ -170,6 +200,10 @@ class FlowNet(nn.Module):
 class DraftNet(FlowNet):
     """Maps slot inputs (B, K, D_t), times (s, t) and target context to per-slot logits (B, K, V)."""
 
+    cfg: DrafterConfig
+    embed_rows: torch.Tensor  # (V, D_t) buffers, registered in __init__
+    head_rows: torch.Tensor
+
     def __init__(self, cfg: DrafterConfig, embed_rows: torch.Tensor, head_rows: torch.Tensor):
         super().__init__()
         self.cfg = cfg
@@ -190,7 +224,7 @@ class DraftNet(FlowNet):
         self.anchor_in = nn.Sequential(nn.Linear(dt, d), nn.RMSNorm(d))
         self.ctx_pos = nn.Parameter(torch.randn(cfg.context_window + 1, d) * 0.02)  # by distance to anchor
         self.time_mlp = nn.Sequential(nn.Linear(2 * d, d), nn.SiLU(), nn.Linear(d, d))
-        self.blocks = nn.ModuleList(DiTBlock(d, cfg.n_heads, cfg.mlp_ratio) for _ in range(cfg.n_layers))
+        self.blocks = ModuleList[DiTBlock](DiTBlock(d, cfg.n_heads, cfg.mlp_ratio) for _ in range(cfg.n_layers))
         self.out_norm = nn.LayerNorm(d, elementwise_affine=False)
         self.out_ada = nn.Linear(d, 2 * d)
         nn.init.zeros_(self.out_ada.weight)
@@ -204,7 +238,7 @@ class DraftNet(FlowNet):
         begins with the DFlash-style net's t = 0 acceptance (without it the warm start lost 0.04)."""
         with torch.no_grad():
             offset = self.mask_embed.detach() - self.start_state()  # (D_t,)
-            self.slot_in.bias += self.slot_in.weight @ offset  # (D,)
+            self.slot_in.bias.add_(self.slot_in.weight @ offset)  # (D,)
 
     def masked_input(self, batch: int) -> torch.Tensor:
         return self.mask_embed.expand(batch, self.cfg.block_size, -1)  # (B, K, D_t)
@@ -213,7 +247,8 @@ class DraftNet(FlowNet):
         """features (B, W, F) right-aligned before the anchor, mask (B, W) -> context (B, W+1, D), mask (B, W+1)."""
         return self.context_projected(self.ctx_in(features), mask, anchor_embed)
 
-    def context_projected(self, ctx: torch.Tensor, mask: torch.Tensor, anchor_embed: torch.Tensor):
+    def context_projected(self, ctx: torch.Tensor, mask: torch.Tensor,
+                          anchor_embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """context() after ctx_in: training and the engine project each position once and reuse it.
         ctx (B, W, D), mask (B, W), anchor_embed (B, D_t) -> context (B, W+1, D), mask (B, W+1)."""
         anchor_tok = self.anchor_in(anchor_embed)[:, None]  # (B, 1, D)

@@ -92,7 +92,7 @@ def drafter_params(cfg: DrafterConfig | ZLabFlowConfig, trainable: str = "all") 
     counted on the meta device (no memory)."""
     with torch.device("meta"):
         rows = torch.empty(cfg.draft_vocab, cfg.target_hidden)
-        net = (ZLabFlowNet if isinstance(cfg, ZLabFlowConfig) else DraftNet)(cfg, rows, rows)
+        net = ZLabFlowNet(cfg, rows, rows) if isinstance(cfg, ZLabFlowConfig) else DraftNet(cfg, rows, rows)
         return sum(p.numel() for name, p in net.named_parameters()
                    if trainable == "all" or not name.startswith("backbone."))
 

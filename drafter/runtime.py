@@ -10,6 +10,7 @@ import logging
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,7 +48,7 @@ def frozen_rows(target, vocab_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 def build_net(cfg: DrafterConfig | ZLabFlowConfig, target, vocab_ids: torch.Tensor) -> FlowNet:
     """The network a config describes (the project's DiT, or a z-lab DFlash backbone), with the target's rows."""
     embed, head = frozen_rows(target, vocab_ids)
-    return (ZLabFlowNet if isinstance(cfg, ZLabFlowConfig) else DraftNet)(cfg, embed, head)
+    return ZLabFlowNet(cfg, embed, head) if isinstance(cfg, ZLabFlowConfig) else DraftNet(cfg, embed, head)
 
 
 def zlab_warm_start(folder, target, context_window: int) -> tuple[ZLabFlowNet, torch.Tensor]:
@@ -147,11 +148,13 @@ class FlowDrafter:
         self.projected = projected[-window:]  # (<=W, D)
         self.pending, self.pending_rows = [], 0
 
-    def context(self, anchor: int):
+    def context(self, anchor: int) -> tuple[Any, torch.Tensor]:
         self.project_pending()
         anchor_embed = self.input_embeddings[anchor].float().cpu()[None]  # (1, D_t)
         if self.frozen is not None:
             return self.frozen.context(self.projected, anchor_embed)
+        if self.projected is None:
+            raise RuntimeError("no context: extend the drafter with the prompt's features first")
         ctx = self.projected[None]  # (1, W, D)
         mask = torch.ones(ctx.shape[:2], dtype=torch.bool)  # (1, W)
         return self.net.context_projected(ctx, mask, anchor_embed)
@@ -202,7 +205,7 @@ PUBLISHED_FLASHMAP = {  # the FlashMap authors' released drafters (flashmap 0.1.
 
 # the published targets by architecture (model_type, hidden size, layers, MLP width, vocabulary), so that a local
 # folder of Qwen3-8B (or a copy saved under another name) finds the drafters published for it
-PUBLISHED_ARCHITECTURES = {
+PUBLISHED_ARCHITECTURES: dict[tuple, str] = {
     ("qwen3", 4096, 36, 12288, 151936): "Qwen/Qwen3-8B",
     ("qwen3", 2560, 36, 9728, 151936): "Qwen/Qwen3-4B",
 }
@@ -224,7 +227,9 @@ def published_target(target) -> str | None:
 def released_flashmap(target, allow_download: bool = False) -> Path:
     """The released FlashMap drafter for this target from the local Hugging Face cache, or CheckpointError saying in
     one line how to get it."""
-    repo = PUBLISHED_FLASHMAP[published_target(target)]
+    repo = PUBLISHED_FLASHMAP.get(published_target(target) or "")
+    if repo is None:
+        raise CheckpointError(f"no released FlashMap drafter is known for {target.name}: pass --weights FOLDER")
     try:
         return resolve_weights(repo, allow_download)
     except CheckpointError as err:

@@ -48,14 +48,17 @@ def slot_one_acceptance(target: Target, drafter: FlowDrafter, ids: list[int], st
         drafter.extend(ids[:start], features[:start])
         rows = []
         for a in range(start, len(ids)):
-            row, first_q = [], None
+            row: list[float] = []
+            first_q: torch.Tensor | None = None
             for scale in scales:
                 drafter.sampler.noise_scale = scale
                 draft = drafter.propose(ids[a], 1, sampling, torch.Generator().manual_seed(seed + a))
-                q_draft = draft.q_draft[0].to(p_target) if len(draft.tokens) else torch.zeros_like(p_target[a])  # (V,)
+                drafted = draft.q_draft is not None and len(draft.tokens) > 0
+                q_draft = (draft.q_draft[0].to(p_target) if draft.q_draft is not None and drafted
+                           else torch.zeros_like(p_target[a]))  # (V,)
                 row.append(float(torch.minimum(p_target[a], q_draft).sum()))
                 first_q = q_draft if first_q is None else first_q
-            if argmax:  # a deterministic draft of q's most likely token: accepted with probability p(token)
+            if argmax and first_q is not None:  # a deterministic draft of q's most likely token: accepted w.p. p(token)
                 row.append(float(p_target[a, first_q.argmax()]) if bool(first_q.any()) else 0.0)
             rows.append(tuple(row))
             drafter.extend([ids[a]], features[a : a + 1])

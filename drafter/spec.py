@@ -227,7 +227,7 @@ POLICY_FIELDS = ("adaptive", "max_skip", "max_lost", "copy_tries")  # RunSpec's 
 def options_text(*specs) -> list[str]:
     """'key=value' for every field of the specs (a DrafterSpec, a RunSpec) that differs from its default, in KEYS'
     order."""
-    values = {}
+    values: dict[str, str] = {}
     for spec in specs:
         defaults = {f.name: f.default for f in fields(spec)}
         values |= {name: getattr(spec, name) for name in defaults if name in KEYS.values()
@@ -284,6 +284,7 @@ def choice_spec(choice: str = "auto", steps: int = 1, tree: int = 1, block_size:
     if choice == "auto":
         return RunSpec(DrafterSpec("flashmap", steps=steps, tree=tree, block_size=block_size, noise_scale=noise,
                                    lookup=True), adaptive=adaptive)
+    assert network is not None  # (the choices without a network returned above)
     return RunSpec(DrafterSpec(network, steps=steps, tree=tree, block_size=block_size, noise_scale=noise))
 
 

@@ -255,7 +255,7 @@ def mask_token(shape: NetShape, target) -> int:
     return 0
 
 
-def build_student(cfg: TrainConfig, net_cfg: DrafterConfig, target, seqs):
+def build_student(cfg: TrainConfig, net_cfg: DrafterConfig | ZLabFlowConfig, target, seqs):
     """Returns (net, frozen teacher or None, vocab_ids). With --init, the network starts from that checkpoint:
     distillation from its teacher; a teacher warm-started from a DFlash-style net (same architecture:
     the one-pass regime it learned is the flow's t = 0) or from a published z-lab DFlash drafter (its network
@@ -263,8 +263,8 @@ def build_student(cfg: TrainConfig, net_cfg: DrafterConfig, target, seqs):
     if cfg.init and is_zlab_folder(cfg.init):  # a published DFlash drafter: the flow teacher's backbone
         if cfg.stage != "teacher":
             raise ValueError(f"--init {cfg.init} is a published DFlash drafter: it warm-starts --stage teacher only")
-        net, vocab_ids = zlab_warm_start(cfg.init, target, net_cfg.context_window)
-        return net.train(), None, vocab_ids
+        warm, vocab_ids = zlab_warm_start(cfg.init, target, net_cfg.context_window)
+        return warm.train(), None, vocab_ids
     if cfg.init:
         net, vocab_ids, _ = load_net(cfg.init, target)
         if cfg.stage == "teacher" and net.cfg.kind == "dflash":
@@ -342,8 +342,8 @@ def train(cfg: TrainConfig, shape: NetShape, target_cfg: TargetConfig) -> Path:
                     network_config(cfg, shape, target))
 
 
-def train_on(cfg: TrainConfig, target, sequences, net_cfg: DrafterConfig, on_save=None, stop_at: float | None = None,
-             save_every_s: float | None = None, on_step=None) -> Path:
+def train_on(cfg: TrainConfig, target, sequences, net_cfg: DrafterConfig | ZLabFlowConfig, on_save=None,
+             stop_at: float | None = None, save_every_s: float | None = None, on_step=None) -> Path:
     """Train on the target's device (the CPU here, a GPU when --device cuda); resumes from cfg.out.
     sequences(layers) gives the training sequences, with features of those layers where cached (layers None:
     tokens only, for the draft vocabulary); on_save(folder) runs after every save (scripts.gpu copies it out).
@@ -416,11 +416,13 @@ def add_train_args(parser: argparse.ArgumentParser, with_steps: bool = True) -> 
                         "(dflash)")
     ints = [("steps", 2000)] if with_steps else []
     ints += [("batch-seqs", 8), ("anchors-per-seq", 16), ("save-every", 100), ("seed", 0), ("threads", 0)]
-    for field, default in ints:
-        parser.add_argument(f"--{field}", type=int, default=default, help=f"default {default}")
-    for field, default in [("lr", None), ("warmup-frac", 0.04), ("decay-frac", 0.2), ("weight-decay", 0.1)]:
-        parser.add_argument(f"--{field}", type=float, default=default,
-                            help="default 6e-4 (5e-5 for distill)" if field == "lr" else f"default {default}")
+    for flag, default in ints:
+        parser.add_argument(f"--{flag}", type=int, default=default, help=f"default {default}")
+    floats: list[tuple[str, float | None]] = [("lr", None), ("warmup-frac", 0.04), ("decay-frac", 0.2),
+                                              ("weight-decay", 0.1)]
+    for flag, value in floats:
+        parser.add_argument(f"--{flag}", type=float, default=value,
+                            help="default 6e-4 (5e-5 for distill)" if flag == "lr" else f"default {value}")
     # network shape (new teacher / dflash only; distill and --init keep their checkpoint's)
     choices = {"backbone": ["dit", "zlab"], "modulation": list(MODULATIONS)}
     for field in fields(NetShape):

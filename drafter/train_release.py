@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from core.decoding.sampling import draw_device
 from core.runtime.target import TargetConfig, load_target
 from drafter.blocks import Blocks
 from drafter.data import blocks_from_sequences, held_apart, load_sequences, refuse_held_out_folders
@@ -152,7 +153,8 @@ def block_inputs(net: ReleaseNet, tokens: torch.Tensor, s: torch.Tensor, t: torc
     inputs = torch.empty(b, k, embedding.shape[1])
     zero = s == 0
     if zero.any():
-        z = torch.randn(int(zero.sum()), k, factor.shape[0], generator=gen)
+        assert factor is not None  # (a one-step jump from s = 0 reads its noise through the factor)
+        z = torch.randn(int(zero.sum()), k, factor.shape[0], generator=gen, device=draw_device(gen))
         inputs[zero] = net.mix_state(uniform, z @ factor.T, 0.0, jump[zero])
     if (~zero).any():
         times = s[~zero][:, None, None]

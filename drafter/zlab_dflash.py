@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -24,6 +25,7 @@ from torch.nn import functional as F
 
 from core.decoding.sampling import SamplingConfig, sample_rows
 from core.drafting.base import Draft
+from core.runtime.modules import ModuleList
 from drafter.checkpoint import CheckpointError, load_published_state, read_published
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -165,7 +167,7 @@ class ZLabDFlashNet(nn.Module):
     def __init__(self, c: ZLabConfig):
         super().__init__()
         self.c = c
-        self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
+        self.layers = ModuleList[Layer](Layer(c) for _ in range(c.num_hidden_layers))
         self.norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
         self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
@@ -187,7 +189,8 @@ class ZLabDFlashNet(nn.Module):
 
 def read_zlab(folder) -> tuple[ZLabConfig, dict[str, torch.Tensor]]:
     """Config and tensors of a z-lab DFlash folder (model.safetensors or an index of shards)."""
-    return read_published(folder, ZLabConfig.from_json, "DFlash")
+    cfg, state = read_published(folder, ZLabConfig.from_json, "DFlash")
+    return cast(ZLabConfig, cfg), state
 
 
 def is_zlab_folder(folder) -> bool:
@@ -215,7 +218,8 @@ def load_zlab_net(folder, target) -> ZLabDFlashNet:
     check_target(cfg, target, folder)
     net = load_published_state(ZLabDFlashNet(cfg), state, folder)
     dtype = target.model.get_input_embeddings().weight.dtype
-    return net.to(device=target.device, dtype=dtype if dtype.is_floating_point else torch.bfloat16).eval()
+    return cast(ZLabDFlashNet, net.to(device=target.device,
+                                      dtype=dtype if dtype.is_floating_point else torch.bfloat16).eval())
 
 
 class ZLabDFlashDrafter:

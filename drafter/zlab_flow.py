@@ -29,6 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from core.runtime.modules import ModuleList
 from drafter.checkpoint import CheckpointError
 from drafter.config import MODULATIONS, ZLabFlowConfig
 from drafter.flow import tau_of_t
@@ -38,6 +39,11 @@ from drafter.zlab_dflash import ZLabConfig, ZLabDFlashNet, apply_rope, rope
 
 class ZLabFlowNet(FlowNet):
     """FlowNet over a z-lab DFlash backbone (parameters under backbone.* keep the published tensor names)."""
+
+    cfg: ZLabFlowConfig
+    embed_rows: torch.Tensor  # buffers, registered in __init__
+    head_rows: torch.Tensor
+    mask_embed: torch.Tensor
 
     def __init__(self, cfg: ZLabFlowConfig, embed_rows: torch.Tensor, head_rows: torch.Tensor):
         super().__init__()
@@ -53,7 +59,7 @@ class ZLabFlowNet(FlowNet):
         self.state_in = nn.Linear(d, d, bias=False)
         self.time_mlp = nn.Sequential(nn.Linear(2 * cfg.d_cond, cfg.d_cond), nn.SiLU())
         # per layer, for attention and MLP each: (shift,) scale, gate
-        self.ada = nn.ModuleList(nn.Linear(cfg.d_cond, 2 * len(MODULATIONS[cfg.modulation]) * d)
+        self.ada = ModuleList[nn.Linear](nn.Linear(cfg.d_cond, 2 * len(MODULATIONS[cfg.modulation]) * d)
                                  for _ in range(layers))
         for layer in (self.state_in, *self.ada):
             nn.init.zeros_(layer.weight)
@@ -83,7 +89,8 @@ class ZLabFlowNet(FlowNet):
         """Target features (..., F) -> the backbone's context states (..., D), once per position."""
         return self.backbone.hidden_norm(self.backbone.fc(features))
 
-    def context_projected(self, ctx: torch.Tensor, mask: torch.Tensor, anchor_embed: torch.Tensor):
+    def context_projected(self, ctx: torch.Tensor, mask: torch.Tensor,
+                          anchor_embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ctx (B, W, D), mask (B, W), anchor_embed (B, D) -> (B, W+1, D), (B, W+1): the anchor rides as the last
         row and becomes the block's first position in forward, as DFlash places it."""
         ctx = torch.cat([ctx, anchor_embed[:, None].to(ctx.dtype)], dim=1)  # (B, W+1, D)
@@ -132,8 +139,9 @@ class ZLabFlowNet(FlowNet):
         out = []
         for ada in self.ada:
             parts = dict(zip([f"{n}{i}" for i in (1, 2) for n in names], ada(cond).chunk(2 * len(names), -1)))
-            out.append(tuple(SubLayerMod(parts.get(f"shift{i}"), parts[f"scale{i}"], parts[f"gate{i}"])
-                             for i in (1, 2)))  # each part (B, D)
+            attention, mlp = (SubLayerMod(parts.get(f"shift{i}"), parts[f"scale{i}"], parts[f"gate{i}"])
+                              for i in (1, 2))  # each part (B, D)
+            out.append((attention, mlp))
         return out
 
 

@@ -30,7 +30,8 @@ def write_qwen3_target(folder: Path, tokenizer, layers: int = 4, seed: int = 0) 
     torch.manual_seed(seed)
     cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=40960,
-                      rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=IM_END,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
+                      tie_word_embeddings=False, eos_token_id=IM_END,
                       bos_token_id=IM_END, pad_token_id=IM_END, use_sliding_window=False)
     model = Qwen3ForCausalLM(cfg).eval()
     with torch.no_grad():

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, TypeVar
 
 import torch
+from transformers import DynamicCache
 
 from core.decoding.detokenize import IncrementalText
 from core.decoding.prefix import PrefixCache, reuses_prefixes
@@ -37,6 +38,7 @@ from core.drafting.policy.policy import DraftPolicy
 from core.drafting.policy.sources import Decision, kept_source, shown_source
 from core.drafting.policy.state import PolicyState
 from core.runtime.forward import keep_positions, target_forward
+from core.runtime.lean import StaticCache
 from core.runtime.target import Target
 
 T = TypeVar("T")
@@ -270,7 +272,7 @@ def _reply(target: Target, prompt_ids: list[int], gen: GenerationConfig, drafter
     try:
         yield from _generate(target, prompt_ids, reused, gen, drafter, cancel, clock, run, cached)
     finally:
-        if kept:
+        if kept and prefix is not None:
             prefix.keep(cached.ids, cache, cached.all_features(), layers)
 
 
@@ -278,7 +280,7 @@ def _reply(target: Target, prompt_ids: list[int], gen: GenerationConfig, drafter
 class _Run:
     """The fixed parts of one generation: its cache, policy, the drafter's feature layers, K and the generators."""
 
-    cache: object  # StaticCache or transformers' DynamicCache
+    cache: StaticCache | DynamicCache
     policy: DraftPolicy
     layers: tuple[int, ...]
     block_size: int
@@ -339,7 +341,7 @@ def _generate(target: Target, prompt_ids: list[int], reused: int, gen: Generatio
         room = gen.max_new_tokens - len(state.output)
         k = min(run.block_size, room - 1)
         drafting = drafter is not None and k > 0
-        draft = policy.draft(drafter, anchor, k, gen.sampling, run.draft_gen) if drafting else no_draft
+        draft = policy.draft(drafter, anchor, k, gen.sampling, run.draft_gen) if drafter and k > 0 else no_draft
         trie = round_trie(draft, k)
         t1 = clock()
         block = [anchor, *trie.tokens]  # (T,) = (K+1,) for a full chain

@@ -15,6 +15,7 @@ Shape letters: R = reused positions with features, M = kept positions with featu
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -28,7 +29,7 @@ def reuses_prefixes(target) -> bool:
     return lean is not None and lean.native_prefill
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:

@@ -38,7 +38,9 @@ def build_trie(branches: list[list[int]], budget: int) -> Trie:
     if len(branches) == 1:  # one draft (most rounds): its chain, made directly
         chain = tuple(branches[0][:budget])
         return Trie(chain, tuple(range(-1, len(chain) - 1)), tuple(range(1, len(chain) + 1)))
-    tokens, parents, depths = [], [], []
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
     index: dict[tuple[int, ...], int] = {}  # prefix -> node
     alive = list(range(len(branches)))
     for depth in range(1, max((len(b) for b in branches), default=0) + 1):
@@ -125,10 +127,10 @@ def depth_in(trie: Trie, branch: list[int]) -> int:
     """How many leading tokens of `branch` are a path of the trie from the anchor."""
     node, depth = -1, 0
     for token in branch:
-        node = trie.children(node).get(token)
-        if node is None:
+        child = trie.children(node).get(token)
+        if child is None:
             break
-        depth += 1
+        node, depth = child, depth + 1
     return depth
 
 

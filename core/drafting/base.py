@@ -103,7 +103,9 @@ class NoNetwork:
     features and proposes an empty block wherever the policy asks it for one, which the round then verifies as a
     plain step."""
 
-    name, feature_layers, context_window = "none", (), None
+    name = "none"
+    feature_layers: tuple[int, ...] = ()
+    context_window: int | None = None
 
     def __init__(self, max_block_size: int = MAX_BLOCK_SIZE):
         self.max_block_size = max_block_size
@@ -129,6 +131,7 @@ class NgramDrafter:
     name = "ngram"
     feature_layers: tuple[int, ...] = ()
     max_block_size = MAX_BLOCK_SIZE  # copies any length; the engine's own limit
+    context_window: int | None = None  # reads no features
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
@@ -159,8 +162,8 @@ class NgramDrafter:
         # a copy of the whole conversation every round grew with it
         for n in range(min(self.max_ngram, end), self.min_ngram - 1, -1):
             suffix = (*history[end - n + 1 :], anchor)  # (n,) the anchor is the suffix's last token
-            start = end - n  # the occurrence ending at history's last token, followed by the anchor
-            if tuple(history[start:end]) != suffix:
+            start: int | None = end - n  # the occurrence ending at history's last token, followed by the anchor
+            if tuple(history[end - n:end]) != suffix:
                 start = self.latest[n].get(suffix)
             if start is not None:
                 copied = history[start + n : start + n + block_size]  # (<=K,)
@@ -264,7 +267,9 @@ class LookupHybrid:
     def propose_phrase(self, anchor: int, block_size: int) -> Copy | None:
         """The phrasebook's copy (phrase), keyed by its grade and carrying the book's calibration; None without one."""
         copied, matched, graded = self.phrase(anchor, block_size)
-        return Copy(copied, matched, "phrasebook", self.phrasebook.prior(graded), graded) if copied else None
+        if not copied or self.phrasebook is None:
+            return None
+        return Copy(copied, matched, "phrasebook", self.phrasebook.prior(graded), graded)
 
     def propose_lookups(self, anchor: int, block_size: int) -> tuple[Copy, ...]:
         """Every free source's copy for this round (the conversation's first, then the phrasebook's and the network's

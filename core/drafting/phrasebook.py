@@ -130,6 +130,10 @@ class Phrasebook:
     classes: list[int] | None = None  # (N,) agreement classes; None for a format /2 book
     # grade -> each copied slot's acceptance on held-out replies given the earlier ones kept (calibrate)
     calibration: dict[int, tuple[float, ...]] = field(default_factory=dict)
+    # set in __post_init__: the lookup's own forms of keys, offsets and tokens
+    _rows: dict[int, int] = field(init=False, repr=False, compare=False, default_factory=dict)
+    _offsets: array = field(init=False, repr=False, compare=False, default_factory=lambda: array("q"))
+    _tokens: array = field(init=False, repr=False, compare=False, default_factory=lambda: array("i"))
 
     def __post_init__(self):
         # the same offsets and tokens as Python arrays: a lookup slices them without a tensor op (~0.05 ms a round in

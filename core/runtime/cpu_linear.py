@@ -79,10 +79,10 @@ class PackedLinear(torch.nn.Linear):
 
     def drop_packed(self) -> None:
         """Free the packed copy (another holds these weights packed, core.runtime.lean); forward then uses F.linear."""
-        self.packed_slices = None
+        self.packed_slices = []  # (none: F.linear)
 
     def _packed_applies(self, x: torch.Tensor) -> bool:
-        return (self.packed_slices is not None and x.device.type == "cpu" and x.dtype == self.weight.dtype
+        return (bool(self.packed_slices) and x.device.type == "cpu" and x.dtype == self.weight.dtype
                 and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -245,7 +245,7 @@ class Int8Linear(torch.nn.Module):
     per-block int8 kernel). Used for the LM head in q4: half the bytes of its bf16 copy, which a decode step reads
     whole. Each output row is computed independently of the others."""
 
-    def __init__(self, linear: torch.nn.Module, native, group: int = Q4_GROUP):
+    def __init__(self, linear: torch.nn.Linear, native, group: int = Q4_GROUP):
         super().__init__()
         self.in_features, self.out_features, self.native = linear.in_features, linear.out_features, native
         self.blocks = pack_q8_blocks(*quantize_q8(linear.weight, group), native.Q8_LAYOUT)  # (O/16, I/32, 136) int32

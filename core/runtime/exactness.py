@@ -77,7 +77,8 @@ def _tree_rows(target, prompt: list[int], fed: list[int], vocab: int) -> list[to
     the cache keeps the true path (gathered into place), as a tree round does."""
     cache = target.new_cache(len(prompt) + 2 * len(fed) + 32)
     _forward(target, prompt, cache, keep=1)
-    rows, size = [], 6
+    rows: list = []
+    size = 6
     for start in range(0, len(fed), size):
         block = fed[start:start + size]  # anchor, then the nodes of the true branch
         decoy = block[1:2] + [(tok + 1) % vocab for tok in block[2:4]] if len(block) > 2 else [(block[0] + 1) % vocab]

@@ -57,9 +57,10 @@ def keep_positions(cache: DynamicCache | StaticCache, fed: int, kept: list[int])
         return
     if kept != list(range(len(kept))):
         past = cache.get_seq_length() - fed
-        src = torch.tensor(kept, device=cache.layers[0].keys.device) + past  # (N_kept,)
         for layer in cache.layers:  # keys, values (B, H, P+T, D_h)
-            layer.keys[..., past : past + len(kept), :] = layer.keys[..., src, :]
-            layer.values[..., past : past + len(kept), :] = layer.values[..., src, :]
+            keys, values = getattr(layer, "keys"), getattr(layer, "values")  # (an attention layer's: a full cache)
+            src = torch.tensor(kept, device=keys.device) + past  # (N_kept,)
+            keys[..., past : past + len(kept), :] = keys[..., src, :]
+            values[..., past : past + len(kept), :] = values[..., src, :]
     if fed > len(kept):
         cache.crop(-(fed - len(kept)))

@@ -66,6 +66,9 @@ class Fp8Linear(torch.nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().to(device or linear.weight.device)
         codes, scale = quantize_rows(weight)  # (O, I), (O, 1)
+        self.weight_codes: torch.Tensor
+        self.weight_scale: torch.Tensor
+        self.bias: torch.Tensor | None
         self.register_buffer("weight_codes", codes)
         self.register_buffer("weight_scale", scale.reshape(1, -1).contiguous())  # (1, O)
         bias = linear.bias
@@ -117,7 +120,7 @@ def quantize_decoder(model, device: torch.device, share_codes: bool = True) -> i
     linears = decoder_linears(model)
     for parent, name, linear in linears:
         setattr(parent, name, Fp8Linear(linear, device))
-        linear.weight = None  # the bf16 weight goes now, not when the loop ends
+        linear.register_parameter("weight", None)  # the bf16 weight goes now, not when the loop ends
     model.to(device)
     if share_codes:
         share_row_codes(model)
@@ -131,8 +134,8 @@ def share_row_codes(model, share: bool = True) -> int:
     for layer in model.model.layers:
         for parent in layer.modules():
             for names in SHARED_INPUTS:
-                group = [getattr(parent, name, None) for name in names]
-                if not all(isinstance(m, Fp8Linear) for m in group):
+                group = [m for m in (getattr(parent, name, None) for name in names) if isinstance(m, Fp8Linear)]
+                if len(group) != len(names):
                     continue
                 shared = SharedRowCodes() if share else None
                 for m in group:

@@ -22,6 +22,7 @@ H = query heads, G = key/value heads, D = head dim, V = vocabulary, F = concaten
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -73,7 +74,7 @@ class _Step:
     span: int = 0  # the cache rows it attends over (attend_span)
     logits: torch.Tensor | None = None  # (T or keep, V)
     features: torch.Tensor | None = None  # (T, F)
-    graph: object = None
+    graph: Any = None  # torch.cuda.CUDAGraph
 
 
 class GraphedSteps:
@@ -89,14 +90,15 @@ class GraphedSteps:
         self.lean, self.mode, self.min_span = lean, mode, min_span
         self.forward = self.static_forward
         if compiled:
-            import torch._dynamo
+            from torch import _dynamo
 
             # every (positions, span, feature layers, keep) is its own compiled step: up to 17 x a few spans
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 128)
+            _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, 128)
             self.forward = torch.compile(self.static_forward, dynamic=False, fullgraph=True)
         self.compiled = compiled
         self.cache: StaticCache | None = None
-        self.rope: tuple[torch.Tensor, torch.Tensor] = ()  # the rotary tables the steps read, covering the cache
+        # the rotary tables the steps read, covering the cache
+        self.rope: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))
         self.steps: dict[tuple, _Step] = {}
         self.captures = 0  # graphs recorded so far (each shape once)
 
@@ -131,6 +133,13 @@ class GraphedSteps:
     @property
     def dtype(self) -> torch.dtype:
         return self.lean.dtype
+
+    @property
+    def static_cache(self) -> StaticCache:
+        """The persistent cache the steps write (made by new_cache)."""
+        if self.cache is None:
+            raise RuntimeError("no cache yet: new_cache makes it")
+        return self.cache
 
     def new_cache(self, capacity: int) -> StaticCache:
         """The persistent cache, emptied; reallocated (and every step recaptured) only when it is too small."""
@@ -167,6 +176,7 @@ class GraphedSteps:
         else:
             step.logits, step.features = self.forward(step, tuple(layers), keep)
         cache.length = past + fed
+        assert step.logits is not None  # (written by the run or the replay above)
         features = None if step.features is None else step.features.clone()  # a drafter keeps them
         return step.logits.clone(), features
 
@@ -187,7 +197,7 @@ class GraphedSteps:
     def _capture(self, step: _Step, layers: tuple[int, ...], keep: int) -> None:
         """Record the step's kernels once. Its warm-up runs write the spare slots past the valid positions, which
         nothing attends before a real step overwrites them."""
-        capacity, fed = self.cache.capacity, step.ids.shape[0]
+        capacity, fed = self.static_cache.capacity, step.ids.shape[0]
         step.slots.copy_(torch.arange(capacity - fed, capacity))
         step.positions.copy_(step.slots)
         step.past.fill_(capacity - fed)
@@ -216,7 +226,7 @@ class GraphedSteps:
         """x (T, E) -> layer `index`'s attention output (T, E); its keys and values written at the step's slots."""
         lean = self.lean
         q, k, v = lean.rotated_qkv(index, attn, x, cos, sin, plan)  # (H, T, D), (G, T, D), (G, T, D)
-        keys, values = self.cache.keys[index], self.cache.values[index]  # (G, capacity, D) each
+        keys, values = self.static_cache.keys[index], self.static_cache.values[index]  # (G, capacity, D) each
         keys.index_copy_(1, step.slots, k)  # into the whole cache: a capture's warm-up writes past the span
         values.index_copy_(1, step.slots, v)
         keys, values = keys[:, :step.span], values[:, :step.span]  # (G, S, D) views

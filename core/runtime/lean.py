@@ -12,6 +12,7 @@ E = hidden size, H = query heads, G = key/value heads, D = head dim, V = vocabul
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +106,8 @@ def fixed_order_attention(q: torch.Tensor, keys: torch.Tensor, values_1: torch.T
     if plan.chain_valid is not None:
         return _chain_attention(q, keys, values_1, plan.chain_valid).view(heads, fed, dim)
     past = plan.past
+    if plan.columns is None:
+        raise ValueError("fixed-order attention over a tree needs the plan's ancestor columns")
     index, valid, base = plan.columns  # (T, L_t) each
     # the whole blocks before base: the same keys for every row
     head_scores = torch.matmul(q.reshape(groups, rep * fed, dim), keys[:, :base].transpose(1, 2))  # (G, rep*T, B)
@@ -142,7 +145,7 @@ class StaticCache:
     # the keys' and values' lists as the native step holds them (LeanForward.native_step; made on first use)
     handles: tuple | None = field(default=None, repr=False, compare=False)
     # the native module's keep_rows, where the native step made the handles (keep gathers a tree path with it)
-    move_rows: object = field(default=None, repr=False, compare=False)
+    move_rows: Callable | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def empty(cls, n_layers: int, kv_heads: int, capacity: int, head_dim: int, dtype, device,
@@ -181,7 +184,7 @@ class StaticCache:
         past = self.length - fed
         if kept == list(range(len(kept))):  # a prefix: nothing moves
             pass
-        elif self.move_rows is not None:  # the native step's handles: one native call
+        elif self.move_rows is not None and self.handles is not None:  # the native step's handles: one native call
             self.move_rows(*self.handles, past, kept)
         else:
             src = torch.tensor(kept, device=self.keys[0].device) + past  # (N_kept,)
@@ -216,7 +219,8 @@ class AttentionPlan:
     past: int
     block_visible: torch.Tensor  # (T, T) bool: fed position j visible to fed row i
     mask: torch.Tensor | None = None  # sdpa: (T, P+T) bool, None when every position is visible (one row)
-    columns: tuple | None = None  # fixed order, a tree: ancestor_columns(past, block_visible)
+    # fixed order, a tree: ancestor_columns(past, block_visible)
+    columns: tuple[torch.Tensor, torch.Tensor, int] | None = None
     chain_valid: torch.Tensor | None = None  # fixed order, a chain: (T, L) bool over whole key blocks
 
     @property
@@ -291,13 +295,15 @@ class LeanForward:
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = head_dim(cfg)
         self.scale = self.head_dim ** -0.5
-        self._rope = {}  # dtype -> (positions covered, cos (S, 1, D), signed sin (S, 1, D))
-        self._rope_rows = (0, None, None)  # the fp32 tables as (S, D) views (rope_rows)
+        # dtype -> (positions covered, cos (S, 1, D), signed sin (S, 1, D))
+        self._rope: dict[torch.dtype, tuple[int, torch.Tensor, torch.Tensor]] = {}
+        # the fp32 tables as (S, D) views (rope_rows)
+        self._rope_rows: tuple[int, torch.Tensor, torch.Tensor] = (0, torch.empty(0), torch.empty(0))
         if fixed_order is None:
             fixed_order = self.device.type == "cpu" and self.dtype == torch.bfloat16
         self.fixed_order = fixed_order
         self.weights = weights
-        self.native = native if weights == "q4" else None
+        self.native: Any = native if weights == "q4" else None  # the compiled extension module, untyped
         self.native_prefill = native_prefill and self.native is not None
         self.linears = [layer_linears(layer, weights, self.native) for layer in self.base.layers]
         self.lm_head = self._lm_head(model)
@@ -310,7 +316,8 @@ class LeanForward:
                        and isinstance(self.lm_head, Int8Linear) and self.dtype == torch.bfloat16
                        and self.base.embed_tokens.weight.is_contiguous())
         self._no_mask = torch.empty(0, dtype=torch.bool)  # native_step: a causal chain
-        self._weights_handle = self.native.Tensors(self._native_weights) if self._steps else None
+        self._weights_handle = (self.native.Tensors(self._native_weights) if self._steps and self.native is not None
+                                else None)
         bias = getattr(self.lm_head, "bias", None)
         self._head_bias = torch.empty(0, dtype=torch.bfloat16) if bias is None else bias
 
@@ -358,7 +365,7 @@ class LeanForward:
         """cos, signed sin (T, 1, D) at these positions in `dtype` (default the model's), from the model's own rotary
         module (its scaling type included), computed once for a range of positions and then looked up."""
         dtype = dtype or self.dtype
-        covered, cos, signed = self._rope.get(dtype, (0, None, None))
+        covered = self._rope[dtype][0] if dtype in self._rope else 0
         need = int(positions.max()) + 1
         if need > covered:
             covered = max(need, 2 * covered, 1024)
@@ -367,8 +374,8 @@ class LeanForward:
             cos, sin = self.base.rotary_emb(probe, ids)  # (1, S, D) each
             half = sin.shape[-1] // 2
             signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)[:, None]  # (S, 1, D)
-            cos = cos[0, :, None]  # (S, 1, D)
-            self._rope[dtype] = (covered, cos, signed)
+            self._rope[dtype] = (covered, cos[0, :, None], signed)  # (S, 1, D) each
+        _, cos, signed = self._rope[dtype]
         return cos[positions], signed[positions]
 
     def plan(self, past: int, block_visible: torch.Tensor) -> AttentionPlan:
@@ -385,6 +392,13 @@ class LeanForward:
         seen = torch.ones(fed, past, dtype=torch.bool, device=block_visible.device)  # (T, P)
         return AttentionPlan(past, block_visible, mask=torch.cat([seen, block_visible], dim=1))  # (T, P+T)
 
+    def fused(self, index: int) -> LayerLinears:
+        """Layer `index`'s fused products (where _by_modules is false)."""
+        linears = self.linears[index]
+        if linears is None:
+            raise RuntimeError(f"layer {index} has no fused products: its own modules serve it")
+        return linears
+
     def _by_modules(self, index: int, plan: AttentionPlan) -> bool:
         """Whether this forward multiplies through the target's own modules: where no fused products exist, and for
         a q4 prefill (its bf16 weights, prepacked; the int4 kernel's cost grows with every row)."""
@@ -396,7 +410,7 @@ class LeanForward:
         if self._by_modules(index, plan):
             q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         else:
-            q, k, v = self.linears[index].qkv(x).split(
+            q, k, v = self.fused(index).qkv(x).split(
                 [self.n_heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
         q = q.view(fed, self.n_heads, self.head_dim)  # (T, H*D) -> (T, H, D)
         k = k.view(fed, self.kv_heads, self.head_dim)  # (T, G, D)
@@ -430,13 +444,13 @@ class LeanForward:
     def output(self, index: int, attn, out: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
         """Attention output (H, T, D) -> the layer's o projection (T, E)."""
         fed = out.shape[1]
-        o_proj = attn.o_proj if self._by_modules(index, plan) else self.linears[index].o
+        o_proj = attn.o_proj if self._by_modules(index, plan) else self.fused(index).o
         return o_proj(out.transpose(0, 1).reshape(fed, self.n_heads * self.head_dim))  # (T, H*D) -> (T, E)
 
     def mlp(self, index: int, mlp, x: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
-        linears = self.linears[index]
         if self._by_modules(index, plan):
             return mlp(x)
+        linears = self.fused(index)
         gate, up = linears.gate_up(x).chunk(2, dim=-1)  # (T, 2 * I_mlp) -> (T, I_mlp) each
         return linears.down(mlp.act_fn(gate) * up)  # (T, E)
 
@@ -445,8 +459,8 @@ class LeanForward:
         layer does not have."""
         empty = torch.empty(0, dtype=torch.bfloat16)
         weights = []
-        for layer, linears in zip(self.base.layers, self.linears):
-            attn = layer.self_attn
+        for index, layer in enumerate(self.base.layers):
+            attn, linears = layer.self_attn, self.fused(index)
             norms = [getattr(attn, name, None) for name in ("q_norm", "k_norm")]
             products = [[m.blocks, empty if m.bias is None else m.bias]
                         for m in (linears.qkv, linears.o, linears.gate_up, linears.down)]

@@ -96,6 +96,8 @@ def _import_built(name: str, folder: Path):
         return None
     try:
         spec = importlib.util.spec_from_file_location(name, library)
+        if spec is None or spec.loader is None:
+            return None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module

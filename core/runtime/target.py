@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -78,10 +79,14 @@ class ChatText:
     """What a target's text side does (its tokenizer and chat template, its end-of-sequence ids), for a loaded target
     and for one whose weights a server holds (ServedTarget) alike."""
 
-    tokenizer: object
+    tokenizer: Any  # a transformers tokenizer (its methods and fields depend on the model)
     name: str
     eos_token_ids: tuple[int, ...]
-    hf_config: object  # the model's transformers config
+    hf_config: Any  # the model's transformers config (its fields depend on the architecture)
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
 
     @property
     def identity(self) -> dict:
@@ -126,8 +131,8 @@ class ChatText:
 class Target(ChatText):
     """A loaded target: model, tokenizer, and the identity drafter checkpoints are checked against."""
 
-    model: torch.nn.Module
-    tokenizer: object
+    model: Any  # a transformers causal LM (PreTrainedModel), quantised or not
+    tokenizer: Any
     name: str
     device: torch.device
     eos_token_ids: tuple[int, ...]
@@ -141,7 +146,7 @@ class Target(ChatText):
     @property
     def max_positions(self) -> int:
         """The positions a prompt and its reply may take: the model's, capped by --context."""
-        model = ChatText.max_positions.fget(self)
+        model = super().max_positions
         return min(model, self.context) if self.context else model
 
     def new_cache(self, capacity: int):
@@ -171,10 +176,10 @@ class ServedTarget(ChatText):
     """A target whose weights a server holds (`python app.py --backend vllm`): its tokenizer, chat template and
     config only, so that one GPU holds the model once. model is None: nothing here can run a forward."""
 
-    tokenizer: object
+    tokenizer: Any
     name: str
     eos_token_ids: tuple[int, ...]
-    hf_config: object  # the model's transformers config
+    hf_config: Any  # the model's transformers config
     server: str = ""  # where the weights are, for the status line
     model = None
     lean = None
@@ -195,6 +200,7 @@ def load_served_target(cfg: TargetConfig, server: str = "") -> ServedTarget:
     found as load_target finds them (offline unless allowed)."""
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+    kwargs: dict[str, Any]
     if cfg.target == EMBEDDED_ID:
         path = embedded_gguf_path()
         where, kwargs = str(path.parent), {"gguf_file": path.name}
@@ -320,7 +326,7 @@ def _load_embedded(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) 
     check_quant_supported(cfg.quant if cfg.quant != "auto" else "none", device)
     path = embedded_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    model: Any = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
     return _finish(model.to(device), tokenizer, EMBEDDED_ID, device)
 
 
@@ -388,7 +394,7 @@ def _load_hf(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Tar
         check_prequantised_fp8(hf_config)
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
     kwargs = pretrained_kwargs(cfg.quant, device, dtype, local_only, prequantised=not native_fp8)
-    model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    model: Any = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     if native_fp8:  # read on the host, each decoder linear quantised onto the device as it goes (core.runtime.fp8)
         from core.runtime.fp8 import quantize_decoder
 
@@ -478,7 +484,7 @@ def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype) -> Target:
     """On a CPU, the forward's batch invariance checked once per machine (core.runtime.exactness): a low precision that
     fails is refused when asked for and replaced by fp32 under auto; the verdict is what `target.precision` says."""
     engine = "transformers" if target.lean is None else "native lean" if target.lean.native is not None else "lean"
-    engine += {"cuda": " + CUDA graphs", "sim": " (fixed-shape steps)"}.get(target.extra.get("graphs"), "")
+    engine += {"cuda": " + CUDA graphs", "sim": " (fixed-shape steps)"}.get(target.extra.get("graphs", ""), "")
     if target.device.type != "cpu":
         weights = _weights(cfg, dtype, target)
         target.extra["precision"] = f"{weights}, {engine} forward (batch invariance not checked on GPU)"
@@ -571,6 +577,7 @@ def _native_step(target: Target):
     """The compiled decode step (core.runtime.native) for a q4 forward, or None with one line saying why not."""
     from core.runtime import native
 
+    module: Any
     module, why = native.load()
     width = head_dim(target.model.config)
     if module is not None and width > module.MAX_HEAD_DIM:

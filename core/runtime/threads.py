@@ -132,7 +132,7 @@ class IdleWatch:
     def idle(self) -> bool:
         now = self.clock()
         if not self.busy:
-            self.busy.extend(busy_snapshots(self.busy.maxlen))
+            self.busy.extend(busy_snapshots(self.busy.maxlen or 1))
             self.last = now
         elif now - self.last >= self.every_s:
             self.busy.append(others_running() > 0)

@@ -106,9 +106,7 @@ def draft_cost(target, drafter, context: int = 256, repeats: int = 10) -> float:
     charges a
     draft for the drafter's own time. Leaves the drafter reset."""
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(min(100, target.vocab_size - 1), target.vocab_size, (context + repeats + 1,), generator=gen,
-                        device=gen.device)
-    ids = ids.tolist()
+    ids = random_ids(target, context + repeats + 1, gen)
     cache = target.new_cache(context + repeats + 2)
     greedy = SamplingConfig(temperature=0.0)
     forward_s, propose_s, block = [], [], drafter.max_block_size

@@ -125,6 +125,9 @@ class W8Linear(torch.nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().to(device or linear.weight.device)
         codes, scale = quantize(weight)  # (O, I), (O,)
+        self.weight_codes: torch.Tensor
+        self.weight_scale: torch.Tensor
+        self.bias: torch.Tensor | None
         self.register_buffer("weight_codes", codes.contiguous())
         self.register_buffer("weight_scale", scale.contiguous())
         bias = linear.bias
@@ -147,5 +150,5 @@ def quantize_decoder(model, device: torch.device | None = None) -> int:
     linears = decoder_linears(model)
     for parent, name, linear in linears:
         setattr(parent, name, W8Linear(linear, device))
-        linear.weight = None
+        linear.register_parameter("weight", None)  # its bf16 weight goes now
     return len(linears)

@@ -62,6 +62,6 @@ def best_copy(copies: tuple[Copy, ...], k: int, rates: LookupRates, verify_cost:
             best, best_value, best_n = copy, value, n
     if try_cost and len(copies) > 1:
         tried, value = best_try(copies, cuts, k, rates, try_cost)
-        if value > best_value:
+        if tried is not None and value > best_value:
             return tried
     return EMPTY if best is None else best.draft(best_n)
