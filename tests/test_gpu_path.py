@@ -200,3 +200,19 @@ def test_context_is_the_replys_limit(folders, tmp_path):
     with pytest.raises(PromptError, match="context of 256 tokens"):
         list(generate(small, list(range(100, 340)), GenerationConfig(max_new_tokens=16)))
     assert len(generate_all(small, list(range(100, 220)), GenerationConfig(max_new_tokens=16))[0]) == 16
+
+
+def test_sampled_replies_on_the_gpus_objects_keep_the_target_distribution(tmp_path):
+    """T = 1 through the fixed-shape steps and the graphed release proposal together (sim), the drafter built from its
+    folder by the registry as the app builds it: the joint distribution of two sampled tokens is the target's."""
+    from core.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, tiny_qwen3
+    from tests.test_flashmap_release import release_model, write_release
+    from tests.test_lean import lean_target
+
+    model = tiny_qwen3(vocab_size=5, seed=3)
+    target = lean_target(model, template=QWEN3_TEMPLATE)
+    target.lean = GraphedSteps(target.lean, "sim", 8)
+    folder = write_release(tmp_path / "v5", release_model(target, seed=2))
+    drafter = build_drafter(DrafterSpec("flashmap", weights=str(folder)), target)
+    assert isinstance(drafter, GraphedReleaseDrafter)
+    assert_sampled_distribution_exact(target, drafter, n=1200)
