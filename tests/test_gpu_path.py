@@ -216,3 +216,47 @@ def test_sampled_replies_on_the_gpus_objects_keep_the_target_distribution(tmp_pa
     drafter = build_drafter(DrafterSpec("flashmap", weights=str(folder)), target)
     assert isinstance(drafter, GraphedReleaseDrafter)
     assert_sampled_distribution_exact(target, drafter, n=1200)
+
+
+class ReadBacks(TorchFunctionMode):
+    """Counts the values a computation reads back to Python (each one a synchronisation on a GPU)."""
+
+    READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Tensor.__float__,
+             torch.Tensor.__bool__, torch.Tensor.__index__}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += func in self.READS
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("with_q", [False, True])
+def test_a_round_on_the_device_reads_back_two_values_whatever_its_length(with_q):
+    from core.decoding.sampling import verify_batched
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(9, 50, generator=gen)  # (K+1, V), K = 8
+    q_draft = torch.softmax(torch.randn(8, 50, generator=gen), -1) if with_q else None
+    for seed in range(20):
+        with ReadBacks() as reads:
+            verdict = verify_batched(list(range(8)), logits, q_draft, SamplingConfig(temperature=1.0),
+                                     torch.Generator().manual_seed(seed))
+        assert reads.count == 2 and 0 <= verdict.n_accepted <= 8
+
+
+def test_sampled_replies_verified_in_one_batch_keep_the_target_distribution(tmp_path, monkeypatch):
+    """verify_batched (the GPU's rule) run here on the CPU: with the release drafter's q and with copied drafts, the
+    joint distribution of two sampled tokens is the target's."""
+    from core.decoding import sampling
+    from core.drafting.base import NgramDrafter
+    from core.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
+    from tests.test_flashmap_release import release_model, write_release
+
+    monkeypatch.setattr(sampling, "BATCHED_ON", ("cpu",))
+    target = make_target(tiny_qwen3(vocab_size=5, seed=3), template=QWEN3_TEMPLATE, name="tiny-qwen3")
+    folder = write_release(tmp_path / "v5", release_model(target, seed=2))
+    for drafter in (build_drafter(DrafterSpec("flashmap", weights=str(folder)), target), NgramDrafter()):
+        assert_sampled_distribution_exact(target, drafter, n=1200)

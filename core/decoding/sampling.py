@@ -217,6 +217,8 @@ def verify_logits(draft_tokens: list[int], logits: torch.Tensor, q_draft: torch.
     verify_copy): after a forward each torch op costs ~50 us instead of ~5 (its code and data come back from memory),
     and the op-by-op path makes ~9 a slot. Its 2K + 1 uniforms are drawn at once (slot k's test, slot k's redraw, the
     bonus token's), so a plain step (K = 0) draws the one uniform sample() draws."""
+    if logits.device.type in BATCHED_ON:
+        return verify_batched(draft_tokens, logits, q_draft, sampling, generator)
     module = _kernels_for(logits)
     if (q_draft is not None or module is None or sampling.top_p < 1.0
             or (sampling.top_k and sampling.top_k < logits.shape[-1])):
@@ -224,6 +226,41 @@ def verify_logits(draft_tokens: list[int], logits: torch.Tensor, q_draft: torch.
     u = torch.rand(2 * len(draft_tokens) + 1, generator=generator, device=draw_device(generator, logits.device),
                    dtype=torch.float64).to(logits.device)
     return Verdict(*module.verify_copy(logits, draft_tokens, 1.0 / sampling.temperature, u))
+
+
+# devices whose logits are verified in one batch (verify_batched): an accelerator, where reading a value back costs a
+# synchronisation; on the CPU each reached slot's distribution is computed only when the walk reaches it instead
+BATCHED_ON = ("cuda",)
+
+
+def verify_batched(draft_tokens: list[int], logits: torch.Tensor, q_draft: torch.Tensor | None,
+                   sampling: SamplingConfig, generator: torch.Generator | None = None) -> Verdict:
+    """verify_sampled_rows' rule with every slot's test made at once where the logits lie: the target's distribution
+    of all K + 1 rows, each slot's p and q at its drafted token, K uniforms for the tests and one for the token the
+    target adds, then two values read back (the accepted count, the added token) whatever K is.
+    logits (K+1, V), q_draft (K, V) or None (a deterministic draft: q is the drafted token's one-hot)."""
+    k = len(draft_tokens)
+    p_target = target_probs(logits, sampling)  # (K+1, V)
+    u = torch.rand(k + 1, generator=generator, device=draw_device(generator, logits.device),
+                   dtype=torch.float64).to(logits.device)  # (K+1,): K tests, then the added token's draw
+    if k:
+        tokens = torch.tensor(draft_tokens, device=logits.device)[:, None]  # (K, 1)
+        p_tok = p_target[:k].gather(1, tokens)[:, 0].double()  # (K,)
+        q_tok = torch.ones_like(p_tok) if q_draft is None else q_draft.to(p_target).gather(1, tokens)[:, 0].double()
+        accepted = (q_tok > 0) & (u[:k] * q_tok < p_tok)  # (K,)
+        n_accepted = int(accepted.logical_not().cumsum(0).eq(0).sum())  # the first read back
+    else:
+        n_accepted = 0
+    row = p_target[n_accepted]  # (V,)
+    if n_accepted < k:  # the residual max(0, p - q) at the first rejected slot
+        q_row = torch.zeros_like(row) if q_draft is None else q_draft[n_accepted].to(row)
+        if q_draft is None:
+            q_row[draft_tokens[n_accepted]] = 1.0
+        residual = (row - q_row).clamp_min(0.0)  # (V,)
+        row = torch.where(residual.sum() > 0, residual, row)
+    cdf = row.double().cumsum(-1)  # (V,)
+    token = torch.searchsorted(cdf, (u[k] * cdf[-1])[None], right=True).clamp_max(row.shape[-1] - 1)
+    return Verdict(n_accepted, int(token[0]))  # the second read back
 
 
 def draw_token(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None) -> int:
