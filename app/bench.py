@@ -34,16 +34,16 @@ from core.decoding.engine import (  # noqa: E402
     generate,
 )
 from core.decoding.prefix import PrefixCache  # noqa: E402
-from core.decoding.sampling import SamplingConfig  # noqa: E402
 from core.decoding.stats import AcceptanceStats, pooled_rate, speedup, speedup_se  # noqa: E402
 from core.drafting.base import MAX_BLOCK_SIZE  # noqa: E402
+from core.drafting.call_cost import draft_cost as measure_draft_cost  # noqa: E402
 from core.drafting.policy.sources import COPIED  # noqa: E402
 from core.drafting.policy.state import PolicyState  # noqa: E402
 from core.prompts import HeldOutError, read_prompt_file, refuse_held_out, resolve_prompt_file  # noqa: E402
 from core.runtime.target import Target, TargetConfig, add_target_args, load_target, target_config_from_args  # noqa: E402
 from core.runtime.threads import apply_thread_policy, wait_idle, wait_policy  # noqa: E402
 from core.runtime.verify_cost import cost_curves  # noqa: E402
-from core.runtime.verify_cost import draft_cost as measure_draft_cost  # noqa: E402
+from core.verification.sampling import SamplingConfig  # noqa: E402
 from drafter.registry import DrafterUnavailable, build_drafter  # noqa: E402
 from drafter.spec import (  # noqa: E402
     APP_DEFAULT,
@@ -133,7 +133,7 @@ class Runner:
     draft_cost: float = 0.0  # one drafter call relative to a one-position target forward (measured: with_draft_cost)
 
     def with_draft_cost(self, target: Target) -> "Runner":
-        """This runner with its drafter's cost measured now (core.runtime.verify_cost.draft_cost), when its spec is
+        """This runner with its drafter's cost measured now (core.drafting.call_cost.draft_cost), when its spec is
         adaptive: the skip policy charges each draft for it (core.drafting.policy.cut.draft_pays)."""
         if not self.spec.adaptive or self.drafter is None:
             return self

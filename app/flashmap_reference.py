@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from core.decoding.sampling import SamplingConfig
 from core.runtime.target import Target, TargetConfig, load_target
+from core.verification.sampling import SamplingConfig
 
 
 class ReferenceUnavailable(RuntimeError):

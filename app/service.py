@@ -19,14 +19,14 @@ import torch
 from app.conversations import ConversationStore
 from core.decoding.engine import GenerationConfig, RoundEvent, generate
 from core.decoding.prefix import PrefixCache
-from core.decoding.sampling import SamplingConfig
 from core.decoding.stats import ReplySpeed
 from core.drafting.base import MAX_BLOCK_SIZE
+from core.drafting.call_cost import draft_cost as measure_draft_cost
 from core.drafting.policy.state import PolicyState
 from core.runtime.target import Target
 from core.runtime.threads import with_threads
 from core.runtime.verify_cost import CostCurves, curve_passes, load_cached, save_cached
-from core.runtime.verify_cost import draft_cost as measure_draft_cost
+from core.verification.sampling import SamplingConfig
 from drafter.registry import DrafterUnavailable, build_drafter, check_drafter, with_lookup
 from drafter.spec import CHOICES, DrafterSpec, RunSpec, choice_spec
 

@@ -8,8 +8,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from core.decoding.engine import GenerationConfig, RoundEvent, generate_all
-from core.decoding.sampling import SamplingConfig
 from core.runtime.target import Target
+from core.verification.sampling import SamplingConfig
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from core.decoding.sampling import draw_device, sample_rows
+from core.verification.sampling import draw_device, sample_rows
 from drafter.flow import flow_map_step, time_grid
 from drafter.frozen import FrozenDraftNet
 from drafter.network import FlowNet

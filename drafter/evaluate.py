@@ -40,10 +40,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from core.decoding.tree import build_trie, depth_in, followed_branch
 from core.drafting.base import NgramDrafter, lookup_plan
 from core.prompts import read_jsonl
 from core.runtime.target import Target, add_target_args, load_target, target_config_from_args
+from core.runtime.trie import build_trie
+from core.verification.tree import depth_in, followed_branch
 from drafter import flashmap_release
 from drafter.data import blocks_at, load_sequences, target_to_draft_map
 from drafter.drafting import BlockSampler, fold_unused, greedy_block

@@ -44,10 +44,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core.decoding.sampling import SamplingConfig, draw_device, sample_rows, top_probs
 from core.drafting.base import Draft
 from core.runtime import cpu_linear
 from core.runtime.modules import ModuleList
+from core.verification.sampling import SamplingConfig, draw_device, sample_rows, top_probs
 from drafter import native_trunk
 from drafter.checkpoint import CheckpointError, load_published_state, read_published
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from core.decoding.sampling import SamplingConfig, draw_device, sample_rows, top_probs
 from core.drafting.base import Draft
 from core.runtime.graphs import MIN_SPAN, attend_span, capture
+from core.verification.sampling import SamplingConfig, draw_device, sample_rows, top_probs
 from drafter.flashmap_release import ContextRows, ReleaseDrafter, ReleaseNet, draft_logits
 
 MODES = ("sim", "cuda")

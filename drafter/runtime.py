@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from core.decoding.sampling import SamplingConfig
 from core.drafting.base import Draft
 from core.runtime.cpu_linear import pack_linears
 from core.runtime.graphs import GraphedSteps
+from core.verification.sampling import SamplingConfig
 from drafter import calibration as calib
 from drafter import drafting, flashmap_release, zlab_dflash
 from drafter.checkpoint import CheckpointError, read_checkpoint, read_checkpoint_config, read_config

@@ -1,7 +1,6 @@
 """At T > 0 a FlashMap draft's first slot is accepted with probability sum_v min(p(v), q(v)) (rejection sampling,
-core.decoding.sampling.verify_sampled): how that acceptance depends on where the flow map's jump starts (x0 = 0, or x0
-drawn
-from N(0, I) as the paper's sampler does), measured on the same contexts.
+core.verification.sampling.verify_sampled): how that acceptance depends on where the flow map's jump starts (x0 = 0,
+or x0 drawn from N(0, I) as the paper's sampler does), measured on the same contexts.
 
 python -m drafter.sampled_acceptance --prompts eval_math eval_code eval_chat --temperature 1 0.7 [--limit 6]
     [--max-new-tokens 96] [--scales 0 1] [--argmax] [--out FILE.json]
@@ -24,10 +23,10 @@ from pathlib import Path
 import torch
 
 from core.decoding.engine import GenerationConfig, generate
-from core.decoding.sampling import SamplingConfig, target_probs
 from core.prompts import read_prompt_file
 from core.runtime.forward import target_forward
 from core.runtime.target import Target, add_target_args, load_target, target_config_from_args
+from core.verification.sampling import SamplingConfig, target_probs
 from drafter.runtime import FlowDrafter, load_engine_drafter
 from drafter.spec import DrafterSpec
 

@@ -37,9 +37,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from core.decoding.sampling import SamplingConfig
 from core.drafting.base import MAX_BLOCK_SIZE
 from core.drafting.policy.config import DEFAULTS
+from core.verification.sampling import SamplingConfig
 
 FLASHMAP_STEPS = (1, 2, 3, 4)  # jumps of a FlashMap draft: the release's grids (drafter.flashmap_release)
 FLOW_DRAFTERS = ("flashmap", "flashmap-teacher")  # draw noise: steps, noise, best-of and trees apply

@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from core.decoding.sampling import draw_device
 from core.runtime.target import TargetConfig, load_target
+from core.verification.sampling import draw_device
 from drafter.blocks import Blocks
 from drafter.data import blocks_from_sequences, held_apart, load_sequences, refuse_held_out_folders
 from drafter.flashmap_release import ReleaseConfig, ReleaseNet, rotary, rotate_pairs

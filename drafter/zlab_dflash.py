@@ -23,9 +23,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core.decoding.sampling import SamplingConfig, sample_rows
 from core.drafting.base import Draft
 from core.runtime.modules import ModuleList
+from core.verification.sampling import SamplingConfig, sample_rows
 from drafter.checkpoint import CheckpointError, load_published_state, read_published
 
 ARCHITECTURE = "DFlashDraftModel"

@@ -1,7 +1,7 @@
 """What one call of a release-format FlashMap drafter costs on this CPU, by implementation of its DiT: op by op in
 torch, the native trunk in fp32 and with 8-bit products (drafter.native_trunk.ReleaseTrunk); and its greedy
 confidence (the top probability of 16 rows of the vocabulary) through torch's ops and the native kernel
-(core.decoding.sampling.top_probs). The arms alternate within each repeat, after the same context, so drift on a
+(core.verification.sampling.top_probs). The arms alternate within each repeat, after the same context, so drift on a
 noisy machine hits them alike; medians of milliseconds, ratios to torch's.
 
 python -m lab.release_call --weights weights/smollm2-135m-instruct/flashmap-release --out FILE.json
@@ -15,10 +15,10 @@ import time
 
 import torch
 
-from core.decoding import sampling
-from core.decoding.sampling import SamplingConfig
 from core.runtime.target import TargetConfig, load_target
 from core.runtime.threads import apply_thread_policy
+from core.verification import sampling
+from core.verification.sampling import SamplingConfig
 from drafter.flashmap_release import ReleaseDrafter, load_release_net
 from lab.harness import print_and_save
 

@@ -2,7 +2,7 @@
 
 python -m scripts.report [--results docs/results] [--out docs]
 
-Reads the JSON written by `python -m app.suite` / `python -m core.runtime.verify_cost` (scripts/bench_report.sh
+Reads the JSON written by `python -m app.suite` / `python -m lab.verify_cost` (scripts/bench_report.sh
 runs them) and writes docs/benchmarks.md plus PNGs beside it. Every number in the report is read from
 those files; nothing is typed in by hand.
 """

@@ -137,7 +137,7 @@ def test_report_is_built_from_suite_runs(tiny_folder, tmp_path):
 
 
 def test_verify_cost_cli(tiny_folder, tmp_path):
-    from core.runtime import verify_cost
+    from lab import verify_cost
 
     out = tmp_path / "v.json"
     verify_cost.main(["--cached", "32", "--repeats", "2", "--positions", "2", "4", "--target", str(tiny_folder),
@@ -177,8 +177,8 @@ class SleepyDrafter:
 
 
 def test_draft_cost_is_the_drafter_call_against_one_target_step(tiny_folder):
+    from core.drafting.call_cost import draft_cost
     from core.runtime.target import TargetConfig, load_target
-    from core.runtime.verify_cost import draft_cost
 
     target = load_target(TargetConfig(target=str(tiny_folder)))
     fast, slow = SleepyDrafter(0.0), SleepyDrafter(0.02)

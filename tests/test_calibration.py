@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from core.decoding.engine import GenerationConfig, generate_all
-from core.decoding.sampling import SamplingConfig
+from core.verification.sampling import SamplingConfig
 from drafter import calibration as calib
 from drafter.calibrate import report_rows, two_fold
 from drafter.checkpoint import save_checkpoint

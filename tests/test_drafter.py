@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from core.decoding.engine import GenerationConfig, generate_all
-from core.decoding.sampling import SamplingConfig
 from core.drafting.policy.config import PolicyConfig
 from core.testing import assert_sampled_distribution_exact, make_target, tiny_llama
+from core.verification.sampling import SamplingConfig
 from drafter import drafting
 from drafter.blocks import Blocks
 from drafter.checkpoint import CheckpointError, save_checkpoint
@@ -359,7 +359,7 @@ def test_follow_up_turns_answer_questions_about_the_targets_own_answers(tiny_tar
 
 def test_unused_vocabulary_slots_are_never_proposed(setup, tiny_target):
     """A draft vocabulary padded with placeholders (fewer distinct tokens than slots) stays valid."""
-    from core.decoding.sampling import SamplingConfig
+    from core.verification.sampling import SamplingConfig
 
     _seqs, vocab_ids, _blocks = setup
     padded = vocab_ids.clone()

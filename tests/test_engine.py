@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from core.decoding.engine import GenerationConfig, PromptError, generate, generate_all
-from core.decoding.sampling import SamplingConfig
 from core.drafting.base import MAX_BLOCK_SIZE, Draft, NgramDrafter
 from core.drafting.policy.config import PolicyConfig
 from core.testing import assert_sampled_distribution_exact, make_target, tiny_llama
+from core.verification.sampling import SamplingConfig
 
 
 class NoisyOracle:

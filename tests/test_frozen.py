@@ -3,7 +3,7 @@ products in fp32 here, so that the two agree to float rounding; tests/test_nativ
 import pytest
 import torch
 
-from core.decoding.sampling import SamplingConfig
+from core.verification.sampling import SamplingConfig
 from drafter.drafting import BlockSampler
 from drafter.frozen import CachedContext, FrozenDraftNet
 from drafter.runtime import FlowDrafter, build_net

@@ -15,9 +15,9 @@ from torch.overrides import TorchFunctionMode
 
 from core.decoding.engine import GenerationConfig, generate, generate_all
 from core.decoding.prefix import PrefixCache
-from core.decoding.sampling import SamplingConfig
 from core.runtime.graphs import GraphedSteps
 from core.runtime.target import TargetConfig, load_target
+from core.verification.sampling import SamplingConfig
 from drafter.graphed_release import GraphedReleaseDrafter
 from drafter.registry import build_drafter
 from drafter.spec import DrafterSpec
@@ -235,7 +235,7 @@ class ReadBacks(TorchFunctionMode):
 
 @pytest.mark.parametrize("with_q", [False, True])
 def test_a_round_on_the_device_reads_back_two_values_whatever_its_length(with_q):
-    from core.decoding.sampling import verify_batched
+    from core.verification.sampling import verify_batched
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(9, 50, generator=gen)  # (K+1, V), K = 8
@@ -250,9 +250,9 @@ def test_a_round_on_the_device_reads_back_two_values_whatever_its_length(with_q)
 def test_sampled_replies_verified_in_one_batch_keep_the_target_distribution(tmp_path, monkeypatch):
     """verify_batched (the GPU's rule) run here on the CPU: with the release drafter's q and with copied drafts, the
     joint distribution of two sampled tokens is the target's."""
-    from core.decoding import sampling
     from core.drafting.base import NgramDrafter
     from core.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
+    from core.verification import sampling
     from tests.test_flashmap_release import release_model, write_release
 
     monkeypatch.setattr(sampling, "BATCHED_ON", ("cpu",))

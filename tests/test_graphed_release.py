@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from core.decoding.engine import GenerationConfig, generate_all
-from core.decoding.sampling import SamplingConfig
+from core.verification.sampling import SamplingConfig
 from drafter.flashmap_release import ReleaseDrafter, load_release_net
 from drafter.graphed_release import GraphedReleaseDrafter
 from tests.test_flashmap_release import BLOCK, release_model, write_release

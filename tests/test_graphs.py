@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from core.decoding.engine import GenerationConfig, generate_all
-from core.decoding.tree import build_trie
 from core.drafting.base import NgramDrafter
 from core.runtime.forward import keep_positions, target_forward
 from core.runtime.graphs import MIN_SPAN, SPARE_SLOTS, GraphedSteps, attend_span, graph_mode, visible_mask
 from core.runtime.lean import LeanForward
+from core.runtime.trie import build_trie
 from core.testing import tiny_llama, tiny_qwen3
 from tests.test_engine import NoisyOracle
 from tests.test_lean import lean_target

@@ -81,3 +81,47 @@ def test_the_readme_drawing_is_current():
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "structure.py"), "--check"], capture_output=True,
                           text=True)
     assert done.returncode == 0, done.stderr
+
+
+# core's floors, lowest first: each imports only from itself and the floors below it (its top-level modules, prompts
+# and testing, sit above them all)
+CORE_ORDER = ("runtime", "verification", "drafting", "decoding")
+
+
+def upward_imports(core: Path) -> list[str]:
+    """Every import in a subpackage of `core` (a folder laid out as core/) of a floor above its own, or of one of core's
+    top-level modules, lazy imports included: "core/runtime/lean.py imports core.decoding.engine"."""
+    wrong = []
+    for path in sorted(core.rglob("*.py")):
+        parts = path.relative_to(core).parts
+        if len(parts) < 2:
+            continue  # a top-level module of core
+        floor = CORE_ORDER.index(parts[0])
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            for name in names:
+                target = name.split(".")
+                if target[0] != "core" or len(target) < 2:
+                    continue
+                if target[1] not in CORE_ORDER or CORE_ORDER.index(target[1]) > floor:
+                    wrong.append(f"core/{'/'.join(parts)} imports {name}")
+    return wrong
+
+
+def test_cores_floors_import_only_downward():
+    assert {p.name for p in (ROOT / "core").iterdir() if (p / "__init__.py").exists()} == set(CORE_ORDER)
+    assert upward_imports(ROOT / "core") == []
+
+
+def test_an_upward_import_in_core_is_refused(tmp_path):
+    import shutil
+
+    copy = tmp_path / "core"
+    shutil.copytree(ROOT / "core", copy, ignore=shutil.ignore_patterns("__pycache__", "csrc"))
+    assert upward_imports(copy) == []
+    lean = copy / "runtime" / "lean.py"
+    lean.write_text(lean.read_text() + "\n\ndef late():\n    from core.decoding.engine import generate\n")
+    (copy / "drafting" / "base.py").write_text((copy / "drafting" / "base.py").read_text() + "\nimport core.prompts\n")
+    assert upward_imports(copy) == ["core/drafting/base.py imports core.prompts",
+                                    "core/runtime/lean.py imports core.decoding.engine"]

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from core.decoding.engine import GenerationConfig, generate_all
-from core.decoding.tree import ancestor_mask, build_trie, position_list, tree_positions
 from core.runtime import native
 from core.runtime.cpu_linear import amx_products, pack_linears
 from core.runtime.exactness import check_invariance, probe_prompt
@@ -14,6 +13,7 @@ from core.runtime.forward import keep_positions, target_forward
 from core.runtime.lean import KEY_BLOCK, PREFILL_ROWS, LeanForward, StaticCache, ancestor_columns, lean_supported
 from core.runtime.target import NATIVE_BF16_CPU_FLAGS, TargetConfig, cpu_quant, pick_dtype
 from core.runtime.threads import cpu_flags
+from core.runtime.trie import ancestor_mask, build_trie, position_list, tree_positions
 from core.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
 from tests.test_engine import NoisyOracle
 

@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from core.decoding.engine import GenerationConfig
-from core.decoding.sampling import SamplingConfig
 from core.drafting.base import Copy, Draft
 from core.drafting.policy.config import PolicyConfig
 from core.drafting.policy.costs import CallCost, RoundCosts
 from core.drafting.policy.cut import best_cut, best_draft_length, draft_pays, expected_tokens, within_loss
 from core.drafting.policy.policy import DraftPolicy
 from core.drafting.policy.waits import FeatureCapture, MeasuredPays, SkipEmpty
+from core.verification.sampling import SamplingConfig
 
 
 def test_best_draft_length_trades_expected_tokens_against_verify_cost():

@@ -5,9 +5,10 @@ from itertools import islice
 import torch
 
 from core.decoding.engine import GenerationConfig, generate
-from core.decoding.prefix import PrefixCache, common_prefix, reuses_prefixes
+from core.decoding.prefix import PrefixCache, reuses_prefixes
 from core.drafting.base import Draft
 from core.testing import tiny_qwen3
+from core.verification.tree import common_prefix
 from tests.test_lean import lean_target
 
 

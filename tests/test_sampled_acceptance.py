@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from core.decoding.sampling import SamplingConfig, target_probs
+from core.verification.sampling import SamplingConfig, target_probs
 from drafter import sampled_acceptance
 from drafter.data import draft_vocabulary
 from drafter.runtime import FlowDrafter, build_net

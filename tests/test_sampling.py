@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from core.decoding import sampling
-from core.decoding.sampling import (
+from core.verification import sampling
+from core.verification.sampling import (
     SamplingConfig,
     residual,
     sample,
@@ -121,7 +121,7 @@ def test_sample_rows_draws_each_row_from_its_own_distribution_and_never_a_zero()
 def test_top_p_keeps_equal_probabilities_together_and_a_row_alike_alone_or_in_a_batch():
     """Ties at the edge of the top-p set are kept or dropped together (no sort order decides), the set is the one a
     full sort gives, and a row's set does not depend on the rows verified beside it (the top k grows for all rows)."""
-    from core.decoding.sampling import nucleus
+    from core.verification.sampling import nucleus
 
     probs = torch.tensor([[0.4, 0.2, 0.2, 0.2, 0.0]])
     assert torch.allclose(nucleus(probs, 0.5), probs)  # 0.4 above each 0.2: all three kept, not one or two

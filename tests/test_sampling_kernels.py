@@ -1,10 +1,10 @@
-"""core/runtime/csrc/sampling.cpp: the native kernels compute what torch's ops do (core.decoding.sampling runs every
+"""core/runtime/csrc/sampling.cpp: the native kernels compute what torch's ops do (core.verification.sampling runs every
 test of tests/test_sampling.py through both)."""
 import pytest
 import torch
 
-from core.decoding import sampling
-from core.decoding.sampling import greedy_tokens
+from core.verification import sampling
+from core.verification.sampling import greedy_tokens
 
 INF = float("inf")
 

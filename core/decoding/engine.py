@@ -10,7 +10,7 @@ anchor plus the accepted drafts, and the target's own token becomes the next anc
 Plain decoding is this loop with no drafter (K = 0), so baseline and speculative runs share
 every line but the draft. A draft with alternatives (several noise draws, paper App. D) is merged
 into a trie of at most K nodes and verified as a tree in the same one forward (at T > 0 by the target's own draws
-along the trie, core.decoding.tree.walk); the cache then keeps the anchor and the accepted path (`keep_positions`).
+along the trie, core.verification.tree.walk); the cache then keeps the anchor and the accepted path (`keep_positions`).
 """
 from __future__ import annotations
 
@@ -23,15 +23,6 @@ from transformers import DynamicCache
 
 from core.decoding.detokenize import IncrementalText
 from core.decoding.prefix import PrefixCache, reuses_prefixes
-from core.decoding.sampling import (
-    SamplingConfig,
-    Verdict,
-    draw_token,
-    greedy_tokens,
-    verify_greedy,
-    verify_logits,
-)
-from core.decoding.tree import Trie, build_trie, followed_branch, greedy_path, walk
 from core.drafting.base import MAX_BLOCK_SIZE, Draft, Drafter
 from core.drafting.policy.config import PolicyConfig
 from core.drafting.policy.policy import DraftPolicy
@@ -40,6 +31,16 @@ from core.drafting.policy.state import PolicyState
 from core.runtime.forward import keep_positions, target_forward
 from core.runtime.lean import StaticCache
 from core.runtime.target import Target
+from core.runtime.trie import Trie, build_trie
+from core.verification.sampling import (
+    SamplingConfig,
+    Verdict,
+    draw_token,
+    greedy_tokens,
+    verify_greedy,
+    verify_logits,
+)
+from core.verification.tree import followed_branch, greedy_path, walk
 
 T = TypeVar("T")
 

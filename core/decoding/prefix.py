@@ -15,26 +15,18 @@ Shape letters: R = reused positions with features, M = kept positions with featu
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from core.runtime.lean import StaticCache
+from core.verification.tree import common_prefix
 
 
 def reuses_prefixes(target) -> bool:
     """Whether this target's prefill is batch-invariant, so that a reused prefix equals a fresh prefill."""
     lean = getattr(target, "lean", None)
     return lean is not None and lean.native_prefill
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 @dataclass

@@ -16,11 +16,10 @@ from typing import Protocol
 
 import torch
 
-from core.decoding.sampling import SamplingConfig
 from core.drafting.phrasebook import Phrasebook
 from core.drafting.policy.config import DEFAULTS
-
-MAX_BLOCK_SIZE = 16  # the largest block K the engine verifies in one round (and the UI offers)
+from core.runtime.lean import MAX_BLOCK_SIZE  # (the drafters' limit on K is the engine's)
+from core.verification.sampling import SamplingConfig
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,7 @@ class Draft:
     # at the sampled values biases the output at T > 0), e.g. the largest probability of each slot's distribution
     confidence: torch.Tensor | None = None
     # further drafts from independent noise draws (paper App. D), target ids each; the engine merges them with
-    # `tokens` into a trie and verifies it as a tree, exactly at every temperature (core.decoding.tree.walk)
+    # `tokens` into a trie and verifies it as a tree, exactly at every temperature (core.verification.tree.walk)
     alternatives: tuple[tuple[int, ...], ...] = ()
     # a copied draft (LookupHybrid.propose_lookups): the key the policy's measured acceptance is kept by
     # (core.drafting.policy.rates.LookupRates; Copy.key: the matched suffix's length, or a phrasebook copy's grade);

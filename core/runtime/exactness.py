@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from core.decoding.tree import build_trie
 from core.runtime import native
 from core.runtime.forward import keep_positions, target_forward
 from core.runtime.threads import cpu_flags
+from core.runtime.trie import build_trie
 
 CHAIN_SIZES = (17, 5)  # K + 1 at K = 16, and a short block
 PROBE_STEPS = 48

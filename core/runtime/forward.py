@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from core.decoding.tree import Trie, ancestor_mask, is_chain, position_list, tree_inputs
 from core.runtime.lean import StaticCache
+from core.runtime.trie import Trie, ancestor_mask, is_chain, position_list, tree_inputs
 
 
 def target_forward(target, ids: list[int], cache: DynamicCache | StaticCache, layers: tuple[int, ...],

@@ -17,8 +17,6 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from core.drafting.base import MAX_BLOCK_SIZE
-
 LEAN_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 # their final norms: x / sqrt(mean(x^2) + eps) * weight, which the native step computes after the layers
 NATIVE_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
@@ -54,6 +52,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 # a forward over more positions than any verify round (K + 1 <= 17) is a prompt's prefill: plain and drafted decoding
 # run the same one, so it need not be batch-invariant and takes the kernels that are fast for many rows (sdpa; for q4
 # the bf16 weights, not the int4 kernel, whose cost grows with every row)
+MAX_BLOCK_SIZE = 16  # the largest block K the engine verifies in one round (and the UI offers)
 PREFILL_ROWS = MAX_BLOCK_SIZE + 1
 KEY_BLOCK = 64  # keys are summed in blocks of this many, aligned to absolute positions (fixed_order_attention)
 

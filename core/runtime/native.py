@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -134,3 +135,16 @@ def clear_stale_lock(folder: Path, wait_s: float = STALE_LOCK_S) -> None:
             lock.unlink(missing_ok=True)
             return
         time.sleep(0.5)
+
+
+# argmax, softmax and CDF inversion over a row of CPU logits in one pass or two each (csrc/sampling.cpp), where torch's
+# whole-row ops cost tens of microseconds each (core.verification.sampling reads them)
+SAMPLING = Extension("flashmap_sampling", CSRC / "sampling.cpp", "the native sampling kernels")
+
+
+@cache
+def sampling_kernels():
+    """The compiled sampling kernels, or None where they cannot be built (no compiler, FLASHMAP_NATIVE=0): torch's ops
+    then, drawing the same tokens from the same uniforms but where float rounding differs at a step's edge. Loaded
+    once a process (a failed build is not tried again each round)."""
+    return load(SAMPLING)[0]

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from core.decoding import sampling
+from core.runtime import native as native_kernels
 from core.runtime.cpu_linear import int4_available, pack_linears
 from core.runtime.graphs import GRAPH_MODES, GraphedSteps, graph_mode
 from core.runtime.lean import LeanForward, head_dim, lean_supported
@@ -458,7 +458,7 @@ def load_target(cfg: TargetConfig) -> Target:
     target = _setup_forward(_load(cfg, device, dtype), cfg)
     target.context = cfg.context
     if device.type == "cpu":
-        sampling.kernels()  # built (once per machine, ~30 s) or loaded now, not in the middle of the first reply
+        native_kernels.sampling_kernels()  # built (once a machine, ~30 s) or loaded now, not in the first reply
     return _checked(target, cfg, dtype)
 
 

@@ -1,32 +1,24 @@
 """The verify cost curve: time of one target forward over T = 1, 2, 4, 8, 16, 17 new positions
 after a context of C cached positions. It bounds every speedup: a round that commits gamma tokens
-costs draft + verify(K+1), against gamma plain forwards of verify(1).
-
-python -m core.runtime.verify_cost [--cached 256] [--repeats 20] [--target ID] [--out FILE.json] [--compare-cpu-linear]
-
---compare-cpu-linear times the target with both CPU linear kernels (core.runtime.cpu_linear: prepacked oneDNN, torch's
-own) in one run, their passes interleaved so that load on the machine hits both alike.
+costs draft + verify(K+1), against gamma plain forwards of verify(1). Measured from the command line by
+`python -m lab.verify_cost`; the drafter's own call is timed by core.drafting.call_cost.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import platform
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
-from core.decoding.sampling import SamplingConfig
-from core.drafting.base import MAX_BLOCK_SIZE
 from core.runtime import native
 from core.runtime.forward import keep_positions, target_forward
-from core.runtime.lean import StaticCache
-from core.runtime.target import CPU_LINEARS, add_target_args, load_target, target_config_from_args
+from core.runtime.lean import MAX_BLOCK_SIZE, StaticCache
 
 POSITIONS = (1, 2, 4, 8, 16, 17)
 
@@ -68,7 +60,7 @@ def timed_passes(target, context: int, repeats: int, positions=POSITIONS,
         with torch.inference_mode():  # entered per pass: a suspended generator must not leave the caller in it
             for t in positions:
                 block = random_ids(target, t, gen)
-                elapsed = _seconds(target.device, lambda: target_forward(target, block, cache, ()))
+                elapsed = timed_seconds(target.device, lambda: target_forward(target, block, cache, ()))
                 if repeat:
                     times[t].append(elapsed)
                 keep_positions(cache, t, [])  # drop them all
@@ -100,30 +92,7 @@ def interleaved_costs(targets: dict, context: int, repeats: int, positions=POSIT
     return costs
 
 
-def draft_cost(target, drafter, context: int = 256, repeats: int = 10) -> float:
-    """One drafter call (a whole block at T = 0 after `context` positions) relative to a one-position target forward,
-    medians, the two interleaved so that load on the machine hits both alike: what core.drafting.policy.cut.draft_pays
-    charges a
-    draft for the drafter's own time. Leaves the drafter reset."""
-    gen = torch.Generator().manual_seed(0)
-    ids = random_ids(target, context + repeats + 1, gen)
-    cache = target.new_cache(context + repeats + 2)
-    greedy = SamplingConfig(temperature=0.0)
-    forward_s, propose_s, block = [], [], drafter.max_block_size
-    with torch.inference_mode():
-        _, features = target_forward(target, ids[:context], cache, drafter.feature_layers)
-        drafter.reset()
-        drafter.extend(ids[:context], features)
-        for repeat in range(repeats + 1):  # the first of each, a warm-up, is not timed
-            step = [ids[context + repeat]]
-            forward_s.append(_seconds(target.device, lambda: target_forward(target, step, cache, ())))
-            keep_positions(cache, 1, [])
-            propose_s.append(_seconds(target.device, lambda: drafter.propose(ids[context], block, greedy, gen)))
-    drafter.reset()
-    return statistics.median(propose_s[1:]) / statistics.median(forward_s[1:])
-
-
-def _seconds(device: torch.device, work) -> float:
+def timed_seconds(device: torch.device, work) -> float:
     """Wall seconds of work(); CUDA runs asynchronously, so time the work, not its launch."""
     synchronize(device)
     start = time.perf_counter()
@@ -244,32 +213,3 @@ def save_cached(root: Path, target, curves: CostCurves) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"key": machine_key(target), **curves.as_dict(), "measured_at": time.time()}))
     tmp.replace(path)
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cached", type=int, default=256, help="positions already in the KV cache")
-    parser.add_argument("--repeats", type=int, default=20, help="timed passes over the T values (median)")
-    parser.add_argument("--positions", type=int, nargs="+", default=list(POSITIONS), help="T values to time")
-    parser.add_argument("--out", default=None, help="also write the JSON result here")
-    parser.add_argument("--compare-cpu-linear", action="store_true",
-                        help="time both CPU linear kernels (onednn, torch) side by side, passes interleaved")
-    add_target_args(parser)
-    args = parser.parse_args(argv)
-    kernels = CPU_LINEARS if args.compare_cpu_linear else (args.cpu_linear,)
-    cfg = target_config_from_args(args)
-    targets = {kernel: load_target(replace(cfg, cpu_linear=kernel)) for kernel in kernels}
-    costs = interleaved_costs(targets, args.cached, args.repeats, sorted(set(args.positions) | {1}))
-    curves = {kernel: {"seconds": cost, "relative_to_one": {t: s / cost[1] for t, s in cost.items()}}
-              for kernel, cost in costs.items()}
-    first = targets[kernels[0]]
-    result = {"target": first.name, "context": args.cached, "repeats": args.repeats,
-              "threads": torch.get_num_threads(),
-              **(curves[kernels[0]] if len(kernels) == 1 else {"cpu_linear": curves})}
-    print(json.dumps(result))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
-
-
-if __name__ == "__main__":
-    main()

@@ -24,7 +24,7 @@ def test_the_never_skip_arm_keeps_drafting_where_the_verdict_would_back_off():
 
 
 def test_run_prompts_starts_every_arm_afresh_every_restart_every_prompts(monkeypatch):
-    from core.decoding.sampling import SamplingConfig
+    from core.verification.sampling import SamplingConfig
     from lab import harness
 
     class Target:

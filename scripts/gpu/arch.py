@@ -314,7 +314,7 @@ def zlab_cost(target: Target, sz: dict) -> dict:
 
 
 def _greedy():
-    from core.decoding.sampling import SamplingConfig
+    from core.verification.sampling import SamplingConfig
 
     return SamplingConfig(0.0)
 

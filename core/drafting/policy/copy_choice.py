@@ -23,7 +23,7 @@ def best_try(copies: tuple[Copy, ...], cuts: list[int], k: int, rates: LookupRat
     """App. D's trie with copied drafts: one copy (cut where it pays alone, else to its first token) and, as a
     second branch, another copy whose first token differs, cut where the pair's expected tokens per unit of cost
     peak (the second's acceptance as measured beside a first; the cost as copy tries measured it). At most one of
-    the two first tokens is the target's (at T > 0 the target draws one token, core.decoding.tree.walk), so the
+    the two first tokens is the target's (at T > 0 the target draws one token, core.verification.tree.walk), so the
     second branch adds its expected tokens to the first's. -> (the best such draft, its expected tokens per unit of
     verify cost), (None, 0.0) where no pair fits in k nodes."""
     best, best_value = None, 0.0

@@ -7,8 +7,6 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from core.decoding.prefix import common_prefix
-from core.decoding.sampling import SamplingConfig
 from core.drafting.base import Copy, Draft, Drafter
 from core.drafting.policy import sources
 from core.drafting.policy.copy_choice import best_copy, best_try, cut_copy
@@ -16,6 +14,8 @@ from core.drafting.policy.cut import EMPTY, best_draft_length, clip_draft, draft
 from core.drafting.policy.sources import COPIED, Decision, round_source, shown_source
 from core.drafting.policy.state import PolicyState
 from core.drafting.policy.waits import HELD_MEASURING, HELD_WAIT, FeatureCapture, MeasuredPays, PlainProbe, SkipEmpty
+from core.verification.sampling import SamplingConfig
+from core.verification.tree import common_prefix
 
 
 def held(measured: MeasuredPays) -> str:

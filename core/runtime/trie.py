@@ -1,15 +1,12 @@
-"""Tree verification of several drafts at once (paper App. D), as pure functions.
+"""The shape of a round's verified positions: a trie of drafted tokens (paper App. D) and how a forward feeds it.
 
-Shape letters: M = drafts (branches), K = slots per draft, N = trie nodes, T = N + 1 positions fed to
-the target (the anchor, then the nodes), P = positions already in the KV cache, V = vocabulary.
+Shape letters: N = trie nodes, T = N + 1 positions fed to the target (the anchor, then the nodes), P = positions
+already in the KV cache.
 
-A flow drafter drafts M blocks from independent noise draws in one batched pass. Their common
-prefixes are merged into a trie and the trie is verified in one target forward: every node sees the
-cache, the anchor and its own ancestors only (a tree attention mask), at position P + depth. At T=0
-the target's greedy path walks down the trie as far as some child holds the target's argmax, so the
-output is the plain greedy output token for token; at T > 0 it follows the target's own draws (walk), which
-samples the target exactly. Node order is breadth-first, so a parent always precedes its children and a node
-budget keeps the shallow nodes, where acceptance happens.
+Several drafts of one round are merged into a trie, breadth-first (a parent always precedes its children, and a node
+budget keeps the shallow nodes, where acceptance happens), and the trie is fed in one target forward: every node sees
+the cache, the anchor and its own ancestors only (a tree attention mask), at position P + depth. How the target's
+tokens walk down it is verification's business (core.verification.tree).
 """
 from __future__ import annotations
 
@@ -93,49 +90,6 @@ def tree_inputs(trie: Trie, past: int, device) -> tuple[torch.Tensor, torch.Tens
     return mask, tree_positions(trie, past, device)[None]  # (1, T)
 
 
-def greedy_path(trie: Trie, target_argmax: list[int]) -> tuple[list[int], int]:
-    """Walk the trie along the target's argmax (T=0). target_argmax (T,) per position.
-    Returns the accepted node indices, root first, and the target's token after the last of them."""
-    return walk(trie, target_argmax.__getitem__)
-
-
-def walk(trie: Trie, token_at) -> tuple[list[int], int]:
-    """Walk the trie from the anchor along the target's own tokens: token_at(position) is the target's token after
-    fed position `position` (0 = the anchor, n + 1 = node n), asked for only along the walk; the walk goes on while
-    some child holds it. -> (the accepted node indices, root first; the target's token after the last of them).
-    With the argmax it is T = 0's greedy path; with a draw from each position's distribution it samples the target
-    itself, so the output is exact at any temperature whatever the trie holds: a drafted token is kept exactly when
-    the target drew it (for one chain of deterministic drafts this is the rejection rule's own acceptance, p(token);
-    for several children of one node, the sum of their p)."""
-    path, position = [], 0  # position 0 = the anchor
-    children = [trie.children(-1)] + [trie.children(n) for n in range(len(trie))]  # per position
-    token = token_at(position)
-    while token in children[position]:
-        node = children[position][token]
-        path.append(node)
-        position = node + 1
-        token = token_at(position)
-    return path, token
-
-
 def is_chain(trie: Trie) -> bool:
     """One branch: node n's parent is n - 1, so the ordinary causal forward verifies it."""
     return trie.parents == tuple(range(-1, len(trie) - 1))
-
-
-def depth_in(trie: Trie, branch: list[int]) -> int:
-    """How many leading tokens of `branch` are a path of the trie from the anchor."""
-    node, depth = -1, 0
-    for token in branch:
-        child = trie.children(node).get(token)
-        if child is None:
-            break
-        node, depth = child, depth + 1
-    return depth
-
-
-def followed_branch(trie: Trie, branches: list[list[int]], accepted: list[int]) -> list[int]:
-    """The branch to show for a round: the first that holds the accepted tokens, as far as it made it
-    into the trie (so slot colouring and per-slot statistics read a tree round as a chain)."""
-    branch = next((b for b in branches if b[: len(accepted)] == accepted), accepted)
-    return branch[: depth_in(trie, branch)]

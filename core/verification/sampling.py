@@ -10,24 +10,15 @@ the target's next distribution. At T=0 this reduces to the longest prefix matchi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Callable
 
 import torch
 
 from core.runtime import native
 
-# argmax, softmax and CDF inversion over a row of CPU logits in one pass or two each (core/runtime/csrc/sampling.cpp),
-# where torch's whole-row ops cost tens of microseconds each
-KERNELS = native.Extension("flashmap_sampling", native.CSRC / "sampling.cpp", "the native sampling kernels")
-
-
-@cache
-def kernels():
-    """The compiled sampling kernels, or None where they cannot be built (no compiler, FLASHMAP_NATIVE=0): torch's ops
-    then, drawing the same tokens from the same uniforms but where float rounding differs at a step's edge. Loaded
-    once a process (a failed build is not tried again each round)."""
-    return native.load(KERNELS)[0]
+# argmax, softmax and CDF inversion over a row of CPU logits (core/runtime/csrc/sampling.cpp), built by
+# core.runtime.native
+kernels = native.sampling_kernels
 
 
 def _kernels_for(x: torch.Tensor, dtypes=(torch.bfloat16, torch.float32)):
@@ -265,7 +256,7 @@ def verify_batched(draft_tokens: list[int], logits: torch.Tensor, q_draft: torch
 
 def draw_token(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None) -> int:
     """The target's token drawn from one row of logits (1, V) at T > 0, as a plain step draws it (verify_logits with
-    nothing drafted): a tree's walk at T > 0 draws each position of its path so (core.decoding.tree.walk)."""
+    nothing drafted): a tree's walk at T > 0 draws each position of its path so (core.verification.tree.walk)."""
     return verify_logits([], logits, None, sampling, generator).next_token
 
 
