@@ -346,7 +346,7 @@ def train_on(cfg: TrainConfig, target, sequences, net_cfg: DrafterConfig | ZLabF
              stop_at: float | None = None, save_every_s: float | None = None, on_step=None) -> Path:
     """Train on the target's device (the CPU here, a GPU when --device cuda); resumes from cfg.out.
     sequences(layers) gives the training sequences, with features of those layers where cached (layers None:
-    tokens only, for the draft vocabulary); on_save(folder) runs after every save (scripts.gpu copies it out).
+    tokens only, for the draft vocabulary); on_save(folder) runs after every save (lab.gpu copies it out).
     A run with a deadline (stop_at, time.time()) saves and stops there even short of cfg.steps, and saves every
     save_every_s seconds besides every cfg.save_every steps; on_step(step) is called after each step."""
     device = target.device

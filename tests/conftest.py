@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from core.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
+from lab.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
 
 torch.set_num_threads(1)  # tiny models: threads only add sync cost, and CI boxes are shared
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from app import bench
-from core.testing import tiny_llama, tiny_tokenizer
 from drafter.spec import DrafterSpec
+from lab.testing import tiny_llama, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

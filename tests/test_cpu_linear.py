@@ -12,7 +12,7 @@ from core.runtime import target as target_mod
 from core.runtime.cpu_linear import PackedLinear, pack_linears
 from core.runtime.target import TargetConfig, load_target
 from core.runtime.threads import cpu_flags
-from core.testing import QWEN3_TEMPLATE, load_or_refused, make_target, tiny_llama, tiny_qwen3, tiny_tokenizer
+from lab.testing import QWEN3_TEMPLATE, load_or_refused, make_target, tiny_llama, tiny_qwen3, tiny_tokenizer
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="this torch has no oneDNN")
 

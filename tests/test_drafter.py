@@ -6,7 +6,6 @@ import torch
 
 from core.decoding.engine import GenerationConfig, generate_all
 from core.drafting.policy.config import PolicyConfig
-from core.testing import assert_sampled_distribution_exact, make_target, tiny_llama
 from core.verification.sampling import SamplingConfig
 from drafter import drafting
 from drafter.blocks import Blocks
@@ -18,6 +17,7 @@ from drafter.losses import dflash_loss, distill_loss, teacher_loss
 from drafter.registry import DrafterUnavailable, build_drafter
 from drafter.runtime import FlowDrafter, build_net, load_engine_drafter, load_net
 from drafter.spec import DrafterSpec, SpecError
+from lab.testing import assert_sampled_distribution_exact, make_target, tiny_llama
 
 
 def tiny_cfg(kind="flashmap", vocab=16, hidden=32):

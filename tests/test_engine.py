@@ -9,8 +9,8 @@ import torch
 from core.decoding.engine import GenerationConfig, PromptError, generate, generate_all
 from core.drafting.base import MAX_BLOCK_SIZE, Draft, NgramDrafter
 from core.drafting.policy.config import PolicyConfig
-from core.testing import assert_sampled_distribution_exact, make_target, tiny_llama
 from core.verification.sampling import SamplingConfig
+from lab.testing import assert_sampled_distribution_exact, make_target, tiny_llama
 
 
 class NoisyOracle:
@@ -315,7 +315,7 @@ def test_adaptive_cut_at_t1_never_reads_a_drafts_own_confidence():
     p < 1e-3)."""
     from scipy.stats import chisquare
 
-    from core.testing import exact_joint_23
+    from lab.testing import exact_joint_23
 
     target = make_target(tiny_llama(vocab_size=5, layers=2, seed=3, scale=8.0))
     exact = exact_joint_23(target, [4, 3]).numpy().reshape(5, 5).sum(1)  # (V,) marginal of output token 2

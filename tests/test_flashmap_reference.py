@@ -5,7 +5,7 @@ import json
 import pytest
 
 from app import bench
-from core.testing import QWEN3_TEMPLATE, make_target, tiny_qwen3, tiny_tokenizer
+from lab.testing import QWEN3_TEMPLATE, make_target, tiny_qwen3, tiny_tokenizer
 from tests.test_bench import prompts_file
 from tests.test_flashmap_release import release_model, write_release
 

@@ -9,12 +9,12 @@ from flashmap import FlashMapCache, FlashMapConfig, FlashMapDraftModel
 from safetensors.torch import save_file
 
 from core.decoding.engine import GenerationConfig, generate_all
-from core.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
 from core.verification.sampling import SamplingConfig
 from drafter import runtime
 from drafter.flashmap_release import ReleaseConfig, ReleaseDrafter
 from drafter.registry import DrafterUnavailable, build_drafter
 from drafter.spec import DrafterSpec, SpecError
+from lab.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
 
 BLOCK = 4
 

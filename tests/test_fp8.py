@@ -14,7 +14,7 @@ from core.runtime.fp8 import (
 )
 from core.runtime.graphs import GraphedSteps
 from core.runtime.lean import LeanForward
-from core.testing import make_target, tiny_llama
+from lab.testing import make_target, tiny_llama
 
 pytestmark = pytest.mark.skipif(probe_product(torch.device("cpu")) is not None,
                                 reason="this torch has no row-scaled FP8 product on the CPU")

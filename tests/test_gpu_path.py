@@ -205,7 +205,7 @@ def test_context_is_the_replys_limit(folders, tmp_path):
 def test_sampled_replies_on_the_gpus_objects_keep_the_target_distribution(tmp_path):
     """T = 1 through the fixed-shape steps and the graphed release proposal together (sim), the drafter built from its
     folder by the registry as the app builds it: the joint distribution of two sampled tokens is the target's."""
-    from core.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, tiny_qwen3
+    from lab.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, tiny_qwen3
     from tests.test_flashmap_release import release_model, write_release
     from tests.test_lean import lean_target
 
@@ -251,8 +251,8 @@ def test_sampled_replies_verified_in_one_batch_keep_the_target_distribution(tmp_
     """verify_batched (the GPU's rule) run here on the CPU: with the release drafter's q and with copied drafts, the
     joint distribution of two sampled tokens is the target's."""
     from core.drafting.base import NgramDrafter
-    from core.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
     from core.verification import sampling
+    from lab.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
     from tests.test_flashmap_release import release_model, write_release
 
     monkeypatch.setattr(sampling, "BATCHED_ON", ("cpu",))

@@ -1,7 +1,7 @@
 import json
 from pathlib import Path
 
-from scripts.gpu_report import compiled_table, derived_speedup, expected_tokens, oracle_table
+from lab.gpu_report import compiled_table, derived_speedup, expected_tokens, oracle_table
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results" / "gpu" / "arch-2026-12-04.json"
 

@@ -1,12 +1,12 @@
-"""The prepared GPU run (scripts.gpu_run): the CPU simulation of every command, the staged transfer of
+"""The prepared GPU run (lab.gpu_run): the CPU simulation of every command, the staged transfer of
 the GGUF and of the shipped drafters, the warm starts, and the limits on what comes back from OUT."""
 import json
 
 import pytest
 
-from scripts import gpu_run
-from scripts.gpu import transfer
-from scripts.gpu.stages import Command, check_out_limits, tar_into
+from lab.gpu import transfer
+from lab.gpu.stages import Command, check_out_limits, tar_into
+from lab import gpu_run
 
 
 def test_cpu_simulation_runs_every_stage_of_every_command_and_warm_starts_the_second_training(tmp_path):
@@ -104,7 +104,7 @@ def test_each_command_still_fits_with_its_gguf_half():
 
 
 def test_the_folders_withheld_from_a_run_are_none_it_trains_on():
-    from scripts.gpu import train
+    from lab.gpu import train
 
     assert not set(transfer.NOT_TRAINED_THERE) & set(train.CPU_DATA)
     assert all(transfer.is_withheld(f"{folder}/meta.json") for folder in transfer.NOT_TRAINED_THERE)

@@ -78,9 +78,9 @@ def test_a_target_on_fixed_shape_steps_gets_the_graphed_drafter_and_exact_replie
     """drafter.runtime: a target whose steps are core.runtime.graphs' (CUDA graphs on a GPU; sim here) drafts with
     the graphed proposal, in the same mode, through the registry."""
     from core.runtime.graphs import GraphedSteps
-    from core.testing import QWEN3_TEMPLATE, make_target, tiny_qwen3
     from drafter.registry import build_drafter
     from drafter.spec import DrafterSpec
+    from lab.testing import QWEN3_TEMPLATE, make_target, tiny_qwen3
     from tests.test_lean import lean_target
 
     model = tiny_qwen3(vocab_size=64)
@@ -100,7 +100,7 @@ def test_a_target_on_fixed_shape_steps_gets_the_graphed_drafter_and_exact_replie
 def test_sampled_output_through_the_static_proposal_keeps_the_target_distribution(tmp_path):
     """At T > 0 the proposal's q stays where the drafter runs and the engine's rejection reads it there: the joint
     distribution of two sampled tokens is the target's (chi-squared)."""
-    from core.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
+    from lab.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
 
     target = make_target(tiny_qwen3(vocab_size=5, seed=3), template=QWEN3_TEMPLATE, name="tiny-qwen3")
     folder = write_release(tmp_path / "v5", release_model(target, seed=2))

@@ -10,7 +10,7 @@ from core.runtime.forward import keep_positions, target_forward
 from core.runtime.graphs import MIN_SPAN, SPARE_SLOTS, GraphedSteps, attend_span, graph_mode, visible_mask
 from core.runtime.lean import LeanForward
 from core.runtime.trie import build_trie
-from core.testing import tiny_llama, tiny_qwen3
+from lab.testing import tiny_llama, tiny_qwen3
 from tests.test_engine import NoisyOracle
 from tests.test_lean import lean_target
 
@@ -109,7 +109,7 @@ def test_compiled_steps_trace_whole_and_give_the_eager_steps_logits():
     import copy
 
     from core.runtime.lean import LeanForward
-    from core.testing import make_target
+    from lab.testing import make_target
 
     model = tiny_qwen3(vocab_size=64, layers=2)
     target, eager = make_target(copy.deepcopy(model)), make_target(copy.deepcopy(model))

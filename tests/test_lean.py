@@ -14,7 +14,7 @@ from core.runtime.lean import KEY_BLOCK, PREFILL_ROWS, LeanForward, StaticCache,
 from core.runtime.target import NATIVE_BF16_CPU_FLAGS, TargetConfig, cpu_quant, pick_dtype
 from core.runtime.threads import cpu_flags
 from core.runtime.trie import ancestor_mask, build_trie, position_list, tree_positions
-from core.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
+from lab.testing import QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
 from tests.test_engine import NoisyOracle
 
 NATIVE_BF16 = bool(NATIVE_BF16_CPU_FLAGS & cpu_flags())
@@ -171,7 +171,7 @@ def test_the_drafter_tools_keep_the_reference_forward_on_a_cpu(tmp_path):
     """Training data, features and offline records are made with the fp32 transformers forward they always were;
     the app and the bench take the fastest exact precision."""
     from core.runtime.target import TargetConfig, load_target
-    from core.testing import tiny_tokenizer
+    from lab.testing import tiny_tokenizer
 
     tiny_qwen3(vocab_size=64).save_pretrained(tmp_path)
     tiny_tokenizer(64, QWEN3_TEMPLATE).save_pretrained(tmp_path)
@@ -190,7 +190,7 @@ def test_a_precision_that_fails_the_check_is_refused_when_asked_and_replaced_und
     from core.runtime import exactness
     from core.runtime.exactness import InvarianceReport
     from core.runtime.target import TargetConfig, TargetLoadError, load_target
-    from core.testing import tiny_tokenizer
+    from lab.testing import tiny_tokenizer
 
     tiny_qwen3(vocab_size=64).save_pretrained(tmp_path)
     tiny_tokenizer(64, QWEN3_TEMPLATE).save_pretrained(tmp_path)

@@ -7,7 +7,7 @@ import pytest
 
 from app import bench
 from app.llamacpp import NATIVE_BENCH, LlamaCpp, LlamaCppRun, LlamaCppUnavailable, NativeLlamaCpp, summary
-from core.testing import make_target, tiny_llama
+from lab.testing import make_target, tiny_llama
 
 
 def test_a_target_without_a_gguf_file_is_refused_with_the_reason():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from core.runtime import native
-from core.testing import make_target, tiny_llama
+from lab.testing import make_target, tiny_llama
 
 
 def test_the_build_key_follows_the_source_and_the_cpu(monkeypatch, tmp_path):

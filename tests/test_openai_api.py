@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 
 from app.openai_api import add_openai_routes
 from app.service import ChatService, ChatSettings
-from core.testing import make_target, tiny_llama
+from lab.testing import make_target, tiny_llama
 
 
 @pytest.fixture(scope="module")

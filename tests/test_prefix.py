@@ -7,8 +7,8 @@ import torch
 from core.decoding.engine import GenerationConfig, generate
 from core.decoding.prefix import PrefixCache, reuses_prefixes
 from core.drafting.base import Draft
-from core.testing import tiny_qwen3
 from core.verification.tree import common_prefix
+from lab.testing import tiny_qwen3
 from tests.test_lean import lean_target
 
 

@@ -10,8 +10,8 @@ from app import ui
 from app.remote import RemoteUnavailable, VllmServer, parse_spec_counters, reply_acceptance
 from app.service import REMOTE, ChatService
 from core.decoding.engine import GenerationConfig, generate_all
-from core.testing import make_target, tiny_llama
 from drafter.registry import DrafterUnavailable
+from lab.testing import make_target, tiny_llama
 
 SETTINGS = dict(block_size=4, steps=1, temperature=0.0, top_p=1.0, max_new_tokens=20)
 METRICS = """# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.

@@ -1,7 +1,7 @@
 import pytest
 
 from core.decoding.stats import AcceptanceStats, speedup, speedup_se
-from core.testing import event
+from lab.testing import event
 
 
 def test_acceptance_stats_condition_on_earlier_slots():

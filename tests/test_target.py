@@ -5,7 +5,7 @@ from core.decoding.engine import GenerationConfig, generate_all
 from core.runtime import fp8
 from core.runtime import target as target_mod
 from core.runtime.target import TargetConfig, TargetLoadError, load_target
-from core.testing import QWEN3_TEMPLATE, load_or_refused, tiny_qwen3, tiny_tokenizer
+from lab.testing import QWEN3_TEMPLATE, load_or_refused, tiny_qwen3, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import torch
 from core.decoding.engine import GenerationConfig, generate_all
 from core.drafting.base import MAX_BLOCK_SIZE, Draft
 from core.runtime.trie import ancestor_mask, build_trie, is_chain, tree_inputs
-from core.testing import assert_sampled_distribution_exact, make_target, tiny_llama, tiny_qwen3
 from core.verification.sampling import SamplingConfig
 from core.verification.tree import depth_in, greedy_path, walk
+from lab.testing import assert_sampled_distribution_exact, make_target, tiny_llama, tiny_qwen3
 
 
 def test_trie_merges_common_prefixes_breadth_first_within_the_budget():

@@ -9,7 +9,7 @@ from app import render, ui
 from app.service import ChatService, ChatSettings
 from core.decoding.stats import AcceptanceStats
 from core.runtime.verify_cost import CostCurves
-from core.testing import event, make_target, tiny_llama
+from lab.testing import event, make_target, tiny_llama
 
 SETTINGS = dict(drafter="copies", block_size=4, steps=1, temperature=0.0, top_p=1.0, max_new_tokens=24)
 
@@ -160,7 +160,7 @@ def test_compare_streams_both_sides_then_checks_identity(service, monkeypatch):
 def test_compare_runs_any_two_choices():
     """Compare's first side is any choice too (default: plain decoding); the same choice twice is told apart."""
     from app.service import ChatService
-    from core.testing import make_target, tiny_llama
+    from lab.testing import make_target, tiny_llama
 
     service = ChatService(make_target(tiny_llama()))
     *_, last = ui.compare(service, "w10 w11 w12 w10 w11", "copies", drafter="auto", block_size=4, max_new_tokens=16)

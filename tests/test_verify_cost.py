@@ -3,7 +3,7 @@ import json
 import pytest
 
 from core.runtime.verify_cost import CostCurves, cache_file, curve_passes, fitting_contexts, load_cached, save_cached
-from core.testing import make_target, tiny_llama
+from lab.testing import make_target, tiny_llama
 
 # seconds of 1, 2, 3 positions after 100 and after 500 cached: the extra rows cost more after the longer context
 CURVES = CostCurves((100, 500), ((1.0, 1.2, 1.4), (2.0, 3.0, 4.0)))
@@ -89,7 +89,7 @@ def test_on_fixed_shape_steps_every_timed_pass_runs_the_steps_after_its_own_cont
     from core.runtime.graphs import GraphedSteps
     from core.runtime.lean import LeanForward
     from core.runtime.verify_cost import curve_passes
-    from core.testing import QWEN3_TEMPLATE, make_target, tiny_qwen3
+    from lab.testing import QWEN3_TEMPLATE, make_target, tiny_qwen3
 
     model = tiny_qwen3(vocab_size=64)
     model.config.max_position_embeddings = 4096

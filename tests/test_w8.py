@@ -12,7 +12,7 @@ import torch
 
 from core.decoding.engine import GenerationConfig, generate_all
 from core.runtime import w8
-from core.testing import make_target, tiny_llama
+from lab.testing import make_target, tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,10 +7,10 @@ import torch
 from safetensors.torch import save_file
 
 from core.decoding.engine import GenerationConfig, generate_all
-from core.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
 from drafter.registry import DrafterUnavailable, build_drafter
 from drafter.spec import DrafterSpec
 from drafter.zlab_dflash import ZLabDFlashDrafter, rope
+from lab.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
 
 BLOCK = 4
 

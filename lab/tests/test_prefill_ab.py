@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from core.runtime.lean import LeanForward
-from core.testing import tiny_qwen3
 from lab.prefill_ab import compare
+from lab.testing import tiny_qwen3
 from tests.test_lean import lean_target
 
 

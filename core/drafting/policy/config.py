@@ -74,7 +74,7 @@ class PolicyConfig:
     capture_armed: int = 32
     capture_ready: int = 8
 
-    # -- copies without a cost curve (core.drafting.copies.lookup_plan) and beside the network's draft ---------------
+    # -- copies without a cost curve (core.drafting.base.lookup_plan) and beside the network's draft ---------------
     # a conversation match of this many tokens is copied alone, without calling the network
     lookup_strong: int = 3
     # a copy beside the network's draft joins the trie as a branch of at most this many tokens

@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from app.service import ChatService, ChatSettings
 from core.runtime.plan import flashmap_drafter_bytes, plan_rows
 from core.runtime.target import TargetConfig, _setup_forward
-from scripts.gpu.arch import (
+from lab.gpu.arch import (
     CARD_GIB,
     GIB,
     cap_memory,
@@ -39,7 +39,7 @@ from scripts.gpu.arch import (
     sizes,
     stabilise,
 )
-from scripts.gpu.stages import Command, release_memory
+from lab.gpu.stages import Command, release_memory
 
 CONTEXT = 8192  # --context: the reply's limit and the memory plan's KV rows
 CHOICES = ("none", "flashmap", "auto")

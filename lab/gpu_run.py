@@ -1,23 +1,23 @@
 """The prepared run for a borrowed GPU machine (the commands, carry lists and timeouts are in
 docs/gpu-run.md). Three commands, sent back to back:
 
-  python -m scripts.gpu_run --command arch  [--budget-s S]   Qwen3-8B's architecture, random weights; CUDA exactness
-  python -m scripts.gpu_run --command stage                  carries the shipped drafters, for the warm starts
-  python -m scripts.gpu_run --command train [--budget-s S]   the embedded drafters at GPU scale
+  python -m lab.gpu_run --command arch  [--budget-s S]   Qwen3-8B's architecture, random weights; CUDA exactness
+  python -m lab.gpu_run --command stage                  carries the shipped drafters, for the warm starts
+  python -m lab.gpu_run --command train [--budget-s S]   the embedded drafters at GPU scale
   (default budgets: PLAN below; the budgets actually sent are in docs/gpu-run.md)
 
 Each writes OUT/progress.jsonl (one flushed line per stage event), OUT/results.json and, for train, the
 checkpoints and data as tars, all atomically. OUT is $OUT (the device tool's folder) unless --out says.
 Here, without a GPU:
 
-  python -m scripts.gpu_run --cpu-sim      every stage of every command at tiny sizes (the training twice, the
+  python -m lab.gpu_run --cpu-sim      every stage of every command at tiny sizes (the training twice, the
                                            second warm-started), then OUT's limits checked
-  python -m scripts.gpu_run --dry-run      each command's stages, time budgets and transfer size (refuses > 64 MiB)
-  python -m scripts.gpu_run --prepare      stage .gpu/a and .gpu/b (GGUF halves, manifest, gguf wheel, prompts) and
+  python -m lab.gpu_run --dry-run      each command's stages, time budgets and transfer size (refuses > 64 MiB)
+  python -m lab.gpu_run --prepare      stage .gpu/a and .gpu/b (GGUF halves, manifest, gguf wheel, prompts) and
                                            .gpu/c (the shipped drafters); take the drafter checkpoints and
                                            docs/ out of git's index
-  python -m scripts.gpu_run --restore      put them back in the index; prints git status
-  python -m scripts.gpu_run --rehearse     reassemble the halves, check the hash, load with this transformers
+  python -m lab.gpu_run --restore      put them back in the index; prints git status
+  python -m lab.gpu_run --rehearse     reassemble the halves, check the hash, load with this transformers
                                            and compare its logits with the wheel's own file
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts.gpu import app_path, arch, train, transfer
-from scripts.gpu.stages import Command, check_out_limits
+from lab.gpu import app_path, arch, train, transfer
+from lab.gpu.stages import Command, check_out_limits
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ PLAN = (Plan("arch", (".gpu/a",), 410, 360),  # half A travels with command 1
         Plan("stage", (".gpu/c",), 60, 20),  # the shipped drafters, for the warm starts (a few seconds)
         Plan("train", (".gpu/b",), 300, 250))  # half B with the last, sent within 30 s of the stage returning
 RESEND = Plan("train", (".gpu/a",), 300, 250)  # only if the machine was lost between them: half A again
-# the app's own path first (scripts.gpu.app_path), then the measurements prepared before it
+# the app's own path first (lab.gpu.app_path), then the measurements prepared before it
 COMMANDS = {"arch": (arch.STAGES[0], ("app_service", app_path.app_service, 60), *arch.STAGES[1:]),
             "stage": transfer.STAGES, "train": train.STAGES}
 

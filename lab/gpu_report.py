@@ -1,7 +1,7 @@
 """Figures for docs/gpu.md from the GPU run's results (docs/results/gpu/arch-*.json).
 
-python -m scripts.gpu_report docs/results/gpu/arch-2026-11-30.json --plot docs/gpu-speedup.png
-python -m scripts.gpu_report docs/results/gpu/arch-2026-12-04.json
+python -m lab.gpu_report docs/results/gpu/arch-2026-11-30.json --plot docs/gpu-speedup.png
+python -m lab.gpu_report docs/results/gpu/arch-2026-12-04.json
 
 Prints the verify cost table and the speedup a drafter of per-slot acceptance rate a would get at block
 size K, derived from the measured costs: E[tokens per round] / (cost(K+1) + drafter cost), with

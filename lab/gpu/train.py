@@ -24,8 +24,8 @@ from core.runtime.target import EMBEDDED_GGUF, EMBEDDED_PACKAGE, TargetConfig, l
 from drafter.config import DrafterConfig
 from drafter.data import generate_rows, load_sequences, with_features_in_memory
 from drafter.train import TrainConfig, train_on
-from scripts.gpu.stages import Command, tar_into
-from scripts.gpu.transfer import (
+from lab.gpu.stages import Command, tar_into
+from lab.gpu.transfer import (
     HALVES,
     INITS,
     MACHINE_STAGE,
@@ -125,7 +125,7 @@ def load_staged_target(device: str):
 
 def sim_target(cmd: Command) -> dict:
     """The CPU simulation: split and reassemble a small file through the same code, then a tiny random target."""
-    from core.testing import make_target, tiny_llama
+    from lab.testing import make_target, tiny_llama
 
     base = work(cmd)
     blob = base / "blob.bin"

@@ -32,7 +32,7 @@ from core.runtime.target import Target, TargetConfig, load_target
 from core.runtime.verify_cost import synchronize as sync
 from core.runtime.verify_cost import verify_cost
 from drafter.zlab_dflash import assumed_layout
-from scripts.gpu.stages import Command
+from lab.gpu.stages import Command
 
 GIB = 2**30
 QWEN3_8B = "Qwen/Qwen3-8B"
@@ -65,7 +65,7 @@ def env(cmd: Command) -> dict:
 # ---- a random Qwen3 at a real architecture -----------------------------------------------------------
 
 def word_tokenizer(vocab_size: int):
-    from core.testing import QWEN3_TEMPLATE, tiny_tokenizer
+    from lab.testing import QWEN3_TEMPLATE, tiny_tokenizer
 
     return tiny_tokenizer(vocab_size, QWEN3_TEMPLATE)
 
@@ -195,7 +195,7 @@ def qwen3_bf16(cmd: Command) -> dict:
     """Peak memory against the plan; plain decoding vs transformers' generate; the verify cost curve at two
     contexts; the engine's own overhead per round; the oracle speedup curve; the z-lab drafter's cost."""
     sz = sizes(cmd)
-    from scripts.gpu.stages import release_memory
+    from lab.gpu.stages import release_memory
 
     release_memory()
     torch.cuda.reset_peak_memory_stats() if sz["device"] == "cuda" else None
@@ -410,7 +410,7 @@ def qwen3_fp8(cmd: Command) -> dict:
         target.tokenizer.save_pretrained(folder)
         saved_s = time.time() - start
         del target
-        from scripts.gpu.stages import release_memory
+        from lab.gpu.stages import release_memory
 
         release_memory()
         if sz["device"] == "cuda":
@@ -468,7 +468,7 @@ def scratch_dir() -> str | None:
 
 def exactness(cmd: Command) -> dict:
     """Every drafter through the engine on tiny fp32 targets on the device, against plain decoding."""
-    from core.testing import CHAT_TEMPLATE, QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
+    from lab.testing import CHAT_TEMPLATE, QWEN3_TEMPLATE, make_target, tiny_llama, tiny_qwen3
 
     device = "cpu" if cmd.cpu_sim else "cuda"
     rows = []
@@ -673,7 +673,7 @@ def qwen3_w8(cmd: Command) -> dict:
     from core.runtime.graphs import GraphedSteps
     from core.runtime.lean import LeanForward
     from drafter.graphed_release import GraphedReleaseDrafter
-    from scripts.gpu.stages import release_memory
+    from lab.gpu.stages import release_memory
 
     sz = sizes(cmd)
     target = shared_target(cmd, sz, take=True)
@@ -729,7 +729,7 @@ def compiled_fused(cmd: Command) -> dict:
     minutes."""
     from core.runtime.graphs import GraphedSteps
     from core.runtime.lean import LeanForward
-    from scripts.gpu.stages import release_memory
+    from lab.gpu.stages import release_memory
 
     sz = sizes(cmd)
     release_memory()
