@@ -1,12 +1,13 @@
 """Every pointer the docs and the docstrings give resolves: the files they name (a path under core/, docs/, …), the
-`python -m` targets and the dotted modules inside a package (core.runtime.lean, …). A pointer to what a commit held says so next to it
-("at 16ab0bc", "commit 7635cf2"). CHANGELOG.md is a history and is not read."""
+`python -m` targets and the dotted modules inside a package (core.runtime.lean, …). A pointer to what a commit held
+says so next to it ("at 16ab0bc", "commit 7635cf2"). CHANGELOG.md is a history and is not read."""
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("core", "drafter", "app", "scripts", "lab", "tests")
-FILE = re.compile(r"(?<![\w/.-])((?:core|drafter|app|scripts|lab|tests|docs|weights|data)/[\w/.-]*\.(?:py|cpp|h|sh|md|jinja))")
+FILE = re.compile(r"(?<![\w/.-])((?:core|drafter|app|scripts|lab|tests|docs|weights|data)/[\w/.-]*"
+                  r"\.(?:py|cpp|h|sh|md|jinja))")
 RUN = re.compile(r"python3? -m ((?:core|drafter|app|scripts|lab|tests)(?:\.\w+)+)")
 DOTTED = re.compile(r"(?<![\w/.])((?:core|drafter|app|scripts|lab)\.[a-z_]\w*(?:\.\w+)*)")
 AT_COMMIT = re.compile(r"\b(?:at|commit) [0-9a-f]{7,40}\b", re.IGNORECASE)

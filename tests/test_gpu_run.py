@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from lab import gpu_run
 from lab.gpu import transfer
 from lab.gpu.stages import Command, check_out_limits, tar_into
-from lab import gpu_run
 
 
 def test_cpu_simulation_runs_every_stage_of_every_command_and_warm_starts_the_second_training(tmp_path):
