@@ -188,3 +188,30 @@ def test_weights_that_stay_in_their_precision_load_straight_onto_the_card():
         assert "device_map" not in pretrained_kwargs(host_first, cuda, torch.bfloat16, True)
     assert all(kwargs["use_safetensors"] for kwargs in (pretrained_kwargs(q, cuda, torch.bfloat16, False)
                                                          for q in ("none", "fp8", "8bit", "int8")))
+
+
+def test_the_forward_plan_is_resolved_and_validated_once_and_read_by_the_memory_plan(tmp_path):
+    from core.runtime.plan import plan_rows
+    from core.runtime.target import ForwardPlan, forward_plan
+
+    qwen3 = tiny_qwen3().config
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    plan = forward_plan(TargetConfig("x", graphs="sim", context=4096), cpu, torch.float32, qwen3)
+    assert plan == ForwardPlan(cpu, torch.float32, "auto", "lean", "sim", "onednn", 4096)
+    assert forward_plan(TargetConfig("x"), cuda, torch.bfloat16, qwen3).graphs == "cuda"  # auto: graphs on a GPU
+    assert forward_plan(TargetConfig("x"), cpu, torch.bfloat16, qwen3).graphs == "off"
+    assert forward_plan(TargetConfig("x", engine="transformers"), cuda, torch.bfloat16, qwen3).engine == "transformers"
+    refused = [(TargetConfig("x", graphs="sim"), cpu, torch.bfloat16, "fixed-order"),  # exact only in a fixed order
+               (TargetConfig("x", graphs="sim", quant="q4"), cpu, torch.bfloat16, "native step"),
+               (TargetConfig("x", graphs="cuda"), cpu, torch.float32, "CUDA device"),
+               (TargetConfig("x", graphs="sim", engine="transformers"), cpu, torch.float32, "lean forward")]
+    for cfg, device, dtype, why in refused:
+        with pytest.raises(TargetLoadError, match=why):
+            forward_plan(cfg, device, dtype, qwen3)
+    rows = forward_plan(TargetConfig("x", quant="fp8", context=2048), cuda, torch.bfloat16, qwen3).memory_rows(qwen3, 0)
+    assert rows == plan_rows(qwen3, "fp8", 2048, 0)
+    folder = tmp_path / "qwen3"
+    tiny_qwen3().save_pretrained(folder)
+    tiny_tokenizer(64, QWEN3_TEMPLATE).save_pretrained(folder)
+    target = load_target(TargetConfig(str(folder), graphs="sim", dtype="fp32", context=300, cache_dir=str(tmp_path)))
+    assert target.plan.graphs == "sim" and target.plan.engine == "lean" and target.max_positions == 300

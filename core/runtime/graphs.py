@@ -45,19 +45,26 @@ def attend_span(end: int, capacity: int, min_span: int = MIN_SPAN) -> int:
 
 
 def graph_mode(requested: str, lean: LeanForward | None) -> str:
-    """The mode a target runs: off without the lean forward or where fixed-order attention keeps a CPU forward exact
-    (the static step attends with sdpa over a mask); "auto" -> "cuda" on a GPU, else "off". Raises ValueError with the
-    reason for a mode that cannot run."""
+    """resolve_graphs for a built lean forward (None: transformers' forward)."""
+    if lean is None:
+        return resolve_graphs(requested, torch.device("cpu"), lean=False, fixed_order=False, native=False)
+    return resolve_graphs(requested, lean.device, True, lean.fixed_order, lean.native is not None)
+
+
+def resolve_graphs(requested: str, device: torch.device, lean: bool, fixed_order: bool, native: bool) -> str:
+    """The mode a target runs: off without the lean forward or where fixed-order attention or the native step keeps a
+    CPU forward exact (the static step attends with sdpa over a mask); "auto" -> "cuda" on a GPU, else "off". Raises
+    ValueError with the reason for a mode that cannot run."""
     if requested not in GRAPH_MODES:
         raise ValueError(f"--graphs must be one of {GRAPH_MODES}, got {requested!r}")
-    if requested == "off" or (requested == "auto" and (lean is None or lean.device.type != "cuda")):
+    if requested == "off" or (requested == "auto" and (not lean or device.type != "cuda")):
         return "off"
-    if lean is None:
+    if not lean:
         raise ValueError("--graphs needs the lean forward (core.runtime.lean); this target runs transformers' forward")
-    if lean.fixed_order or lean.native is not None:
+    if fixed_order or native:
         raise ValueError("--graphs replaces attention with sdpa over a mask; this CPU forward stays exact only through "
                          "its fixed-order attention or native step (use --graphs off)")
-    if requested == "cuda" and lean.device.type != "cuda":
+    if requested == "cuda" and device.type != "cuda":
         raise ValueError("--graphs cuda needs the target on a CUDA device; --graphs sim runs the same step here")
     return "cuda" if requested == "auto" else requested
 

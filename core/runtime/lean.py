@@ -24,8 +24,8 @@ NATIVE_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"
 
 def lean_supported(model) -> str | None:
     """None when the lean forward computes this model's forward as transformers does (fp32 logits within 1e-5,
-    tests/test_lean.py); else why not."""
-    cfg = model.config
+    tests/test_lean.py); else why not. model: the model, or its config."""
+    cfg = getattr(model, "config", model)
     if cfg.model_type not in LEAN_MODEL_TYPES:
         return f"architecture {cfg.model_type!r} (lean forward serves {', '.join(LEAN_MODEL_TYPES)})"
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", cfg.model_type == "mistral"):

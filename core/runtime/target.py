@@ -17,9 +17,9 @@ import torch
 
 from core.runtime import native as native_kernels
 from core.runtime.cpu_linear import int4_available, pack_linears
-from core.runtime.graphs import GRAPH_MODES, GraphedSteps, graph_mode
+from core.runtime.graphs import GRAPH_MODES, GraphedSteps, resolve_graphs
 from core.runtime.lean import LeanForward, head_dim, lean_supported
-from core.runtime.plan import SPEED_ORDER, estimate_weight_bytes, plan_memory
+from core.runtime.plan import SPEED_ORDER, estimate_weight_bytes, plan_memory, plan_rows
 from core.runtime.protocol import TargetForward
 from core.runtime.threads import cpu_flags
 
@@ -142,6 +142,7 @@ class Target(ChatText):
     lean: TargetForward | None = None
     # the positions a reply may reach (--context, which the memory plan reserves KV for); None: the model's own
     context: int | None = None
+    plan: ForwardPlan | None = None  # how its forward was built (forward_plan); None: made by hand (tests)
 
     @property
     def max_positions(self) -> int:
@@ -455,8 +456,8 @@ def load_target(cfg: TargetConfig) -> Target:
             print(f"note: {err}; trying the dense precisions", flush=True)
             return load_target(replace(cfg, quant="none"))
     dtype = _dtype_for(cfg, device)
-    target = _setup_forward(_load(cfg, device, dtype), cfg)
-    target.context = cfg.context
+    target = _load(cfg, device, dtype)
+    target = _setup_forward(target, forward_plan(cfg, device, dtype, target.model.config))
     if device.type == "cpu":
         native_kernels.sampling_kernels()  # built (once a machine, ~30 s) or loaded now, not in the first reply
     return _checked(target, cfg, dtype)
@@ -531,28 +532,61 @@ def _load(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Target
     return _load_embedded(cfg, device, dtype) if cfg.target == EMBEDDED_ID else _load_hf(cfg, device, dtype)
 
 
-def _setup_forward(target: Target, cfg: TargetConfig) -> Target:
-    """Prepack the CPU linears (cfg.cpu_linear) and put the lean forward in place where it serves the model."""
-    if cfg.cpu_linear == "onednn":  # a no-op unless the target is fp32 or bf16 on the CPU
-        target.extra["packed_linears"] = pack_if_room(target)
-    why_not = lean_supported(target.model)
+@dataclass(frozen=True)
+class ForwardPlan:
+    """How the target's forward is built, resolved from the flags, the machine and the model's config and validated
+    once (forward_plan), before the forward is set up (_setup_forward): which forward (core.runtime.lean's or
+    transformers'), its fixed-shape steps (core.runtime.graphs), its precision and CPU products, and the positions a
+    reply may reach, which the memory plan reserves (memory_rows)."""
+
+    device: torch.device
+    dtype: torch.dtype  # the floating dtype of the weights left unquantised, and of the activations
+    quant: str  # none | fp8 | 8bit | int8 | q4
+    engine: str  # lean | transformers
+    graphs: str  # off | sim | cuda
+    cpu_linear: str  # a CPU's products (CPU_LINEARS)
+    context: int  # --context
+
+    def memory_rows(self, hf_config, drafter_bytes: int | None = None) -> dict[str, int]:
+        """What the app will hold by the memory plan's rows (core.runtime.plan.plan_rows) with this forward."""
+        dtype = self.dtype if self.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
+        return plan_rows(hf_config, self.quant, self.context, drafter_bytes, dtype=dtype)
+
+
+def forward_plan(cfg: TargetConfig, device: torch.device, dtype: torch.dtype, hf_config) -> ForwardPlan:
+    """The forward these flags build for a model of this config on this device, or TargetLoadError saying which flag
+    cannot be served and why: the lean forward wherever it serves the architecture (unless --engine transformers or
+    weights kept quantised by a library), its fixed-shape steps per --graphs (resolve_graphs: none over a CPU forward
+    kept exact by fixed-order attention, bf16, or by the native step, q4)."""
+    why_not = lean_supported(hf_config)
     if cfg.engine == "lean" and why_not:
         raise TargetLoadError(f"--engine lean does not serve this model: {why_not}. Use --engine auto.")
     if cfg.quant == "q4" and why_not:
         raise TargetLoadError(f"--quant q4 runs through the lean forward, which does not serve this model: {why_not}")
-    lean = None
-    if cfg.engine != "transformers" and why_not is None and not _quantised(target.model):
-        native = _native_step(target) if cfg.quant == "q4" else None
-        lean = LeanForward(target.model, weights="q4" if cfg.quant == "q4" else "packed", native=native,
-                           native_prefill=native_prefill(native, cpu_flags()))
+    lean = cfg.engine != "transformers" and why_not is None and not _quantised(hf_config)
+    fixed_order = device.type == "cpu" and dtype == torch.bfloat16  # (LeanForward's own rule)
     try:
-        mode = graph_mode(cfg.graphs, lean)
+        graphs = resolve_graphs(cfg.graphs, device, lean, fixed_order, native=cfg.quant == "q4")
     except ValueError as err:
         raise TargetLoadError(str(err)) from err
+    return ForwardPlan(device, dtype, cfg.quant, "lean" if lean else "transformers", graphs, cfg.cpu_linear,
+                       cfg.context)
+
+
+def _setup_forward(target: Target, plan: ForwardPlan) -> Target:
+    """Prepack the CPU linears (plan.cpu_linear) and put the lean forward in place where the plan has it."""
+    if plan.cpu_linear == "onednn":  # a no-op unless the target is fp32 or bf16 on the CPU
+        target.extra["packed_linears"] = pack_if_room(target)
+    lean = None
+    if plan.engine == "lean":
+        native = _native_step(target) if plan.quant == "q4" else None
+        lean = LeanForward(target.model, weights="q4" if plan.quant == "q4" else "packed", native=native,
+                           native_prefill=native_prefill(native, cpu_flags()))
     target.lean = lean
-    if mode != "off" and lean is not None:  # (graph_mode refuses a mode other than off without the lean forward)
-        target.lean = GraphedSteps(lean, mode)
-        target.extra["graphs"] = mode
+    if plan.graphs != "off" and lean is not None:
+        target.lean = GraphedSteps(lean, plan.graphs)
+        target.extra["graphs"] = plan.graphs
+    target.plan, target.context = plan, plan.context
     return target
 
 
@@ -590,8 +624,8 @@ def _native_step(target: Target):
 
 def _quantised(model) -> bool:
     """Weights kept quantised (bitsandbytes, FP8 modules): transformers' own forward serves them. A GGUF checkpoint
-    says it is quantised, but transformers dequantises it on load."""
-    quant = getattr(model.config, "quantization_config", None)
+    says it is quantised, but transformers dequantises it on load. model: the model, or its config."""
+    quant = getattr(getattr(model, "config", model), "quantization_config", None)
     method = getattr(quant, "quant_method", None) if quant is not None else None
     return method is not None and str(getattr(method, "value", method)) != "gguf"
 

@@ -25,8 +25,8 @@ import torch
 from safetensors.torch import save_file
 
 from app.service import ChatService, ChatSettings
-from core.runtime.plan import flashmap_drafter_bytes, plan_rows
-from core.runtime.target import TargetConfig, _setup_forward
+from core.runtime.plan import flashmap_drafter_bytes
+from core.runtime.target import TargetConfig, _setup_forward, forward_plan
 from lab.gpu.arch import (
     CARD_GIB,
     GIB,
@@ -107,9 +107,10 @@ def one_precision(cmd: Command, precision: str, folder: Path) -> dict:
         fp8.quantize_decoder(target.model, torch.device(device))
         quant = "fp8"
     target.model.requires_grad_(False)
-    _setup_forward(target, TargetConfig(target=target.name, device=device, quant=quant,
-                                        graphs="sim" if cmd.cpu_sim else "cuda"))
-    target.context = run["context"]
+    cfg = TargetConfig(target=target.name, device=device, quant=quant, graphs="sim" if cmd.cpu_sim else "cuda",
+                       context=run["context"])
+    plan = forward_plan(cfg, torch.device(device), sz["dtype"], target.model.config)
+    _setup_forward(target, plan)
     if not (folder / "config.json").exists():
         write_release_folder(target, cmd, sz, folder)
     errors: list[str] = []
@@ -145,7 +146,7 @@ def one_precision(cmd: Command, precision: str, folder: Path) -> dict:
                feature_layers=len(network.target_layer_ids))
     value = torch.finfo(sz["dtype"]).bits // 8
     drafter_bytes = flashmap_drafter_bytes(target.model.config.hidden_size, run["context"] + 1, dit, value)
-    plan = plan_rows(target.model.config, quant, run["context"], drafter_bytes, dtype=sz["dtype"])
+    planned = plan.memory_rows(target.model.config, drafter_bytes)  # what the memory plan reserves for this forward
     speeds = {(c, t): [r["tokens_per_s"] for r in rows if r["choice"] == c and r["temperature"] == t
                        and r["tokens_per_s"]] for c in CHOICES for t in (0.0, 1.0)}
     graphs = target.extra.get("graphs")
@@ -155,7 +156,7 @@ def one_precision(cmd: Command, precision: str, folder: Path) -> dict:
               "replies": len(rows), "t0_identical": identical, "conversation": conversation,
               "tokens_per_s": {f"{c} T={t:g}": statistics.median(v) for (c, t), v in speeds.items() if v},
               "peak_gib": peak_gib(device), "held_gib": {row: b / GIB for row, b in held.items()},
-              "plan_gib": {row: b / GIB for row, b in plan.items()}, "plan_total_gib": sum(plan.values()) / GIB}
+              "plan_gib": {row: b / GIB for row, b in planned.items()}, "plan_total_gib": sum(planned.values()) / GIB}
     del service, target
     release_memory()
     cap_memory(device, None)
