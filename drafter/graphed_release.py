@@ -118,11 +118,17 @@ class GraphedReleaseDrafter(ReleaseDrafter):
         self.slot_offsets = 1 + torch.arange(self.c.block_size, device=self.device)  # (K,)
         self.head = lambda hidden: self.lm_head(hidden.to(self.head_dtype)).float()  # noqa: E731
 
+    @property
+    def buffers(self) -> StaticContext:
+        """The context as this drafter holds it: static buffers (reset_context makes them)."""
+        assert isinstance(self.context, StaticContext)
+        return self.context
+
     def reset_context(self) -> None:
         """Empty the context; the buffers (and the steps captured over them) stay."""
         if getattr(self, "context", None) is None:
             shape = (self.c.num_hidden_layers, self.c.num_attention_heads, self.c.head_dim)
-            self.context = self.buffers = StaticContext(self.first_capacity, shape, self.net.dtype, self.device)
+            self.context = StaticContext(self.first_capacity, shape, self.net.dtype, self.device)
         self.context.rows = 0
 
     @torch.inference_mode()

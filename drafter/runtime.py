@@ -78,9 +78,14 @@ def load_net(folder, target) -> tuple[FlowNet, torch.Tensor, dict]:
 def load_named_net(name: str, folder, target) -> tuple[FlowNet, torch.Tensor]:
     """load_net, refusing a checkpoint of the other kind (a DFlash-style net drafted as a flow, or back)."""
     net, vocab_ids, _meta = load_net(folder, target)
-    if (net.cfg.kind == "dflash") != (DRAFTER_MODES[name] == "dflash"):
-        raise CheckpointError(f"{folder} holds a {net.cfg.kind} drafter, not {name}")
+    refuse_other_kind(net.cfg.kind, name, folder)
     return net, vocab_ids
+
+
+def refuse_other_kind(kind: str, name: str, folder) -> None:
+    """CheckpointError where a checkpoint of one kind (a flow, or a DFlash-style net) is asked to draft as the other."""
+    if (kind == "dflash") != (DRAFTER_MODES[name] == "dflash"):
+        raise CheckpointError(f"{folder} holds a {kind} drafter, not {name}")
 
 
 class FlowDrafter:
@@ -281,9 +286,7 @@ def check_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False
             flashmap_release.check_target(read_config(path, flashmap_release.ReleaseConfig.from_json,
                                                       "FlashMap release"), target, path)
     else:
-        cfg = read_checkpoint_config(path, target.identity)
-        if (cfg.kind == "dflash") != (DRAFTER_MODES[spec.name] == "dflash"):
-            raise CheckpointError(f"{path} holds a {cfg.kind} drafter, not {spec.name}")
+        refuse_other_kind(read_checkpoint_config(path, target.identity).kind, spec.name, path)
     return path
 
 
@@ -291,9 +294,10 @@ def load_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False)
     """A network drafter (flashmap | flashmap-teacher | dflash) for this spec. Raises CheckpointError with the reason.
 
     dflash also accepts a published z-lab DFlash folder or hub id (drafter.zlab_dflash); for a target
-    with a known published drafter and no local checkpoint, that one is looked up in the cache."""
+    with a known published drafter and no local checkpoint, that one is looked up in the cache. The folder is checked
+    from its config first (check_engine_drafter), then its weights are read."""
     name = spec.name
-    path = drafter_folder(spec, target, allow_download)
+    path = check_engine_drafter(spec, target, allow_download)
     if name == "dflash" and zlab_dflash.is_zlab_folder(path):
         return zlab_dflash.ZLabDFlashDrafter(zlab_dflash.load_zlab_net(path, target), target)
     if flashmap_release.is_release_folder(path):
@@ -309,9 +313,8 @@ def load_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False)
 
 def release_drafter(spec: DrafterSpec, folder: Path, target) -> flashmap_release.ReleaseDrafter:
     """A released FlashMap folder as the engine's drafter; refused for what the release does not draft (a DFlash-style
-    pass, a tree or best-of several noise draws, per-slot shuffled noise) and for a step count without a jump grid."""
-    if spec.name != "flashmap":
-        raise CheckpointError(f"{folder} holds a released FlashMap drafter: use it as flashmap, not {spec.name}")
+    pass, a tree or best-of several noise draws, per-slot shuffled noise) and for a step count without a jump grid. The
+    folder is a release's, checked against the target and the spec's name (check_engine_drafter)."""
     if spec.tree > 1 or spec.best_of > 1 or spec.noise != "shared":
         raise CheckpointError(f"{folder}: a released FlashMap drafter drafts one block from shared noise; tree, "
                               "best_of and noise=shuffled apply to the project's own network")

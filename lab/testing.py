@@ -2,6 +2,8 @@
 round events, and the exactness check at T > 0. Importable from tests and scripts alike."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -134,3 +136,19 @@ def event(**fields) -> RoundEvent:
     base = dict(kind="round", drafted=(), n_accepted=0, target_token=0, committed=(), text="", draft_s=0.0,
                 verify_s=0.0)
     return RoundEvent(**{**base, **fields})
+
+
+def alternating(events):
+    """The events, each asked for from the other of two threads in turn, as a server resumes a stream."""
+    workers = [ThreadPoolExecutor(1, thread_name_prefix=f"resume-{i}") for i in range(2)]
+    try:
+        turn = 0
+        while True:
+            ev = workers[turn % 2].submit(next, events, None).result()
+            if ev is None:
+                return
+            yield ev
+            turn += 1
+    finally:
+        for worker in workers:
+            worker.shutdown()

@@ -5,6 +5,7 @@ and the graphed release proposal, in fp32 where those steps are exact."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
@@ -25,7 +26,7 @@ def smollm2_tokenizer():
     return tokenizer
 
 
-def write_qwen3_target(folder: Path, tokenizer, layers: int = 4, seed: int = 0) -> Path:
+def write_qwen3_target(folder: Path, tokenizer, layers: int = 4, seed: int = 0) -> Qwen3ForCausalLM:
     """A random Qwen3ForCausalLM at tiny sizes over the tokenizer's vocabulary, saved as a Hugging Face folder."""
     torch.manual_seed(seed)
     cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
@@ -39,32 +40,17 @@ def write_qwen3_target(folder: Path, tokenizer, layers: int = 4, seed: int = 0) 
     model.generation_config = GenerationConfig(eos_token_id=IM_END, pad_token_id=IM_END)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return folder
-
-
-def write_release_drafter(folder: Path, target_folder: Path, vocab_size: int, seed: int = 5) -> Path:
-    """A random drafter in the release's architecture and format (config.json and model.safetensors as flashmap
-    0.1.0 saves them) for the target in target_folder."""
-    from flashmap import FlashMapConfig, FlashMapDraftModel
-    from safetensors.torch import save_file
-
-    cfg = FlashMapConfig(target_model=str(target_folder), target_hidden_size=32, vocab_size=vocab_size,
-                         target_layer_ids=[0, 2], block_size=8, hidden_size=32, num_hidden_layers=2,
-                         num_attention_heads=4, intermediate_size=48, cond_dim=16, time_embed_dim=16)
-    model = FlashMapDraftModel(cfg).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=gen)
-            param.copy_(1 + 0.1 * noise if name.endswith("norm.weight") else 0.3 * noise)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(model.config.to_json_string())
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
-    return folder
+    return model
 
 
 def write_folders(root: Path) -> tuple[Path, Path]:
-    """(the target folder, the release drafter folder) under root."""
+    """(the target folder, the release drafter folder) under root: the drafter random in the release's architecture
+    and format (flashmap 0.1.0's classes, saved as the package saves one; tests/test_flashmap_release.py)."""
+    from tests.test_flashmap_release import release_model, write_release
+
     tokenizer = smollm2_tokenizer()
-    target = write_qwen3_target(root / "qwen3-tiny", tokenizer)
-    return target, write_release_drafter(root / "flashmap-tiny", target, len(tokenizer))
+    target_folder = root / "qwen3-tiny"
+    model = write_qwen3_target(target_folder, tokenizer)
+    drafter = release_model(SimpleNamespace(model=model, vocab_size=len(tokenizer)), seed=5,
+                            target_model=str(target_folder), block_size=8)
+    return target_folder, write_release(root / "flashmap-tiny", drafter)

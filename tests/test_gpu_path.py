@@ -5,7 +5,6 @@ drafter found by its target's architecture and read with or without the release'
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import pytest
@@ -21,6 +20,7 @@ from core.verification.sampling import SamplingConfig
 from drafter.graphed_release import GraphedReleaseDrafter
 from drafter.registry import build_drafter
 from drafter.spec import DrafterSpec
+from lab.testing import alternating
 from tests.gpu_path import write_folders
 
 
@@ -68,34 +68,14 @@ def test_a_reply_on_fixed_shape_steps_with_a_prefix_cache_equals_one_without(tar
             assert [t for ev in events for t in ev.committed] == fresh
 
 
-def alternating(events, seen: list[str]):
-    """The events, each asked for from the other of two threads in turn, as a server resumes a stream."""
-    names = []
-
-    def step():
-        names.append(threading.current_thread().name)
-        return next(events, None)
-
-    workers = [ThreadPoolExecutor(1, thread_name_prefix=f"worker-{i}") for i in range(2)]
-    try:
-        for turn in range(10**6):
-            ev = workers[turn % 2].submit(step).result()
-            if ev is None:
-                return
-            yield ev
-    finally:
-        seen.extend(names)
-        for worker in workers:
-            worker.shutdown()
-
-
 def test_a_reply_resumed_from_alternating_threads_runs_in_inference_mode_and_equals_one_thread(target, drafter,
                                                                                             monkeypatch):
-    modes = []
+    modes, threads = [], []
     forward = type(target.lean).__call__
 
     def recorded(self, *args, **kwargs):
         modes.append(torch.is_inference_mode_enabled())
+        threads.append(threading.current_thread().name)
         logits, features = forward(self, *args, **kwargs)
         assert not logits.requires_grad and (features is None or not features.requires_grad)
         return logits, features
@@ -105,9 +85,9 @@ def test_a_reply_resumed_from_alternating_threads_runs_in_inference_mode_and_equ
         gen = GenerationConfig(max_new_tokens=24, sampling=sampling, seed=3)
         ids = prompt(target)
         one_thread = [ev.committed for ev in generate(target, ids, gen, drafter)]
-        seen: list[str] = []
-        many = [ev.committed for ev in alternating(generate(target, ids, gen, drafter), seen)]
-        assert many == one_thread and len(set(seen)) == 2
+        threads.clear()
+        many = [ev.committed for ev in alternating(generate(target, ids, gen, drafter))]
+        assert many == one_thread and len(set(threads)) == 2
     assert modes and all(modes)
 
 

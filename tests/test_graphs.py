@@ -7,7 +7,7 @@ import torch
 from core.decoding.engine import GenerationConfig, generate_all
 from core.drafting.base import NgramDrafter
 from core.runtime.forward import keep_positions, target_forward
-from core.runtime.graphs import MIN_SPAN, SPARE_SLOTS, GraphedSteps, attend_span, graph_mode, visible_mask
+from core.runtime.graphs import MIN_SPAN, SPARE_SLOTS, GraphedSteps, attend_span, resolve_graphs, visible_mask
 from core.runtime.lean import LeanForward
 from core.runtime.trie import build_trie
 from lab.testing import tiny_llama, tiny_qwen3
@@ -88,18 +88,24 @@ def test_drafted_output_through_fixed_shape_steps_equals_plain_decoding():
 def test_modes_that_cannot_run_are_refused_with_the_reason():
     target, _ = graphed(tiny_llama(vocab_size=64, layers=2))
     lean = target.lean.lean
-    assert graph_mode("auto", lean) == "off" and graph_mode("auto", None) == "off"  # a CPU: no graphs by default
-    assert graph_mode("sim", lean) == "sim"
+    cpu = lean.device
+
+    def mode(requested: str, forward=lean) -> str:  # (None: transformers' forward)
+        return resolve_graphs(requested, cpu, forward is not None, getattr(forward, "fixed_order", False),
+                              getattr(forward, "native", None) is not None)
+
+    assert mode("auto") == "off" and mode("auto", None) == "off"  # a CPU: no graphs by default
+    assert mode("sim") == "sim"
     with pytest.raises(ValueError, match="CUDA device"):
-        graph_mode("cuda", lean)
+        mode("cuda")
     with pytest.raises(ValueError, match="lean forward"):
-        graph_mode("sim", None)
+        mode("sim", None)
     bf16 = lean_target(tiny_llama(vocab_size=64, layers=2), dtype=torch.bfloat16).lean
     if bf16.fixed_order:
         with pytest.raises(ValueError, match="fixed-order"):
-            graph_mode("sim", bf16)
+            mode("sim", bf16)
     with pytest.raises(ValueError, match="must be one of"):
-        graph_mode("always", lean)
+        mode("always")
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator
 
 import torch
 from transformers import DynamicCache
@@ -31,6 +31,7 @@ from core.drafting.policy.state import PolicyState
 from core.runtime.forward import keep_positions, target_forward
 from core.runtime.lean import StaticCache
 from core.runtime.target import Target
+from core.runtime.threads import resumed
 from core.runtime.trie import Trie, build_trie
 from core.verification.sampling import (
     SamplingConfig,
@@ -41,8 +42,6 @@ from core.verification.sampling import (
     verify_logits,
 )
 from core.verification.tree import followed_branch, greedy_path, walk
-
-T = TypeVar("T")
 
 
 class PromptError(ValueError):
@@ -229,28 +228,11 @@ def generate(
     place), so a reply starts from it instead of measuring again; None: this reply measures on its own. `prefix` holds
     what the previous generation left in its cache (core.decoding.prefix.PrefixCache; updated in place): the prompt's
     prefill starts after the tokens it shares with it; None: the whole prompt is prefilled.
-    Every step runs in inference mode, in whichever thread resumes the reply (in_inference_mode)."""
-    return in_inference_mode(_reply(target, prompt_ids, gen, drafter, cancel, clock, measured, prefix))
-
-
-def in_inference_mode(items: Iterator[T]) -> Iterator[T]:
-    """`items` (a reply's events), each produced under torch.inference_mode in whichever thread asks for it. The mode
-    is thread-local, and Gradio and Starlette resume a streamed reply from their worker threads in turn: a mode
-    entered inside the generator would be off in the next thread, where the fixed-shape steps' in-place writes into
-    tensors made in inference mode raise and an eager forward records autograd graphs."""
-    try:
-        while True:
-            with torch.inference_mode():
-                try:
-                    item = next(items)
-                except StopIteration:
-                    return
-            yield item
-    finally:
-        close = getattr(items, "close", None)
-        if close is not None:
-            with torch.inference_mode():
-                close()
+    Every step runs in inference mode, entered in whichever thread resumes the reply (core.runtime.threads.resumed):
+    the mode is thread-local, and one entered inside the reply would be off in the next server thread, where the
+    fixed-shape steps' in-place writes into tensors made in inference mode raise and an eager forward records autograd
+    graphs."""
+    return resumed(_reply(target, prompt_ids, gen, drafter, cancel, clock, measured, prefix), torch.inference_mode)
 
 
 def _reply(target: Target, prompt_ids: list[int], gen: GenerationConfig, drafter: Drafter | None, cancel,
@@ -341,8 +323,10 @@ def _generate(target: Target, prompt_ids: list[int], reused: int, gen: Generatio
         t0 = clock()
         room = gen.max_new_tokens - len(state.output)
         k = min(run.block_size, room - 1)
-        drafting = drafter is not None and k > 0
-        draft = policy.draft(drafter, anchor, k, gen.sampling, run.draft_gen) if drafter and k > 0 else no_draft
+        draft = no_draft
+        if drafter is not None and k > 0:
+            draft = policy.draft(drafter, anchor, k, gen.sampling, run.draft_gen)
+        drafting = draft is not no_draft
         trie = round_trie(draft, k)
         t1 = clock()
         block = [anchor, *trie.tokens]  # (T,) = (K+1,) for a full chain

@@ -44,13 +44,6 @@ def attend_span(end: int, capacity: int, min_span: int = MIN_SPAN) -> int:
     return min(span, capacity)
 
 
-def graph_mode(requested: str, lean: LeanForward | None) -> str:
-    """resolve_graphs for a built lean forward (None: transformers' forward)."""
-    if lean is None:
-        return resolve_graphs(requested, torch.device("cpu"), lean=False, fixed_order=False, native=False)
-    return resolve_graphs(requested, lean.device, True, lean.fixed_order, lean.native is not None)
-
-
 def resolve_graphs(requested: str, device: torch.device, lean: bool, fixed_order: bool, native: bool) -> str:
     """The mode a target runs: off without the lean forward or where fixed-order attention or the native step keeps a
     CPU forward exact (the static step attends with sdpa over a mask); "auto" -> "cuda" on a GPU, else "off". Raises

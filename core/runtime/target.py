@@ -549,8 +549,7 @@ class ForwardPlan:
 
     def memory_rows(self, hf_config, drafter_bytes: int | None = None) -> dict[str, int]:
         """What the app will hold by the memory plan's rows (core.runtime.plan.plan_rows) with this forward."""
-        dtype = self.dtype if self.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.bfloat16
-        return plan_rows(hf_config, self.quant, self.context, drafter_bytes, dtype=dtype)
+        return plan_rows(hf_config, self.quant, self.context, drafter_bytes, dtype=self.dtype)
 
 
 def forward_plan(cfg: TargetConfig, device: torch.device, dtype: torch.dtype, hf_config) -> ForwardPlan:

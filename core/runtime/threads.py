@@ -17,9 +17,12 @@ import json
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
+T = TypeVar("T")
 # how idle OpenMP threads wait, as the environment that sets it before OpenMP starts: spin (libgomp's default,
 # ~300,000 spins before sleeping), passive (sleep at once) and a short spin (10,000 spins, then sleep)
 WAIT_POLICIES = {"spin": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "short-spin": {"GOMP_SPINCOUNT": "10000"}}
@@ -217,30 +220,44 @@ def apply_thread_policy(threads: int = 0) -> int:
     return torch.get_num_threads()
 
 
-def with_threads(items: Iterable, threads: int | Callable[[], int]) -> Iterator:
-    """`items` (a reply's events) with `threads` torch threads (0: as set; a function: its answer before each
-    item, ThreadPolicy.live) in whichever OS thread resumes it.
-    OpenMP keeps a thread count per OS thread, and a server resumes a streamed reply from its worker threads in
-    turn: a worker that ran an earlier reply keeps that reply's count, two threads beside a busy neighbour among
-    them (each step then waits for the thread the neighbour keeps off its core)."""
-    import torch
-
-    count = threads if callable(threads) else (lambda: threads)
+def resumed(items: Iterable[T], around: Callable[[], AbstractContextManager]) -> Iterator[T]:
+    """`items` (a reply's events), each one produced, and the source closed, inside around() in whichever OS thread
+    asks for it. A server resumes a streamed reply from its worker threads in turn, so per-thread state set once
+    inside the reply (torch's inference mode, OpenMP's thread count) would stay behind in the first of them."""
     source = iter(items)
     try:
         while True:
-            now = count()
-            if now and torch.get_num_threads() != now:
-                torch.set_num_threads(now)
-            try:
-                item = next(source)
-            except StopIteration:
-                return
+            with around():
+                try:
+                    item = next(source)
+                except StopIteration:
+                    return
             yield item
     finally:
         close = getattr(source, "close", None)
         if close is not None:
-            close()
+            with around():
+                close()
+
+
+def with_threads(items: Iterable[T], threads: int | Callable[[], int]) -> Iterator[T]:
+    """`items` (a reply's events) with `threads` torch threads (0: as set; a function: its answer before each
+    item, ThreadPolicy.live) in whichever OS thread resumes it (resumed).
+    OpenMP keeps a thread count per OS thread: a worker that ran an earlier reply keeps that reply's count, two
+    threads beside a busy neighbour among them (each step then waits for the thread the neighbour keeps off its
+    core)."""
+    import torch
+
+    count = threads if callable(threads) else (lambda: threads)
+
+    @contextmanager
+    def counted():
+        now = count()
+        if now and torch.get_num_threads() != now:
+            torch.set_num_threads(now)
+        yield
+
+    return resumed(items, counted)
 
 
 def wait_policy() -> str:

@@ -114,15 +114,16 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None, exclud
 
 
 def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None,
-                excluded: list[int] | None = None) -> torch.Tensor:
+                excluded: list[int] | None = None, u: torch.Tensor | None = None) -> torch.Tensor:
     """One token id from each row of probs (K, V) (unnormalised rows are fine) -> (K,) long, by inverting each row's
     CDF with one uniform draw: exact, and a token of probability 0 is never drawn (its CDF step is empty). `excluded`
     (K ids, or None): a token per row whose mass counts as 0 (the residual max(0, p - q) of a deterministic draft's
     one-hot q: p without the rejected token). Sums run in float64, so 49k partial sums keep their small steps; far
     faster than torch.multinomial (docs/engine.md). The native kernel (core/runtime/csrc/sampling.cpp) sums blocks of
-    64 first, then steps within one."""
-    u = torch.rand(probs.shape[0], generator=generator, device=draw_device(generator, probs.device),
-                   dtype=torch.float64).to(probs.device)  # (K,)
+    64 first, then steps within one. u: the uniforms (K,) float64 already drawn (None: drawn here)."""
+    if u is None:
+        u = torch.rand(probs.shape[0], generator=generator, device=draw_device(generator, probs.device),
+                       dtype=torch.float64).to(probs.device)  # (K,)
     module = _kernels_for(probs, (torch.float32,))
     if module is not None:
         return module.sample_rows(probs.contiguous(), u, excluded or [])
@@ -135,10 +136,11 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None,
 
 
 def residual(p_target: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
-    """Normalised max(0, p - q) over (V,). Falls back to p when p == q exactly (rejection impossible)."""
+    """Normalised max(0, p - q) over (V,). Falls back to p when p == q exactly (rejection impossible). Chosen where
+    the tensors lie: nothing is read back."""
     diff = (p_target - q_draft).clamp_min(0.0)  # (V,)
     total = diff.sum()
-    return diff / total if total > 0 else p_target
+    return torch.where(total > 0, diff / total, p_target)
 
 
 @dataclass(frozen=True)
@@ -242,15 +244,12 @@ def verify_batched(draft_tokens: list[int], logits: torch.Tensor, q_draft: torch
         n_accepted = int(accepted.logical_not().cumsum(0).eq(0).sum())  # the first read back
     else:
         n_accepted = 0
-    row = p_target[n_accepted]  # (V,)
-    if n_accepted < k:  # the residual max(0, p - q) at the first rejected slot
-        q_row = torch.zeros_like(row) if q_draft is None else q_draft[n_accepted].to(row)
-        if q_draft is None:
-            q_row[draft_tokens[n_accepted]] = 1.0
-        residual = (row - q_row).clamp_min(0.0)  # (V,)
-        row = torch.where(residual.sum() > 0, residual, row)
-    cdf = row.double().cumsum(-1)  # (V,)
-    token = torch.searchsorted(cdf, (u[k] * cdf[-1])[None], right=True).clamp_max(row.shape[-1] - 1)
+    row, excluded = p_target[n_accepted], None  # (V,)
+    if n_accepted < k and q_draft is not None:  # the residual max(0, p - q) at the first rejected slot
+        row = residual(row, q_draft[n_accepted].to(row))
+    elif n_accepted < k:  # max(0, p - one-hot(token)): p without the rejected token
+        excluded = [draft_tokens[n_accepted]]
+    token = sample_rows(row[None], excluded=excluded, u=u[k:])  # (1,) the added token, from the last uniform
     return Verdict(n_accepted, int(token[0]))  # the second read back
 
 

@@ -18,7 +18,6 @@ import statistics
 import tempfile
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -40,6 +39,7 @@ from lab.gpu.arch import (
     stabilise,
 )
 from lab.gpu.stages import Command, release_memory
+from lab.testing import alternating
 
 CONTEXT = 8192  # --context: the reply's limit and the memory plan's KV rows
 CHOICES = ("none", "flashmap", "auto")
@@ -50,22 +50,6 @@ def app_sizes(cmd: Command) -> dict:
     if cmd.cpu_sim:
         return dict(prompts=2, new_tokens=12, context=512, turn_words=60, precisions=("fp32",))
     return dict(prompts=4, new_tokens=64, context=CONTEXT, turn_words=1500, precisions=("bf16", "fp8"))
-
-
-def alternating(events):
-    """The events, each asked for from the other of two threads in turn (a server resumes a stream so)."""
-    workers = [ThreadPoolExecutor(1, thread_name_prefix=f"resume-{i}") for i in range(2)]
-    try:
-        turn = 0
-        while True:
-            ev = workers[turn % 2].submit(next, events, None).result()
-            if ev is None:
-                return
-            yield ev
-            turn += 1
-    finally:
-        for worker in workers:
-            worker.shutdown()
 
 
 def reply(service: ChatService, prompt_ids: list[int], settings: ChatSettings) -> dict:
