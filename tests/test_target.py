@@ -215,3 +215,53 @@ def test_the_forward_plan_is_resolved_and_validated_once_and_read_by_the_memory_
     tiny_tokenizer(64, QWEN3_TEMPLATE).save_pretrained(folder)
     target = load_target(TargetConfig(str(folder), graphs="sim", dtype="fp32", context=300, cache_dir=str(tmp_path)))
     assert target.plan.graphs == "sim" and target.plan.engine == "lean" and target.max_positions == 300
+
+
+@pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
+def test_the_precisions_auto_tries_are_casts_of_one_read_and_the_one_kept_is_what_a_direct_load_reads(
+        tmp_path, monkeypatch, capsys, stored):
+    """--quant and --dtype auto on a CPU try q4, then bf16, then fp32, keeping the first that is exact here: the
+    weights are read from disk once (in the widest precision a rung needs, or the checkpoint's own where every rung
+    is at least as wide), each rung is set up on a copy cast from that read, and the one kept holds bit for bit the
+    weights a direct load in its precision reads."""
+    from transformers import AutoModelForCausalLM
+
+    from core.runtime import exactness
+    from core.runtime.exactness import InvarianceReport
+
+    folder = tmp_path / "qwen3"
+    tiny_qwen3().to(stored).save_pretrained(folder)
+    tiny_tokenizer(64, QWEN3_TEMPLATE).save_pretrained(folder)
+    checked = []
+
+    def only_fp32_exact(target, prompt, steps=48):
+        checked.append("q4" if getattr(target.lean, "weights", None) == "q4" else str(target.model.dtype))
+        exact = target.model.dtype == torch.float32
+        return InvarianceReport(str(target.model.dtype), 48, 96 if exact else 0, 48 if exact else 0, 0 if exact else .5)
+
+    monkeypatch.setattr(exactness, "check_invariance", only_fp32_exact)
+    monkeypatch.setattr(target_mod, "pick_dtype", lambda requested, device, flags=None: torch.bfloat16
+                        if requested in ("auto", "bf16") else torch.float32)
+    monkeypatch.setattr(target_mod, "cpu_quant", lambda cfg, device, *args, **kwargs:
+                        "q4" if cfg.quant == "auto" else cfg.quant)  # as on a CPU with int4 kernels
+    read = AutoModelForCausalLM.from_pretrained
+    reads = []
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained",
+                        lambda *args, **kwargs: reads.append(kwargs["dtype"]) or read(*args, **kwargs))
+    target = load_target(TargetConfig(str(folder), device="cpu", cache_dir=""))
+    assert checked == ["q4", "torch.bfloat16", "torch.float32"] and target.model.dtype == torch.float32
+    assert reads == [stored], "the weights were read more than once, or in a precision that loses bits"
+    out = capsys.readouterr().out
+    assert "q4" in out and "not batch-invariant" in out and "fp32" in out  # each step down said
+    direct = read(folder, dtype=torch.float32).state_dict()
+    kept = target.model.state_dict()
+    assert kept.keys() == direct.keys()
+    assert all(kept[name].dtype == direct[name].dtype and torch.equal(kept[name], direct[name]) for name in direct)
+    # a rung that is exact is kept, in its own precision, and no further rung is set up
+    checked.clear()
+    monkeypatch.setattr(exactness, "check_invariance", lambda target, prompt, steps=48: checked.append(
+        str(target.model.dtype)) or InvarianceReport(str(target.model.dtype), 48, 96, 48, 0))
+    bf16 = load_target(TargetConfig(str(folder), device="cpu", quant="none", cache_dir=""))
+    assert checked == ["torch.bfloat16"] and bf16.model.dtype == torch.bfloat16
+    direct = read(folder, dtype=torch.bfloat16).state_dict()
+    assert all(torch.equal(bf16.model.state_dict()[name], direct[name]) for name in direct)
