@@ -67,3 +67,18 @@ def held_rows(parts: dict[str, object]) -> dict[str, int]:
     """{row: bytes} for {row: the objects it holds}, each storage counted in the first row that reaches it."""
     counted: set[int] = set()
     return {row: storage_bytes(tensors_in(obj), counted) for row, obj in parts.items()}
+
+
+def return_freed_host_memory() -> None:
+    """Hand memory freed on the host back to the system (glibc keeps large freed blocks for reuse): after a load drops
+    a copy of the weights, so that the process's resident size is what it holds. A no-op off glibc."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)

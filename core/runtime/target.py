@@ -5,6 +5,7 @@ found, the quantisation is possible on this device, and the weights fit in free 
 """
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from core.runtime import native as native_kernels
 from core.runtime.cpu_linear import int4_available, pack_linears
 from core.runtime.graphs import GRAPH_MODES, GraphedSteps, resolve_graphs
 from core.runtime.lean import LeanForward, head_dim, lean_supported
+from core.runtime.memory import return_freed_host_memory
 from core.runtime.plan import SPEED_ORDER, estimate_weight_bytes, plan_memory, plan_rows
 from core.runtime.protocol import TargetForward
 from core.runtime.threads import cpu_flags
@@ -40,6 +42,10 @@ NATIVE_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # CPUs that mult
 
 class TargetLoadError(RuntimeError):
     """A target cannot be loaded; the message says why and what to do."""
+
+
+class NotExact(TargetLoadError):
+    """A precision --quant/--dtype auto tried is not batch-invariant here: the next rung of the ladder is tried."""
 
 
 @dataclass(frozen=True)
@@ -446,21 +452,79 @@ def cpu_quant(cfg: TargetConfig, device: torch.device, flags: set[str] | None = 
 
 
 def load_target(cfg: TargetConfig) -> Target:
+    """The target these flags ask for, its forward set up and, on a CPU, checked exact (_checked). Under auto the
+    precisions of precision_ladder are tried fastest first, each on a copy cast from one read of the weights
+    (read_dtype): the first exact one is kept, and the weights are never read from disk twice."""
     device = pick_device(cfg.device)
-    cfg = _reference_on_cpu(cfg, device)
-    chosen = cpu_quant(cfg, device)
-    if chosen != cfg.quant:  # auto took q4; fall back to the dense precisions if it is not exact here
-        try:
-            return load_target(replace(cfg, quant=chosen))
-        except TargetLoadError as err:
-            print(f"note: {err}; trying the dense precisions", flush=True)
-            return load_target(replace(cfg, quant="none"))
-    dtype = _dtype_for(cfg, device)
-    target = _load(cfg, device, dtype)
-    target = _setup_forward(target, forward_plan(cfg, device, dtype, target.model.config))
+    ladder = precision_ladder(_reference_on_cpu(cfg, device), device)
+    dtypes = [_dtype_for(rung, device) for rung in ladder]
+    source = _load(ladder[-1], device, read_dtype(ladder[-1], dtypes))
     if device.type == "cpu":
         native_kernels.sampling_kernels()  # built (once a machine, ~30 s) or loaded now, not in the first reply
-    return _checked(target, cfg, dtype)
+    kept = None
+    for rung, dtype, next_dtype in zip(ladder[:-1], dtypes, dtypes[1:]):
+        try:
+            kept = _set_up(cast_copy(source, dtype), rung, dtype, last=False)
+            break
+        except NotExact as err:
+            print(f"note: {err}; trying {_name(next_dtype)} weights", flush=True)
+    if kept is None:
+        source.model.to(dtypes[-1])  # in place: an upcast of what was read, or nothing
+        return _set_up(source, ladder[-1], dtypes[-1], last=True)
+    del source  # the read the kept rung was cast from
+    return_freed_host_memory()
+    return kept
+
+
+def precision_ladder(cfg: TargetConfig, device: torch.device) -> list[TargetConfig]:
+    """The precisions these flags may run in, fastest first, each named (quant, dtype): under auto on a CPU, q4
+    where cpu_quant picks it, then the dense dtype auto picks there, then fp32 where that is lower. Every rung but
+    the last is kept only where its forward is exact here; a precision asked for, or a GPU, is a ladder of one."""
+    ladder = []
+    if cfg.quant == "auto" and cpu_quant(cfg, device) == "q4":
+        ladder.append(replace(cfg, quant="q4"))
+        cfg = replace(cfg, quant="none")
+    ladder.append(cfg)
+    if device.type == "cpu" and cfg.dtype == "auto" and _dtype_for(cfg, device) != torch.float32:
+        ladder.append(replace(cfg, dtype="fp32"))
+    return ladder
+
+
+def read_dtype(cfg: TargetConfig, dtypes: list[torch.dtype]) -> torch.dtype:
+    """The precision to read the weights in once for every rung's dtype: the widest, unless the checkpoint stores a
+    narrower one that each rung holds exactly (itself, or fp32), so that a bf16 checkpoint is read in bf16 and cast up
+    only where fp32 is kept. Every cast from it is then what a direct read in the rung's dtype gives."""
+    if len(set(dtypes)) == 1:
+        return dtypes[0]
+    stored = stored_dtype(cfg)
+    if stored is not None and all(dtype in (stored, torch.float32) for dtype in dtypes):
+        return stored
+    return max(dtypes, key=lambda dtype: torch.finfo(dtype).bits)
+
+
+def stored_dtype(cfg: TargetConfig) -> torch.dtype | None:
+    """The dtype a checkpoint's weights are stored in, from its config (None: unknown, or the embedded GGUF, whose
+    4-bit blocks transformers dequantises to fp32)."""
+    if cfg.target == EMBEDDED_ID:
+        return None
+    from transformers import AutoConfig
+
+    source, local_only = _resolve_source(cfg)
+    dtype = getattr(AutoConfig.from_pretrained(source, local_files_only=local_only), "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def cast_copy(target: Target, dtype: torch.dtype) -> Target:
+    """target's model in dtype, for one rung of the ladder, target's own left as it was: each parameter cast as a read
+    in dtype leaves it (buffers, such as the rotary frequencies, stay as a read leaves them: as they are), tensors
+    already in dtype shared rather than copied."""
+    memo = {id(p): torch.nn.Parameter(p.detach().to(dtype), requires_grad=False) for p in target.model.parameters()}
+    return _finish(copy.deepcopy(target.model, memo), target.tokenizer, target.name, target.device)
+
+
+def _set_up(target: Target, cfg: TargetConfig, dtype: torch.dtype, last: bool) -> Target:
+    target = _setup_forward(target, forward_plan(cfg, target.device, dtype, target.model.config))
+    return _checked(target, cfg, dtype, last)
 
 
 def _reference_on_cpu(cfg: TargetConfig, device: torch.device) -> TargetConfig:
@@ -481,9 +545,10 @@ def _dtype_for(cfg: TargetConfig, device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
-def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype) -> Target:
+def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype, last: bool = True) -> Target:
     """On a CPU, the forward's batch invariance checked once per machine (core.runtime.exactness): a low precision that
-    fails is refused when asked for and replaced by fp32 under auto; the verdict is what `target.precision` says."""
+    fails is refused when it was asked for (last) and raises NotExact when the ladder has a next rung; fp32, the
+    reference, is kept either way. The verdict is what `target.precision` says."""
     engine = "transformers" if target.lean is None else "native lean" if target.lean.native is not None else "lean"
     engine += {"cuda": " + CUDA graphs", "sim": " (fixed-shape steps)"}.get(target.extra.get("graphs", ""), "")
     if target.device.type != "cpu":
@@ -494,12 +559,11 @@ def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype) -> Target:
 
     report = cached_check(target, probe_prompt(target.vocab_size), Path(cfg.cache_dir) if cfg.cache_dir else None)
     if not report.exact and dtype != torch.float32:  # fp32 is the reference: kept, and said to be inexact
-        why = f"{report.describe()}; fp32, the reference precision, is the one to use here"
-        if cfg.dtype != "auto" or cfg.quant == "q4":
-            asked = "--quant q4" if cfg.quant == "q4" else f"--dtype {cfg.dtype}"
-            raise TargetLoadError(f"{asked} cannot run exactly on this CPU: {why}. Use --dtype fp32 or auto.")
-        print(f"note: {why}; loading fp32", flush=True)
-        return load_target(replace(cfg, dtype="fp32"))
+        asked = "--quant q4" if cfg.quant == "q4" else f"--dtype {_name(dtype)}"
+        if not last:
+            raise NotExact(f"{asked} is not exact on this CPU: {report.describe()}")
+        raise TargetLoadError(f"{asked} cannot run exactly on this CPU: {report.describe()}; fp32, the reference "
+                              "precision, is the one to use here. Use --dtype fp32 or auto.")
     target.extra["precision"] = f"{_weights(cfg, dtype, target)}, {engine} forward, " + (
         "batch-invariant" if report.exact else f"not batch-invariant here (logits within {report.max_abs_diff:.1g})")
     target.extra["invariance"] = report
