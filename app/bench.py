@@ -333,7 +333,7 @@ def reference(cfg: BenchConfig, runner: Runner):
     if cfg.vs != "flashmap-reference":
         return None
     from app.flashmap_reference import FlashMapReference, ReferenceUnavailable
-    from drafter.flashmap_release import ReleaseDrafter
+    from drafter.runtime.release import ReleaseDrafter
 
     if not isinstance(runner.drafter, ReleaseDrafter) or runner.drafter.folder is None:
         raise SystemExit("--vs flashmap-reference runs the same drafter in both loops: give --drafter flashmap a "

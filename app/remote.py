@@ -69,7 +69,7 @@ class VllmServer:
         if got != want:
             raise RemoteUnavailable(f"the vLLM server at {self.url} serves {self.model!r}, whose tokenizer splits text "
                                     f"unlike {target.name}'s: another model; start it on the target's folder "
-                                    "(python -m drafter.export --target-out DIR)")
+                                    "(python -m drafter.formats.export --target-out DIR)")
 
     def spec_counters(self) -> dict:
         """vLLM's spec-decode counters from /metrics: drafts, draft_tokens, accepted_tokens, accepted_per_position."""

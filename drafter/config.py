@@ -54,7 +54,7 @@ class DrafterConfig:
 
 @dataclass(frozen=True)
 class ZLabFlowConfig:
-    """A FlashMap drafter whose backbone is a published z-lab DFlash network (drafter/zlab_flow.py).
+    """A FlashMap drafter whose backbone is a published z-lab DFlash network (drafter/networks/zlab_flow.py).
 
     `zlab` holds the published config.json as read (the backbone's shape, its target layers and mask token); the
     flow fields follow. The draft vocabulary is the target's whole vocabulary, as DFlash's LM head is."""
@@ -65,7 +65,8 @@ class ZLabFlowConfig:
     kappa: float = 7.0
     d_cond: int = 256  # width of the time conditioning feeding each layer's zero-initialised modulation
     # what the time conditioning sets in each sub-layer: shift-scale-gate (adaLN, the first design) or scale-gate,
-    # which a fixed (s, t) folds exactly into the published network's norm and output weights (drafter/export.py)
+    # which a fixed (s, t) folds exactly into the published network's norm and output weights
+    # (drafter/formats/export.py)
     modulation: str = "shift-scale-gate"
 
     backbone = "zlab"  # class attribute: the checkpoint's dispatch key, not a field

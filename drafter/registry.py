@@ -6,8 +6,8 @@ import logging
 from core.drafting import phrasebook
 from core.drafting.base import Drafter, LookupHybrid, NgramDrafter, NoNetwork
 from core.runtime.target import Target
-from drafter.checkpoint import CheckpointError
-from drafter.runtime import check_engine_drafter, default_weights, load_engine_drafter
+from drafter.formats.checkpoint import CheckpointError
+from drafter.runtime.drafters import check_engine_drafter, default_weights, load_engine_drafter
 from drafter.spec import DrafterSpec
 
 _books: dict[str, phrasebook.Phrasebook | None] = {}  # target name -> its phrasebook (None: it has none usable)

@@ -16,7 +16,7 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
   skip=N       with adaptive: skip the drafter for up to N rounds after drafts that did not pay for its call
                (core.drafting.policy.cut.draft_pays; 0: never; default 8)
   calibrated=0 network drafters: the cut reads the raw confidence, not the checkpoint's calibration.json
-               (drafter/calibration.py; applied at T = 0 when one was fitted for this way of drafting)
+               (drafter/runtime/calibration.py; applied at T = 0 when one was fitted for this way of drafting)
   lookup=1     network drafters: prompt lookup joins each round (core.drafting.base.LookupHybrid): at T = 0 its
                continuation is one more branch of the verified trie, a strong match is copied without calling the
                network; at T > 0 a round takes one of the two
@@ -41,7 +41,7 @@ from core.drafting.base import MAX_BLOCK_SIZE
 from core.drafting.policy.config import DEFAULTS
 from core.verification.sampling import SamplingConfig
 
-FLASHMAP_STEPS = (1, 2, 3, 4)  # jumps of a FlashMap draft: the release's grids (drafter.flashmap_release)
+FLASHMAP_STEPS = (1, 2, 3, 4)  # jumps of a FlashMap draft: the release's grids (drafter.networks.release)
 FLOW_DRAFTERS = ("flashmap", "flashmap-teacher")  # draw noise: steps, noise, best-of and trees apply
 NET_DRAFTERS = FLOW_DRAFTERS + ("dflash",)  # trained networks with a checkpoint
 ENGINE_DRAFTERS = ("none", "ngram", "copies") + NET_DRAFTERS  # copies: prompt lookup and the phrasebook, no network
@@ -149,7 +149,7 @@ class DrafterSpec:
 
     def sampler_key(self) -> str:
         """How the drafter drafts, without what the engine does with it (K, adaptive cut, skips, weights): the
-        key a confidence calibration is fitted for (drafter/calibration.py)."""
+        key a confidence calibration is fitted for (drafter/runtime/calibration.py)."""
         return DrafterSpec(self.name, self.steps, self.noise, self.best_of, self.tree, self.noise_scale).text()
 
     @classmethod

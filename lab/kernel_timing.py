@@ -1,7 +1,7 @@
 """Time the products the engine and the drafter run, in cache, at 1..17 rows: the q4 layers' shapes through torch's
 int4 kernel and through the native step's q4_mm (core.runtime.cpu_linear.Int4Linear both ways), and the drafter trunk's
 fp32
-shapes through torch's linear and the native trunk's kernel (drafter.native_trunk).
+shapes through torch's linear and the native trunk's kernel (drafter.runtime.native_trunk).
 
 python -m lab.kernel_timing [--threads 2] [--rows 1 2 5 9 17]
 
@@ -17,7 +17,7 @@ import torch
 
 from core.runtime import native
 from core.runtime.cpu_linear import Int4Linear
-from drafter import native_trunk
+from drafter.runtime import native_trunk
 
 # SmolLM2-135M's q4 products (qkv, o, gate_up, down) and its LM head's shape
 Q4_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)]

@@ -5,7 +5,7 @@ python -m lab.policy_ab --prompts eval_math eval_code eval_chat --limit 5 --max-
     --drafters flashmap,scale=0 dflash --out docs/results/policy-ab-t0-DATE.json
 
 For each drafter spec, with adaptive=1:
-  new          the app's default now: calibrated confidence (drafter/calibration.py), and the skips charge each
+  new          the app's default now: calibrated confidence (drafter/runtime/calibration.py), and the skips charge each
                draft for the drafter's call (core.drafting.policy.cut.draft_pays)
   before       raw confidence, no drafter cost: the policy as it was (commit 5fcc3e1)
   calibrated   calibrated confidence, no drafter cost

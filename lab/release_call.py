@@ -1,5 +1,5 @@
 """What one call of a release-format FlashMap drafter costs on this CPU, by implementation of its DiT: op by op in
-torch, the native trunk in fp32 and with 8-bit products (drafter.native_trunk.ReleaseTrunk); and its greedy
+torch, the native trunk in fp32 and with 8-bit products (drafter.runtime.native_trunk.ReleaseTrunk); and its greedy
 confidence (the top probability of 16 rows of the vocabulary) through torch's ops and the native kernel
 (core.verification.sampling.top_probs). The arms alternate within each repeat, after the same context, so drift on a
 noisy machine hits them alike; medians of milliseconds, ratios to torch's.
@@ -19,7 +19,8 @@ from core.runtime.target import TargetConfig, load_target
 from core.runtime.threads import apply_thread_policy
 from core.verification import sampling
 from core.verification.sampling import SamplingConfig
-from drafter.flashmap_release import ReleaseDrafter, load_release_net
+from drafter.formats.release import load_release_net
+from drafter.runtime.release import ReleaseDrafter
 from lab.harness import print_and_save
 
 ARMS = {"torch": dict(native=False), "native fp32": dict(products="fp32"), "native 8-bit": dict(products="8-bit")}

@@ -42,7 +42,7 @@ run shuffle-test-t0 --prompts "$P/eval_math.jsonl" "$P/eval_code.jsonl" "$P/eval
 # acceptance offline on held-out responses (data/smollm2-val; scripts/train_embedded.sh writes it and its
 # feature cache) and on trained-on ones, paired across drafters. Per-slot independent noise costs K draws
 # per block and the teacher 16 passes per draft, so those run on every 16th anchor instead of every 2nd.
-off() { local name=$1; shift; [ -f "$R/$name-$DATE.json" ] || $PY -m drafter.evaluate "$@" --out "$R/$name-$DATE.json"; }
+off() { local name=$1; shift; [ -f "$R/$name-$DATE.json" ] || $PY -m drafter.evaluation.evaluate "$@" --out "$R/$name-$DATE.json"; }
 off offline-val-stride2 --data data/smollm2-val --stride 2 --variants dflash flashmap flashmap,steps=2
 off offline-val-stride16 --data data/smollm2-val --stride 16 --variants dflash flashmap flashmap,noise=shuffled \
   flashmap,steps=2 flashmap,steps=2,noise=shuffled flashmap,best_of=4 flashmap-teacher,steps=16 \

@@ -6,7 +6,7 @@
 # The llama.cpp source is the one llama-cpp-python 0.3.36 vendors (its sdist, from PyPI); two tools are built from it
 # with the x86 features of this CPU named one by one, AMX off (as scripts/install_llamacpp.sh; ~10 minutes on 2 cores,
 # once). The converter runs in .venv-vllm (scripts/install_vllm.sh), which has what it imports (sentencepiece, gguf's
-# numpy). The target folder it reads for the tokenizer is written by `python -m drafter.export --target-out`.
+# numpy). The target folder it reads for the tokenizer is written by `python -m drafter.formats.export --target-out`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXPORT=${1:?usage: bash scripts/llamacpp_dflash.sh EXPORT_DIR [PROMPT] [TOKENS]}
@@ -24,7 +24,7 @@ if [ ! -f "$SRC/convert_hf_to_gguf.py" ]; then
   .venv/bin/pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d runs/llama.cpp-src
   tar xzf runs/llama.cpp-src/llama_cpp_python-0.3.36.tar.gz -C runs/llama.cpp-src
 fi
-[ -f "$TARGET_DIR/config.json" ] || .venv/bin/python -m drafter.export --target-out "$TARGET_DIR"
+[ -f "$TARGET_DIR/config.json" ] || .venv/bin/python -m drafter.formats.export --target-out "$TARGET_DIR"
 PYTHONPATH="$SRC/gguf-py" .venv-vllm/bin/python "$SRC/convert_hf_to_gguf.py" "$EXPORT" \
     --target-model-dir "$TARGET_DIR" --outfile "$OUT/drafter.gguf" --outtype f32
 [ -z "${CONVERT_ONLY:-}" ] || exit 0  # CONVERT_ONLY=1: stop at $OUT/drafter.gguf (tests/test_export.py)

@@ -1,6 +1,7 @@
-"""Paired differences between the variants of one `python -m drafter.evaluate` run, and a compact copy of it.
+"""Paired differences between the variants of one `python -m drafter.evaluation.evaluate` run, and a compact copy of it.
 
-Every variant of one run is measured on the same anchors (drafter/evaluate.py), so two variants compare round by
+Every variant of one run is measured on the same anchors (drafter/evaluation/evaluate.py), so two variants compare
+round by
 round: the difference of their tokens per round, per domain, with a standard error that treats each held-out
 response as one draw (rounds of one response are not independent). The compact copy drops the per-round lists,
 which make up most of the file, and keeps the pairs.
@@ -78,7 +79,7 @@ def compact(run: dict, pairs: list[dict], command: str | None) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", type=Path, help="a drafter.evaluate --out file (.json, or .json.gz)")
+    parser.add_argument("run", type=Path, help="a drafter.evaluation.evaluate --out file (.json, or .json.gz)")
     parser.add_argument("--pairs", type=int, nargs="+", required=True, help="variant indices: base candidate ...")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--command", help="the evaluate command that made the run, kept in the compact copy")

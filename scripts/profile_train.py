@@ -10,7 +10,8 @@ Three measurements per stage, each on the same batches:
 - with --jobs 2: one job on --threads threads against --threads jobs of one thread each, run at once (steps per
   second of all jobs together).
 
-Each stage is set up as drafter.train sets it up (warm-started from the shipped checkpoints, the teacher at 30% t = 0),
+Each stage is set up as drafter.training.train sets it up (warm-started from the shipped checkpoints, the teacher at
+30% t = 0),
 then `--steps` steps (after two warm-up steps) run under torch.profiler. A step is split into its four parts by
 record_function (batch assembly from the cached features, forward + loss, backward, optimizer), and the operators
 into what they compute: attention, the LM head (a (.., D_t) x (D_t, V) product), the flow state's products with E
@@ -33,9 +34,16 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from core.runtime.target import TargetConfig, load_target
-from drafter.blocks import Blocks
-from drafter.data import target_to_draft_map
-from drafter.train import TrainConfig, build_student, draw_blocks, make_optimizer, train_step, training_sequences
+from drafter.training.blocks import Blocks
+from drafter.training.data import target_to_draft_map
+from drafter.training.train import (
+    TrainConfig,
+    build_student,
+    draw_blocks,
+    make_optimizer,
+    train_step,
+    training_sequences,
+)
 
 WEIGHTS = "weights/smollm2-135m-instruct"
 INIT = {"dflash": f"{WEIGHTS}/dflash", "teacher": f"{WEIGHTS}/dflash", "distill": f"{WEIGHTS}/flashmap-teacher"}
@@ -80,7 +88,7 @@ class GatheredBlocks(Blocks):
 
 
 def step(cfg, net, teacher, seqs, to_draft, params, opt, target, gen, gathered: bool = False) -> None:
-    """One training step as drafter.train takes it (its parts named for the profiler there)."""
+    """One training step as drafter.training.train takes it (its parts named for the profiler there)."""
     blocks = draw_blocks(cfg, net, target, seqs, to_draft, gen)
     train_step(cfg, net, teacher, GatheredBlocks(**vars(blocks)) if gathered else blocks, gen, params, opt)
 
@@ -153,7 +161,7 @@ def main(argv=None) -> None:
     parser.add_argument("--stages", nargs="+", default=["dflash", "teacher", "distill"],
                         choices=["dflash", "teacher", "distill"], help="training stages to profile")
     parser.add_argument("--data", nargs="+", default=["data/smollm2-responses"],
-                        help="response folders with cached features (drafter.data features)")
+                        help="response folders with cached features (drafter.training.data features)")
     parser.add_argument("--steps", type=int, default=6, help="profiled steps per stage (after 2 warm-up steps)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--out", default=None, help="write the figures here (JSON)")

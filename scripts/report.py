@@ -264,7 +264,8 @@ def offline_section(val: dict, sparse: dict | None, phase1: dict | None, seen: d
     domains = [d for d in DOMAINS if d in val["results"][0]] + ["all"]
     head = ["| comparison | " + " | ".join(domains) + " |", "|---|" + "---|" * len(domains)]
     doc = ["## Acceptance on held-out responses, offline (many rounds)", "",
-           f"`python -m drafter.evaluate` (T=0, K={val['block_size']}): {val['sequences']} greedy SmolLM2 responses "
+           f"`python -m drafter.evaluation.evaluate` (T=0, K={val['block_size']}): {val['sequences']} greedy SmolLM2 "
+           "responses "
            "to train_* prompts that no drafter was trained on (`data/smollm2-val`). At T=0 the output is fixed, so the "
            "tokens a round anchored at any position would accept follow from the draft alone; every listed anchor "
            "is drafted, batched, without running the target. Same anchors for every drafter in a file: differences "
@@ -313,7 +314,8 @@ def tree_section(engine: dict[str, dict], offline: list[dict]) -> list[str]:
         doc.append("")
     for run in offline:
         domains = [d for d in DOMAINS if d in run["results"][0]] + ["all"]
-        doc += [f"Offline on the held-out responses, K={run['block_size']} (`python -m drafter.evaluate`, same anchors "
+        doc += [f"Offline on the held-out responses, K={run['block_size']} (`python -m drafter.evaluation.evaluate`, "
+                "same anchors "
                 "for every row, so the differences are paired):", ""]
         doc += ["| drafter | " + " | ".join(domains) + " | rounds (all) |", "|---|" + "---|" * (len(domains) + 1)]
         for r in run["results"]:
@@ -391,7 +393,8 @@ def build(results: Path, out: Path) -> str:
 def walk_section(walk: dict, uniform: dict | None) -> list[str]:
     """Version 0.10: held-out acceptance at the anchors the engine's rounds visit, beside the uniform-anchor figure."""
     doc = ["## Acceptance where the engine's rounds fall (version 0.10)", "",
-           "`python -m drafter.evaluate --data data/smollm2-val --walk`: each response walked as the engine walks it "
+           "`python -m drafter.evaluation.evaluate --data data/smollm2-val --walk`: each response walked as the engine "
+           "walks it "
            "at T = 0 without a cut (the next anchor one accepted block after the last), "
            f"{walk['results'][0]['all']['rounds']:,} rounds per drafter. Rounds crowd where drafts fail, so tokens per "
            "round here is lower than the every-16th-anchor average that the acceptance targets use, and it is what the "
@@ -408,7 +411,8 @@ def calibration_section(calibration: dict, ab_runs: list[dict]) -> list[str]:
     """Version 0.10: what the adaptive cut believes about a draft (raw and calibrated confidence, held out) and the
     draft policy that reads it, against the one before, in the engine."""
     doc = ["## What the adaptive cut believes: calibrated confidence and the drafter's cost (version 0.10)", "",
-           f"`python -m drafter.calibrate --data data/smollm2-val --stride {calibration['stride']} --variants …`: at "
+           f"`python -m drafter.evaluation.calibrate --data data/smollm2-val --stride {calibration['stride']} "
+           "--variants …`: at "
            "every anchor of the held-out responses, the expected accepted slots of a full draft that the cut computes "
            "from each slot's confidence (sum_k prod_{j<=k} c_j) against the slots the target accepted; calibrated = "
            "per-slot Platt maps fitted on the other half of the sequences (two folds by sequence).", "",
@@ -477,7 +481,8 @@ def delta_table(run: dict, pairs: list[tuple[str, str, str]]) -> list[str]:
 
 
 def coupled(run: dict) -> bool:
-    """Whether a run's shuffled draws kept each slot's own noise of the shared draft (drafter.evaluate records it
+    """Whether a run's shuffled draws kept each slot's own noise of the shared draft (drafter.evaluation.evaluate
+    records it
     from version 0.17; before, they were independent of it)."""
     return run.get("shuffled_noise") == "coupled"
 
@@ -492,7 +497,7 @@ def shuffle_section(runs: list[tuple[dict, str]]) -> list[str]:
     """The shuffle test's Δ with each run's pairing of the noise: independent draws, then (0.17 on) coupled ones."""
     domains = [d for d in DOMAINS if d in runs[0][0]["results"][0]] + ["all"]
     lines = ["## The shuffle test, paired two ways", "",
-             "`python -m drafter.evaluate --data data/smollm2-val --stride N --variants flashmap,steps=2 "
+             "`python -m drafter.evaluation.evaluate --data data/smollm2-val --stride N --variants flashmap,steps=2 "
              "flashmap,steps=2,noise=shuffled`: the 2-step draft from one shared noise draw against each slot from its "
              "own draw (paper §6.2), T = 0, K = 16, paired on the same anchors. Until version 0.16 the per-slot draws "
              "were independent of the shared draw; from version 0.17 draw k keeps slot k's noise of the shared draft "
@@ -533,7 +538,8 @@ def acceptance_section(run: dict) -> list[str]:
         if base != name and base in names:
             pairs.append((f"{label(base)}: shipped − `{name.split('weights=')[1]}`", base, name))
     return (["## The acceptance targets, offline", "",
-             f"`python -m drafter.evaluate --data data/smollm2-val --stride {run['stride']}` (T = 0, K = 16, "
+             f"`python -m drafter.evaluation.evaluate --data data/smollm2-val --stride {run['stride']}` "
+             "(T = 0, K = 16, "
              f"{run['results'][0]['all']['rounds']:,} rounds per drafter, the checkpoints shipped when it ran). The "
              "last row is the 2-step shuffle test (paper Table 2): one shared noise draw against each slot from its "
              "own draw" + shuffle_pairing(run) + ".", ""]
@@ -570,7 +576,8 @@ def profile_section(rows: list[dict]) -> list[str]:
 
 
 def curves_section(folder: Path, png: Path) -> list[str]:
-    """Held-out acceptance against CPU-hours of each drafter's open-ended training run (python -m drafter.loop)."""
+    """Held-out acceptance against CPU-hours of each drafter's open-ended training run (python -m
+    drafter.training.loop)."""
     curves = {path.stem: [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
               for path in sorted(folder.glob("*.jsonl"))} if folder.exists() else {}
     curves = {name: rows for name, rows in curves.items() if rows}
@@ -579,7 +586,7 @@ def curves_section(folder: Path, png: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(7, 3.4), layout="constrained")
     doc = ["## Learning curves", "",
            "Held-out acceptance length (K = 16, T = 0, every 16th anchor of `data/smollm2-val`, offline) of each "
-           "drafter's training run under `python -m drafter.loop`, against the CPU-hours the run has spent "
+           "drafter's training run under `python -m drafter.training.loop`, against the CPU-hours the run has spent "
            "(training and its own measurements; `docs/results/curves/`).", "",
            "| run | drafted as | measurements | CPU-hours | first | last | best |", "|---|---|---|---|---|---|---|"]
     for name, rows in curves.items():

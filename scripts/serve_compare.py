@@ -22,10 +22,10 @@ from core.decoding.engine import GenerationConfig, generate_all
 from core.decoding.stats import AcceptanceStats
 from core.prompts import read_prompt_file
 from core.runtime.target import TargetConfig, load_target
-from drafter.export import export_target
+from drafter.formats.dflash import is_zlab_folder
+from drafter.formats.export import export_target
 from drafter.registry import build_drafter
 from drafter.spec import DrafterSpec
-from drafter.zlab_dflash import is_zlab_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -64,7 +64,7 @@ def compare(drafters: list[str], limit: int, max_tokens: int, target_dir: Path) 
     for folder in drafters:  # vLLM would fail deep in its start-up; say it here
         if not is_zlab_folder(folder):
             raise SystemExit(f"{folder} is not a DFlash-format folder (config.json with DFlashDraftModel): write one "
-                             "with python -m drafter.export --format dflash WEIGHTS OUT/")
+                             "with python -m drafter.formats.export --format dflash WEIGHTS OUT/")
     target = load_target(TargetConfig(cpu_precision="reference"))
     if not (target_dir / "config.json").exists():
         export_target(target, target_dir)
@@ -96,7 +96,7 @@ def compare(drafters: list[str], limit: int, max_tokens: int, target_dir: Path) 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--drafter", nargs="+", required=True, help="folders written by drafter.export")
+    parser.add_argument("--drafter", nargs="+", required=True, help="folders written by drafter.formats.export")
     parser.add_argument("--limit", type=int, default=7, help="eval prompts per domain")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--target-dir", default=str(ROOT / "runs" / "serve-target"))

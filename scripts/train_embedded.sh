@@ -6,7 +6,7 @@
 #   each) for the teacher and the baseline, DISTILL_STEPS for the flow map on top of the teacher;
 #   phase 2: prompts VAL_END.. (LIMIT2 more per math/code file; chat has none left) pooled with phase 1's,
 #   training continued to STEPS2 and DISTILL_STEPS2 (the cosine restarts part-way up: a warm restart).
-#   Prompts LIMIT..VAL_END of every file are answered for validation only (python -m drafter.evaluate).
+#   Prompts LIMIT..VAL_END of every file are answered for validation only (python -m drafter.evaluation.evaluate).
 # The teacher and the baseline train side by side, one thread each (two 2-thread jobs on 2 cores
 # fight over them); jemalloc, when installed (apt-get install libjemalloc2), cuts allocator time.
 set -euo pipefail
@@ -24,21 +24,21 @@ DATA=data/smollm2-responses
 DATA2=data/smollm2-responses-2
 VAL=data/smollm2-val
 W=weights/smollm2-135m-instruct
-LAYERS="1 10 20 29"  # spread_layers(30, 4): what `drafter.train` picks for this target
+LAYERS="1 10 20 29"  # spread_layers(30, 4): what `drafter.training.train` picks for this target
 JEMALLOC=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
 [ -f "$JEMALLOC" ] && export LD_PRELOAD=$JEMALLOC
 export OMP_NUM_THREADS=1
 
-gen() { OMP_NUM_THREADS=2 $PY -m drafter.data generate --shard-size 64 --batch-size 16 --max-new-tokens 256 "$@"; }
-features() { OMP_NUM_THREADS=2 $PY -m drafter.data features --layers $LAYERS --data "$1"; }  # ~1.2 MB/response, not committed
+gen() { OMP_NUM_THREADS=2 $PY -m drafter.training.data generate --shard-size 64 --batch-size 16 --max-new-tokens 256 "$@"; }
+features() { OMP_NUM_THREADS=2 $PY -m drafter.training.data features --layers $LAYERS --data "$1"; }  # ~1.2 MB/response, not committed
 pair() {  # teacher and baseline side by side, the same data and steps
-  $PY -m drafter.train --stage teacher --out "$W/flashmap-teacher" --threads 1 "$@" &
+  $PY -m drafter.training.train --stage teacher --out "$W/flashmap-teacher" --threads 1 "$@" &
   local teacher=$!
-  $PY -m drafter.train --stage dflash --out "$W/dflash" --threads 1 "$@" &
+  $PY -m drafter.training.train --stage dflash --out "$W/dflash" --threads 1 "$@" &
   wait "$!" && wait "$teacher"  # either failing stops the script
 }
 distill() {
-  OMP_NUM_THREADS=2 $PY -m drafter.train --stage distill --init "$W/flashmap-teacher" --out "$W/flashmap" \
+  OMP_NUM_THREADS=2 $PY -m drafter.training.train --stage distill --init "$W/flashmap-teacher" --out "$W/flashmap" \
       --lr 1e-4 --threads 2 "$@"
 }
 
@@ -64,9 +64,9 @@ phase3_done || distill --data "$DATA" "$DATA2" --steps "$DISTILL_STEPS2"
 WARM=runs/teacher-warm
 STUDENT=runs/flashmap-phase3
 if ! phase3_done; then
-  OMP_NUM_THREADS=2 $PY -m drafter.train --stage teacher --init "$W/dflash" --t0-share 0.3 --lr 3e-4 --steps 800 \
+  OMP_NUM_THREADS=2 $PY -m drafter.training.train --stage teacher --init "$W/dflash" --t0-share 0.3 --lr 3e-4 --steps 800 \
       --threads 2 --save-every 100 --data "$DATA" "$DATA2" --out "$WARM"
-  OMP_NUM_THREADS=2 $PY -m drafter.train --stage distill --init "$WARM" --student-init "$W/flashmap" --lr 5e-5 \
+  OMP_NUM_THREADS=2 $PY -m drafter.training.train --stage distill --init "$WARM" --student-init "$W/flashmap" --lr 5e-5 \
       --steps "${DISTILL_STEPS3:-3300}" --threads 2 --save-every 100 --data "$DATA" "$DATA2" --out "$STUDENT"
   cp "$STUDENT/model.safetensors" "$STUDENT/config.json" "$W/flashmap/"  # the teacher last: it marks phase 3 done
   cp "$WARM/model.safetensors" "$WARM/config.json" "$W/flashmap-teacher/"

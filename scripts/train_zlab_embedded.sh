@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Drafters in the published DFlash layout for the embedded default (SmolLM2-135M-Instruct), trained on the CPU and
-# exportable with `python -m drafter.export` to every engine that serves DFlash (docs/serving.md).
-# STAGE=dflash (default): the DFlash-style drafter on the z-lab backbone, open-ended (`drafter.loop`), its held-out
+# exportable with `python -m drafter.formats.export` to every engine that serves DFlash (docs/serving.md).
+# STAGE=dflash (default): the DFlash-style drafter on the z-lab backbone, open-ended (`drafter.training.loop`), its held-out
 # acceptance measured every EVAL_EVERY steps and the best kept in $OUT/dflash/best.
 # STAGE=teacher: the FlashMap flow teacher warm-started from $OUT/dflash/best (its t = 0 pass starts as DFlash-style's,
 # 30% of blocks at t = 0), open-ended likewise; STAGE=distill: the flow map distilled from $OUT/teacher/best with the
@@ -21,7 +21,7 @@ DATA="data/smollm2-responses data/smollm2-responses-2"
 VAL=data/smollm2-val
 export OMP_NUM_THREADS=1
 for d in $VAL $DATA; do  # feature caches (~1.2 MB a response, not committed)
-  [ -d "$d/features-1-10-20-29" ] || $PY -m drafter.data features --layers 1 10 20 29 --data "$d"
+  [ -d "$d/features-1-10-20-29" ] || $PY -m drafter.training.data features --layers 1 10 20 29 --data "$d"
 done
 STAGE=${STAGE:-dflash}
 DISTILL_STEPS=${DISTILL_STEPS:-1200}
@@ -29,16 +29,16 @@ common=(--data $DATA --val $VAL --batch-seqs 4 --anchors-per-seq 8 --save-every 
         --stride 16 --threads 1 --precision auto --hours "$HOURS")
 case "$STAGE" in
   dflash)
-    $PY -m drafter.loop --stage dflash --backbone zlab --modulation scale-gate --n-layers 2 --block-size 15 \
+    $PY -m drafter.training.loop --stage dflash --backbone zlab --modulation scale-gate --n-layers 2 --block-size 15 \
         --n-feature-layers 4 --context-window 128 --out "$OUT/dflash" --curve docs/results/curves/zlab-dflash.jsonl \
         --lr 6e-4 "${common[@]}" ;;
   teacher)
     init="$OUT/dflash/best"; [ -d "$init" ] || init="$OUT/dflash"
-    $PY -m drafter.loop --stage teacher --init "$init" --t0-share 0.3 --out "$OUT/teacher" \
+    $PY -m drafter.training.loop --stage teacher --init "$init" --t0-share 0.3 --out "$OUT/teacher" \
         --curve docs/results/curves/zlab-teacher.jsonl --lr 3e-4 "${common[@]}" ;;
   distill)
     init="$OUT/teacher/best"; [ -d "$init" ] || init="$OUT/teacher"
-    $PY -m drafter.loop --stage distill --init "$init" --out "$OUT/flashmap" --cycle-steps "$DISTILL_STEPS" \
+    $PY -m drafter.training.loop --stage distill --init "$init" --out "$OUT/flashmap" --cycle-steps "$DISTILL_STEPS" \
         --zero-noise-blocks 16 --zero-noise-path --eval-spec "flashmap,scale=0" \
         --curve docs/results/curves/zlab-flashmap.jsonl --lr 1e-4 "${common[@]}" ;;
   *) echo "STAGE must be dflash, teacher or distill" >&2; exit 2 ;;

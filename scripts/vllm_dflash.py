@@ -6,8 +6,10 @@ than the app, so it lives apart and this script imports nothing of the project):
 .venv-vllm/bin/python scripts/vllm_dflash.py --target TARGET_DIR --requests REQ.json --out OUT.json \
     [--drafter EXPORT_DIR ...]
 
-TARGET_DIR: the target as a safetensors folder (`python -m drafter.export --target-out`); each EXPORT_DIR a folder
-written by `python -m drafter.export --format dflash`; REQ.json: {"prompt_ids": [[int, ...], ...], "max_tokens": N}
+TARGET_DIR: the target as a safetensors folder (`python -m drafter.formats.export --target-out`); each EXPORT_DIR a
+folder
+written by `python -m drafter.formats.export --format dflash`; REQ.json: {"prompt_ids": [[int, ...], ...],
+"max_tokens": N}
 (token ids, so that both engines read the same input). vLLM runs plain, then with `{"method": "dflash", "model":
 EXPORT_DIR}` for each drafter, one request at a time (a chat user's situation), and writes per run the output token
 ids, tokens/s and vLLM's own spec-decode counters (drafts, draft tokens, accepted tokens, accepted per position).

@@ -1,4 +1,5 @@
-"""drafter/export.py: a drafter on the z-lab backbone written as a published DFlash folder. The fold is exact: the
+"""drafter/formats/export.py: a drafter on the z-lab backbone written as a published DFlash folder. The fold is exact:
+the
 folder, read back by the project's own z-lab loader, drafts the blocks the unexported drafter drafts (fp32, every
 slot), on tiny random Llama and Qwen3 targets and on the embedded default."""
 import json
@@ -9,13 +10,13 @@ import pytest
 import torch
 
 from core.decoding.engine import GenerationConfig, generate_all
-from drafter.checkpoint import CheckpointError, save_checkpoint
-from drafter.export import export_dflash, main
+from drafter.formats.checkpoint import CheckpointError, save_checkpoint
+from drafter.formats.dflash import is_zlab_folder, read_zlab
+from drafter.formats.export import export_dflash, main
 from drafter.registry import build_drafter
-from drafter.runtime import build_net
+from drafter.runtime.drafters import build_net
 from drafter.spec import DrafterSpec
-from drafter.train import NetShape, TrainConfig, network_config
-from drafter.zlab_dflash import is_zlab_folder, read_zlab
+from drafter.training.train import NetShape, TrainConfig, network_config
 
 
 def random_zlab_drafter(target, folder, kind="flashmap", modulation="scale-gate", layers=2, block=4, seed=0):

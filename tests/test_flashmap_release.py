@@ -10,9 +10,10 @@ from safetensors.torch import save_file
 
 from core.decoding.engine import GenerationConfig, generate_all
 from core.verification.sampling import SamplingConfig
-from drafter import runtime
-from drafter.flashmap_release import ReleaseConfig, ReleaseDrafter
+from drafter.networks.release import ReleaseConfig
 from drafter.registry import DrafterUnavailable, build_drafter
+from drafter.runtime import drafters as runtime
+from drafter.runtime.release import ReleaseDrafter
 from drafter.spec import DrafterSpec, SpecError
 from lab.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
 
@@ -83,9 +84,10 @@ def test_draft_logits_equal_the_reference_for_the_same_weights_and_noise(steps, 
 
 @pytest.mark.parametrize("steps", [1, 2])
 def test_the_native_dit_drafts_what_torchs_does(steps, folder, tiny_qwen3_target):
-    """drafter.native_trunk.ReleaseTrunk (the DiT in one native call) against the DiT op by op in torch, on the same
+    """drafter.runtime.native_trunk.ReleaseTrunk (the DiT in one native call) against the DiT op by op in torch, on the
+    same
     context and noise: equal in fp32, and the 8-bit products' drafts close to them; only the asked rows' logits."""
-    from drafter import native_trunk
+    from drafter.runtime import native_trunk
 
     module, why = native_trunk.load()
     if module is None:

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from core.verification.sampling import SamplingConfig
-from drafter.drafting import BlockSampler
-from drafter.frozen import CachedContext, FrozenDraftNet
-from drafter.runtime import FlowDrafter, build_net
+from drafter.runtime.drafters import FlowDrafter, build_net
+from drafter.runtime.drafting import BlockSampler
+from drafter.runtime.frozen import CachedContext, FrozenDraftNet
 from tests.test_drafter import tiny_cfg
 
 

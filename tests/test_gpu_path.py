@@ -17,8 +17,8 @@ from core.decoding.prefix import PrefixCache
 from core.runtime.graphs import GraphedSteps
 from core.runtime.target import TargetConfig, load_target
 from core.verification.sampling import SamplingConfig
-from drafter.graphed_release import GraphedReleaseDrafter
 from drafter.registry import build_drafter
+from drafter.runtime.graphed_release import GraphedReleaseDrafter
 from drafter.spec import DrafterSpec
 from lab.testing import alternating
 from tests.gpu_path import write_folders
@@ -142,8 +142,8 @@ def test_the_released_drafter_is_found_for_a_local_folder_of_its_architecture(ta
     """A local folder of Qwen3-8B is not named "Qwen/Qwen3-8B": the released drafter is matched by the config."""
     import huggingface_hub.constants as hub
 
-    from drafter import runtime
-    from drafter.flashmap_release import ReleaseDrafter
+    from drafter.runtime import drafters as runtime
+    from drafter.runtime.release import ReleaseDrafter
 
     cfg = target.model.config
     shape = (cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, cfg.vocab_size)

@@ -1,4 +1,5 @@
-"""drafter.graphed_release: the released FlashMap drafter as a fixed-shape proposal over static context buffers, in
+"""drafter.runtime.graphed_release: the released FlashMap drafter as a fixed-shape proposal over static context
+buffers, in
 mode "sim" (the CUDA-graph step run without capture), drafts what the eager drafter drafts, through buffer growth and
 context restarts, and keeps replies exact."""
 import pytest
@@ -6,8 +7,9 @@ import torch
 
 from core.decoding.engine import GenerationConfig, generate_all
 from core.verification.sampling import SamplingConfig
-from drafter.flashmap_release import ReleaseDrafter, load_release_net
-from drafter.graphed_release import GraphedReleaseDrafter
+from drafter.formats.release import load_release_net
+from drafter.runtime.graphed_release import GraphedReleaseDrafter
+from drafter.runtime.release import ReleaseDrafter
 from tests.test_flashmap_release import BLOCK, release_model, write_release
 
 
@@ -75,7 +77,8 @@ def test_bad_modes_are_refused(folder, tiny_qwen3_target):
 
 
 def test_a_target_on_fixed_shape_steps_gets_the_graphed_drafter_and_exact_replies(folder):
-    """drafter.runtime: a target whose steps are core.runtime.graphs' (CUDA graphs on a GPU; sim here) drafts with
+    """drafter.runtime.drafters: a target whose steps are core.runtime.graphs' (CUDA graphs on a GPU; sim here) drafts
+    with
     the graphed proposal, in the same mode, through the registry."""
     from core.runtime.graphs import GraphedSteps
     from drafter.registry import build_drafter

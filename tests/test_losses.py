@@ -1,9 +1,9 @@
-"""Training-time samplers of drafter.losses: the distillation jumps (§3.2, §4) and the teacher's times."""
+"""Training-time samplers of drafter.training.losses: the distillation jumps (§3.2, §4) and the teacher's times."""
 import pytest
 import torch
 
-from drafter import losses
 from drafter.flow import t_of_tau, tau_of_t, time_grid
+from drafter.training import losses
 
 V = 4096
 
@@ -34,7 +34,7 @@ def test_teacher_trains_a_share_of_blocks_at_t_zero(monkeypatch):
         seen.append(t.clone())
         raise StopIteration
 
-    from drafter.network import DraftNet
+    from drafter.networks.dit import DraftNet
     from tests.test_drafter import tiny_cfg  # a tiny flashmap config
 
     cfg = tiny_cfg()
@@ -54,8 +54,8 @@ def test_teacher_trains_a_share_of_blocks_at_t_zero(monkeypatch):
 
 def teacher_student_batch(tiny_target):
     """A batch of tiny blocks and two random (untrained but not degenerate) flow nets, teacher and student."""
-    from drafter.data import blocks_from_sequences, draft_vocabulary, target_to_draft_map
-    from drafter.runtime import build_net
+    from drafter.runtime.drafters import build_net
+    from drafter.training.data import blocks_from_sequences, draft_vocabulary, target_to_draft_map
     from tests.test_drafter import tiny_cfg, tiny_seqs
 
     seqs = tiny_seqs()
@@ -71,8 +71,8 @@ def teacher_student_batch(tiny_target):
 
 def test_zero_noise_loss_trains_the_draft_the_zero_noise_jump_makes(tiny_target):
     """Its student side is exactly the engine's `flashmap,scale=0` draft, its target the teacher's flow from
-    x0 = 0 (drafter.drafting.jumps): training on it moves the one and only draft toward the teacher's flow."""
-    from drafter.drafting import BlockSampler, jumps
+    x0 = 0 (drafter.runtime.drafting.jumps): training on it moves the one and only draft toward the teacher's flow."""
+    from drafter.runtime.drafting import BlockSampler, jumps
 
     batch, teacher, student = teacher_student_batch(tiny_target)
     rows = torch.arange(5)
@@ -99,7 +99,7 @@ def test_zero_noise_path_loss_trains_both_zero_noise_drafts_onto_the_teachers_fl
     """The teacher's flow from x0 = 0 (drafting.teacher_flow from zeros) ends where `jumps` does, and its midpoint state
     over u is a distribution; fitting the path moves the 2-step zero-noise draft (`flashmap,steps=2,scale=0`)
     toward the teacher's flow, as the full jump alone moves the 1-step one."""
-    from drafter.drafting import BlockSampler, jumps, teacher_flow
+    from drafter.runtime.drafting import BlockSampler, jumps, teacher_flow
 
     batch, teacher, student = teacher_student_batch(tiny_target)
     rows = torch.arange(5)
@@ -130,7 +130,7 @@ def test_teacher_path_loss_trains_the_noisy_2_step_draft_onto_the_teachers_flow_
     """From a random x0 the teacher's flow (drafting.teacher_flow) ends where `jumps` does from the same noise, its
     midpoint minus the noise left over u is a distribution, and fitting the path moves the student's two exact
     jumps from that x0 (the `flashmap,steps=2` draft) toward the teacher's end: the joint structure §6.2 tests."""
-    from drafter.drafting import jumps, teacher_flow
+    from drafter.runtime.drafting import jumps, teacher_flow
 
     batch, teacher, student = teacher_student_batch(tiny_target)
     rows = torch.arange(5)

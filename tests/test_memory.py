@@ -11,7 +11,7 @@ from app.service import ChatService, ChatSettings
 from core.runtime.memory import held_rows
 from core.runtime.plan import GIB, QWEN3_FACTS, RELEASED_FLASHMAP_DIT, flashmap_drafter_bytes, plan_memory, plan_rows
 from core.runtime.target import TargetConfig, load_target
-from drafter.flashmap_release import ReleaseConfig, ReleaseNet
+from drafter.networks.release import ReleaseConfig, ReleaseNet
 from tests.gpu_path import write_folders
 
 CONTEXT = 8192

@@ -1,4 +1,4 @@
-"""drafter.native_trunk: the DiT trunk as one native call computes what DraftNet.trunk computes (up to float
+"""drafter.runtime.native_trunk: the DiT trunk as one native call computes what DraftNet.trunk computes (up to float
 rounding; where the build multiplies 8-bit codes, what it computes with its weights and each product's inputs so
 rounded), for any width, head count, block and context size; where it cannot be built the frozen view keeps the
 Python trunk."""
@@ -11,11 +11,11 @@ import torch
 from torch.nn import functional as F
 
 from core.runtime import cpu_linear, native
-from drafter import frozen as frozen_module
-from drafter import native_trunk
 from drafter.config import DrafterConfig
-from drafter.frozen import CachedContext, FrozenDraftNet
-from drafter.network import DraftNet
+from drafter.networks.dit import DraftNet
+from drafter.runtime import frozen as frozen_module
+from drafter.runtime import native_trunk
+from drafter.runtime.frozen import CachedContext, FrozenDraftNet
 from tests.test_native import LANE_BUILDS, lane_build_flags
 
 

@@ -1,4 +1,4 @@
-"""scripts.offline_pairs: paired differences between two variants of one drafter.evaluate run."""
+"""scripts.offline_pairs: paired differences between two variants of one drafter.evaluation.evaluate run."""
 import gzip
 import json
 import math

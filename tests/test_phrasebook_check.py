@@ -1,7 +1,7 @@
 import pytest
 
 from core.drafting import phrasebook
-from drafter.phrasebook_check import copy_acceptance, try_acceptance
+from drafter.evaluation.phrasebook_check import copy_acceptance, try_acceptance
 
 
 def test_copies_are_scored_against_the_held_out_reply_slot_by_slot():

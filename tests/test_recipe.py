@@ -1,19 +1,19 @@
 """The Qwen3 FlashMap training recipe: plan arithmetic and the commands it would run."""
-from drafter import recipe
-from drafter.runtime import default_weights
+from drafter.runtime.drafters import default_weights
+from drafter.training import recipe
 
 
 def test_dry_run_plan_for_a_4090_fits_and_names_every_stage(capsys):
     recipe.main(["--dry-run"])
     printed = capsys.readouterr().out
-    assert "fits" in printed and "--quant fp8" in printed and "drafter.train --stage distill" in printed
+    assert "fits" in printed and "--quant fp8" in printed and "drafter.training.train --stage distill" in printed
     rc, dry = recipe.parse_args(["--dry-run", "--features", "cache"])
     plan = recipe.plan(rc)
     assert dry and plan["fits"] and plan["quant"] == "fp8"
     width = 5 * 4096  # five feature layers of Qwen3-8B's hidden size
     assert plan["disk_bytes"]["feature_cache"] == plan["data_tokens"] * width * 2
     commands = [" ".join(c) for c in recipe.commands(rc)]
-    assert any("drafter.data features" in c for c in commands)
+    assert any("drafter.training.data features" in c for c in commands)
     teacher = str(default_weights("Qwen/Qwen3-8B", "flashmap-teacher"))
     assert f"--out {teacher}" in commands[-2] and f"--init {teacher}" in commands[-1]  # where the app looks
 
@@ -27,7 +27,7 @@ def test_plan_refuses_a_small_gpu_and_picks_8bit_before_ada():
 def test_parameter_count_matches_a_built_network(tiny_target):
     import torch
 
-    from drafter.runtime import build_net
+    from drafter.runtime.drafters import build_net
     from tests.test_drafter import tiny_cfg
 
     cfg = tiny_cfg()
@@ -53,7 +53,7 @@ def test_dry_run_warm_started_from_a_published_dflash_drafter(capsys):
 
 
 def test_a_local_published_folder_is_read_and_counted_exactly(tiny_qwen3_target, tmp_path):
-    from drafter.runtime import zlab_warm_start
+    from drafter.runtime.drafters import zlab_warm_start
     from tests.test_zlab_dflash import write_zlab, zlab_config, zlab_tensors
 
     cfg = zlab_config(tiny_qwen3_target)

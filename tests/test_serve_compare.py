@@ -3,7 +3,7 @@ needs the optional vLLM environment (bash scripts/install_vllm.sh; .ci/run insta
 import pytest
 
 from core.decoding.engine import GenerationConfig, generate_all
-from drafter.export import export_dflash
+from drafter.formats.export import export_dflash
 from drafter.registry import build_drafter
 from drafter.spec import DrafterSpec
 from scripts import serve_compare

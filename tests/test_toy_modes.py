@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from drafter import toy_modes
+from drafter.training import toy_modes
 
 
 @pytest.mark.slow

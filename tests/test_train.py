@@ -3,8 +3,8 @@ import json
 import pytest
 import torch
 
-import drafter.train as train_mod
-from drafter.data import write_shard
+import drafter.training.train as train_mod
+from drafter.training.data import write_shard
 from tests.test_drafter import tiny_seqs
 
 
@@ -63,7 +63,7 @@ def test_schedules_warm_up_then_decay():
 
 
 def blocks_for(target, seqs, net, vocab_ids):
-    from drafter.data import blocks_from_sequences, target_to_draft_map
+    from drafter.training.data import blocks_from_sequences, target_to_draft_map
     to_draft = target_to_draft_map(vocab_ids, target.vocab_size)
     return blocks_from_sequences(target, seqs, 4, net.cfg.block_size, net.cfg.context_window, net.cfg.feature_layers,
                                  to_draft, torch.Generator().manual_seed(0))
@@ -84,7 +84,7 @@ def test_teacher_warm_starts_from_a_dflash_style_net(tiny_run, tiny_target):
     assert all(torch.equal(start[k].float(), v.to(torch.bfloat16).float()) for k, v in net.state_dict().items()
                if k in start and k != "slot_in.bias")
     # its t = 0 pass, from any noise, is the DFlash-style net's one pass (start_from_mask)
-    from drafter.runtime import load_net
+    from drafter.runtime.drafters import load_net
     from tests.test_drafter import tiny_seqs
     source, vocab_ids, _ = load_net(dflash, tiny_target)
     batch = blocks_for(tiny_target, tiny_seqs(), source, vocab_ids)

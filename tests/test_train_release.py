@@ -1,13 +1,16 @@
-"""Training a drafter in the release's architecture (drafter.train_release): its loss learns a tiny target's blocks,
+"""Training a drafter in the release's architecture (drafter.training.train_release): its loss learns a tiny target's
+blocks,
 and what it saves is a release folder that the authors' package and this engine read alike."""
 import json
 
 import torch
 from flashmap import FlashMapDraftModel
 
-from drafter.data import Sequence, blocks_from_sequences
-from drafter.flashmap_release import ReleaseDrafter, ReleaseNet, load_release_net
-from drafter.train_release import ReleaseTrainConfig, draw_jumps, release_loss, save_release
+from drafter.formats.release import load_release_net
+from drafter.networks.release import ReleaseNet
+from drafter.runtime.release import ReleaseDrafter
+from drafter.training.data import Sequence, blocks_from_sequences
+from drafter.training.train_release import ReleaseTrainConfig, draw_jumps, release_loss, save_release
 
 
 def tiny_cfg(tmp_path) -> ReleaseTrainConfig:
@@ -61,7 +64,7 @@ def test_the_loss_learns_a_fixed_batch_and_the_saved_folder_reads_alike(tiny_qwe
 def test_a_run_resumes_from_its_folder_even_where_a_parameter_has_no_state_yet(tiny_qwen3_target, tmp_path):
     """save_state / resume: the step, the network and AdamW's moments come back; a parameter no loss has reached yet
     (no gradient, so no optimizer state) is left without state instead of failing the resume."""
-    from drafter.train_release import resume, save_state
+    from drafter.training.train_release import resume, save_state
 
     target, cfg = tiny_qwen3_target, tiny_cfg(tmp_path)
     torch.manual_seed(0)

@@ -7,9 +7,10 @@ import torch
 from safetensors.torch import save_file
 
 from core.decoding.engine import GenerationConfig, generate_all
+from drafter.networks.rotary import rotary
 from drafter.registry import DrafterUnavailable, build_drafter
+from drafter.runtime.dflash import ZLabDFlashDrafter
 from drafter.spec import DrafterSpec
-from drafter.zlab_dflash import ZLabDFlashDrafter, rope
 from lab.testing import QWEN3_TEMPLATE, assert_sampled_distribution_exact, make_target, tiny_qwen3
 
 BLOCK = 4
@@ -116,7 +117,7 @@ def test_rope_matches_transformers_qwen3(tiny_qwen3_target):
     cfg = tiny_qwen3_target.model.config
     positions = torch.tensor([0, 1, 5, 300])
     cos, sin = Qwen3RotaryEmbedding(cfg)(torch.zeros(1, 4, cfg.hidden_size), positions[None])
-    ours = rope(positions, cfg.head_dim, cfg.rope_parameters["rope_theta"])
+    ours = rotary(positions, cfg.head_dim, cfg.rope_parameters["rope_theta"], "halves")
     assert torch.allclose(ours[0], cos[0], atol=1e-5) and torch.allclose(ours[1], sin[0], atol=1e-5)
 
 

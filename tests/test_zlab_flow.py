@@ -1,4 +1,4 @@
-"""FlashMap over a z-lab DFlash backbone (drafter/zlab_flow.py): at initialisation its t = 0 pass is the
+"""FlashMap over a z-lab DFlash backbone (drafter/networks/zlab_flow.py): at initialisation its t = 0 pass is the
 published drafter's, logit for logit; the teacher warm-starts from the published folder, trains, saves, resumes,
 distils, and drafts in the engine with outputs identical to plain decoding."""
 import json
@@ -7,12 +7,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import drafter.train as train_mod
+import drafter.training.train as train_mod
 from core.decoding.engine import GenerationConfig, generate_all
-from drafter.data import write_shard
 from drafter.registry import build_drafter
-from drafter.runtime import load_net, zlab_warm_start
+from drafter.runtime.drafters import load_net, zlab_warm_start
 from drafter.spec import DrafterSpec
+from drafter.training.data import write_shard
 from tests.test_drafter import tiny_seqs
 from tests.test_zlab_dflash import BLOCK, write_zlab, zlab_config, zlab_tensors
 
@@ -119,7 +119,7 @@ def test_teacher_warm_started_from_a_published_folder_trains_distils_and_drafts_
     net, _vocab, meta = load_net(teacher, tiny_qwen3_target)
     assert meta["training"]["resumed_from"] == 2 and net.cfg.context_window == 8
     assert net.cfg.modulation == "scale-gate"  # a warm start exports back to the published format
-    from drafter.export import export_dflash
+    from drafter.formats.export import export_dflash
 
     exported = build_drafter(DrafterSpec("dflash", weights=str(export_dflash(teacher, tmp_path / "export"))),
                              tiny_qwen3_target)
@@ -144,7 +144,7 @@ def test_teacher_warm_started_from_a_published_folder_trains_distils_and_drafts_
 
 def test_a_published_folder_for_another_target_or_with_missing_tensors_is_refused(zlab_folder, tiny_target,
                                                                                    tiny_qwen3_target, tmp_path):
-    from drafter.checkpoint import CheckpointError
+    from drafter.formats.checkpoint import CheckpointError
 
     with pytest.raises(CheckpointError, match="made for a target"):
         zlab_warm_start(zlab_folder, tiny_target, context_window=8)
@@ -158,7 +158,7 @@ def test_a_new_published_layout_drafter_trains_from_scratch_warm_starts_a_flow_a
         tiny_target, tmp_path, monkeypatch):
     """--backbone zlab on a Llama target: DFlash-style from scratch, the FlashMap teacher warm-started from it
     (its t = 0 pass starts as DFlash-style's), both exported and drafting exactly."""
-    from drafter.export import export_dflash
+    from drafter.formats.export import export_dflash
 
     seqs = tiny_seqs(n=8)
     data = tmp_path / "data"

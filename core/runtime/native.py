@@ -1,6 +1,7 @@
 """The engine's native kernels, built once per machine with the system's C++ compiler through torch's extension
 builder, cached on disk, loaded on later starts in about a second: the decode step (core/runtime/csrc/lean_step.cpp) and
-extensions of the packages above core (the drafter's forward, drafter/csrc/), all sharing core/runtime/csrc/simd.h.
+extensions of the packages above core (the drafter's forward, drafter/runtime/csrc/), all sharing
+core/runtime/csrc/simd.h.
 
 Why a native step: the q4 forward of the embedded target spent most of a decode step dispatching ~55 small tensor
 ops a layer from Python (norms, rotary, attention pieces, casts); one native call for all layers leaves the weights'

@@ -49,7 +49,7 @@ def flashmap_drafter_bytes(target_width: int, context: int, dit: dict = RELEASED
                            bytes_per_value: int = 2) -> int:
     """A released-architecture FlashMap drafter on the GPU: its weights (fc over the feature layers, the anchor,
     state and output projections, the time MLPs, per layer self- and cross-attention, MLP and three AdaLN maps) and
-    its context's cross-attention keys and values for `context` positions (drafter.flashmap_release). About 1.0 GB
+    its context's cross-attention keys and values for `context` positions (drafter.networks.release). About 1.0 GB
     of weights for Qwen3-8B's 500M-parameter drafter, and 48 KiB a context position."""
     d, mlp, cond, time = dit["width"], dit["mlp"], dit["cond"], dit["time"]
     io = dit["feature_layers"] * target_width * d + 2 * (target_width * d + d) + d * target_width + target_width

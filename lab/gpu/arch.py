@@ -31,7 +31,7 @@ from core.runtime.plan import (
 from core.runtime.target import Target, TargetConfig, load_target
 from core.runtime.verify_cost import synchronize as sync
 from core.runtime.verify_cost import verify_cost
-from drafter.zlab_dflash import assumed_layout
+from drafter.networks.dflash import assumed_layout
 from lab.gpu.stages import Command
 
 GIB = 2**30
@@ -288,7 +288,8 @@ def zlab_config(target: Target, layers: int) -> dict:
 
 def zlab_cost(target: Target, sz: dict) -> dict:
     """Seconds per proposal of a z-lab-format DFlash drafter (random weights) at the target's size."""
-    from drafter.zlab_dflash import ZLabConfig, ZLabDFlashDrafter, ZLabDFlashNet
+    from drafter.networks.dflash import ZLabConfig, ZLabDFlashNet
+    from drafter.runtime.dflash import ZLabDFlashDrafter
 
     cfg = ZLabConfig.from_json(zlab_config(target, sz["zlab_layers"]))
     previous = torch.get_default_dtype()
@@ -509,7 +510,7 @@ def tiny_drafters(target: Target) -> list[tuple[str, object]]:
     """n-gram, the flow drafters (1- and 2-step flow map, teacher, DFlash-style, App. D tree) on a random tiny
     network, and for Qwen3 a tiny random drafter in the published z-lab format."""
     from drafter.config import DrafterConfig
-    from drafter.runtime import FlowDrafter, build_net
+    from drafter.runtime.drafters import FlowDrafter, build_net
 
     torch.manual_seed(0)
     hidden = target.model.config.hidden_size
@@ -529,7 +530,8 @@ def tiny_drafters(target: Target) -> list[tuple[str, object]]:
                 ("dflash-style", FlowDrafter(nets["dflash"], vocab_ids, target, "dflash")),
                 ("flashmap-tree3", FlowDrafter(nets["flashmap"], vocab_ids, target, "flowmap", 1, tree=3))]
     if target.model.config.model_type == "qwen3":
-        from drafter.zlab_dflash import ZLabConfig, ZLabDFlashDrafter, ZLabDFlashNet
+        from drafter.networks.dflash import ZLabConfig, ZLabDFlashNet
+        from drafter.runtime.dflash import ZLabDFlashDrafter
 
         cfg = zlab_config(target, 1)
         cfg.update(head_dim=8, block_size=4, dflash_config={"mask_token_id": 7, "target_layer_ids": [0, 2]})
@@ -562,7 +564,7 @@ def release_config(target: Target, cpu_sim: bool) -> dict:
     cfg = target.model.config
     dit = dict(layers=1, width=32, heads=4, mlp=64, cond=16, time=16, feature_layers=1) if cpu_sim else \
         RELEASED_FLASHMAP_DIT
-    last = cfg.num_hidden_layers - 2  # the last layer a drafter may read (flashmap_release.check_target)
+    last = cfg.num_hidden_layers - 2  # the last layer a drafter may read (drafter.formats.release.check_target)
     count = dit["feature_layers"]
     layer_ids = sorted({round(i * last / max(1, count - 1)) for i in range(count)}) if count > 1 else [last]
     return {"model_type": "flashmap", "target_model": QWEN3_8B, "target_hidden_size": cfg.hidden_size,
@@ -586,7 +588,7 @@ def proposal_seconds(drafter, device: str, repeats: int) -> tuple[float, list[in
 
 def random_release_net(target: Target, cmd: Command, sz: dict):
     """The released architecture at the target's width with random weights, on its device in its dtype."""
-    from drafter.flashmap_release import ReleaseConfig, ReleaseNet
+    from drafter.networks.release import ReleaseConfig, ReleaseNet
 
     cfg = ReleaseConfig.from_json(release_config(target, cmd.cpu_sim))
     previous = torch.get_default_dtype()
@@ -600,11 +602,12 @@ def random_release_net(target: Target, cmd: Command, sz: dict):
 
 def released_drafter(cmd: Command) -> dict:
     """The released FlashMap architecture (random weights) on the target's device in its dtype, drafting after a
-    4,096-position context (64 in --cpu-sim): a proposal eager (drafter.flashmap_release) and replayed from CUDA graphs
-    (drafter.graphed_release; its sim mode in --cpu-sim), seconds against the graphed target step of compiled_step,
+    4,096-position context (64 in --cpu-sim): a proposal eager (drafter.networks.release) and replayed from CUDA graphs
+    (drafter.runtime.graphed_release; its sim mode in --cpu-sim), seconds against the graphed target step of
+    compiled_step,
     and whether both drafted the same tokens from the same noise."""
-    from drafter.flashmap_release import ReleaseDrafter
-    from drafter.graphed_release import GraphedReleaseDrafter
+    from drafter.runtime.graphed_release import GraphedReleaseDrafter
+    from drafter.runtime.release import ReleaseDrafter
 
     sz = sizes(cmd)
     target = shared_target(cmd, sz)
@@ -672,7 +675,7 @@ def qwen3_w8(cmd: Command) -> dict:
     from core.runtime import w8
     from core.runtime.graphs import GraphedSteps
     from core.runtime.lean import LeanForward
-    from drafter.graphed_release import GraphedReleaseDrafter
+    from drafter.runtime.graphed_release import GraphedReleaseDrafter
     from lab.gpu.stages import release_memory
 
     sz = sizes(cmd)

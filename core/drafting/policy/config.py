@@ -49,7 +49,7 @@ class PolicyConfig:
     # a copied token's acceptance before this conversation measured its source and match length
     copy_prior: float = 0.7
     # a copy verified beside another with a different first token: the less likely of the two was the target's
-    # token in 0.04-0.28 of held-out positions (drafter.phrasebook_check --tries)
+    # token in 0.04-0.28 of held-out positions (drafter.evaluation.phrasebook_check --tries)
     beside_prior: float = 0.15
     # the network's sampled drafts (T > 0) per slot, before measured: its own confidence does not estimate sum min(p, q)
     sampled_prior: float = 0.5

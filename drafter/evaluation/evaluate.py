@@ -2,18 +2,18 @@
 
 Shape letters: B = blocks (anchors) in a batch, K = block size, V = draft vocabulary.
 
-python -m drafter.evaluate --data data/smollm2-val --variants flashmap flashmap,steps=2 dflash \
+python -m drafter.evaluation.evaluate --data data/smollm2-val --variants flashmap flashmap,steps=2 dflash \
     flashmap-teacher,steps=16 flashmap,best_of=4 [--stride 2] [--out runs/eval.json]
 
 A variant is a drafter spec (drafter/spec.py): `drafter[,steps=N][,noise=shuffled][,best_of=M][,tree=M][,scale=S]
 [,k=K][,lookup=1][,weights=FOLDER]` with drafter one of flashmap, flashmap-teacher, dflash (a released-format folder,
-drafter.flashmap_release, as flashmap with its steps, k and scale; scale: the flow drafters'
+drafter.networks.release, as flashmap with its steps, k and scale; scale: the flow drafters'
 initial noise scale, 0 = the deterministic draft from x0 = 0 that the app makes at T = 0; tree=M: M drafts from
 independent noise merged into a trie of at most K nodes, App. D; lookup=1: prompt lookup beside the network, as
 core.drafting.base.LookupHybrid drafts at T = 0 without a cost curve; the engine's second free source, the target's
 phrasebook, is not modelled here: the bench measures it).
 
-At T=0 the target's output is fixed: its greedy response, which `python -m drafter.data generate`
+At T=0 the target's output is fixed: its greedy response, which `python -m drafter.training.data generate`
 stored. A round anchored at position a accepts the draft's longest prefix that equals the response
 after a, then adds the target's own token, so the acceptance length of that round is known from the
 draft alone. This averages it over every `stride`-th anchor of each response (anchors with a full
@@ -45,13 +45,14 @@ from core.prompts import read_jsonl
 from core.runtime.target import Target, add_target_args, load_target, target_config_from_args
 from core.runtime.trie import build_trie
 from core.verification.tree import depth_in, followed_branch
-from drafter import flashmap_release
-from drafter.data import blocks_at, load_sequences, target_to_draft_map
-from drafter.drafting import BlockSampler, fold_unused, greedy_block
-from drafter.network import FlowNet
-from drafter.runtime import DRAFTER_MODES, default_weights, load_named_net
+from drafter.formats.release import is_release_folder, load_release_net
+from drafter.networks.dit import FlowNet
+from drafter.networks.release import ReleaseNet, draft_logits
+from drafter.runtime.drafters import DRAFTER_MODES, default_weights, load_named_net
+from drafter.runtime.drafting import BlockSampler, fold_unused, greedy_block
 from drafter.spec import NET_DRAFTERS, DrafterSpec, SpecError
-from drafter.train_release import block_context
+from drafter.training.data import blocks_at, load_sequences, target_to_draft_map
+from drafter.training.train_release import block_context
 
 RELEASE_WINDOW = 1024  # context positions an offline released-format draft reads (the engine reads every one)
 
@@ -90,11 +91,11 @@ def accepted_prefix(draft: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
 
 def domain_of_sequences(folder: Path) -> list[str]:
     """The domain of each stored sequence, in load order: from the folder's domains.json (written by
-    `drafter.data generate`), else from the prompt files its meta.json names."""
+    `drafter.training.data generate`), else from the prompt files its meta.json names."""
     if (folder / "domains.json").exists():
         return json.loads((folder / "domains.json").read_text())
     if not (folder / "meta.json").exists():
-        raise SystemExit(f"{folder}: no meta.json; write the folder with python -m drafter.data generate")
+        raise SystemExit(f"{folder}: no meta.json; write the folder with python -m drafter.training.data generate")
     meta = json.loads((folder / "meta.json").read_text())
     start, limit = meta.get("start", 0), meta.get("limit")
     names = []
@@ -140,25 +141,26 @@ class Rounds:
 
 def load_variant(variant: Variant, target) -> tuple[Any, torch.Tensor]:
     """(network, vocab_ids) of the variant's checkpoint, refusing one of the other kind; a released-format folder
-    (drafter.flashmap_release) drafts the target's whole vocabulary."""
+    (drafter.networks.release) drafts the target's whole vocabulary."""
     folder = variant.spec.weights or default_weights(target.identity["name"], variant.spec.name)
-    if flashmap_release.is_release_folder(folder):
+    if is_release_folder(folder):
         spec = variant.spec
         if spec.name != "flashmap" or spec.tree > 1 or spec.best_of > 1 or spec.lookup or spec.noise != "shared":
             raise SystemExit(f"variant {variant.label!r}: a released-format drafter is evaluated as flashmap with "
                              "its steps, k and scale only")
-        return flashmap_release.load_release_net(folder, target), torch.arange(target.vocab_size)
+        return load_release_net(folder, target), torch.arange(target.vocab_size)
     return load_named_net(variant.spec.name, folder, target)
 
 
 @dataclass(frozen=True)
 class ReleaseDrafting:
     """A released-format network drafting offline blocks at T = 0, batched over anchors, each block's context read as
-    training reads it (drafter.train_release.block_context: the last RELEASE_WINDOW positions, which hold the whole of
+    training reads it (drafter.training.train_release.block_context: the last RELEASE_WINDOW positions, which hold the
+    whole of
     these responses; the engine reads all)."""
 
     variant: Variant
-    net: flashmap_release.ReleaseNet
+    net: ReleaseNet
     target: Target
     generator: torch.Generator
     embedding: torch.Tensor  # (V, D_t) the target's, fp32, read once: its noise factor is cached by it
@@ -183,7 +185,7 @@ class ReleaseDrafting:
         context, mask = block_context(net, blocks)
         positions = RELEASE_WINDOW + 1 + torch.arange(c.block_size)  # (K,) after the window and the anchor
         head = lambda hidden: hidden.float() @ self.head.T  # noqa: E731
-        logits = flashmap_release.draft_logits(net, context, positions, self.embedding, head, c.grid(spec.steps),
+        logits = draft_logits(net, context, positions, self.embedding, head, c.grid(spec.steps),
                                                spec.noise_scale, self.generator, (len(jobs),), mask)[:, :k]  # (B, K, V)
         probs = logits.softmax(-1)
         truth, valid = blocks.tokens[:, :k], blocks.valid[:, :k]  # (B, K) target ids: the draft vocabulary is all
@@ -280,7 +282,7 @@ def draft_rounds(variant: Variant, net, vocab_ids: torch.Tensor, target, seqs, s
     """Draft at every stride-th anchor of each sequence (walk: at the anchors the engine's rounds visit), as the
     engine would at T=0."""
     drafting: ReleaseDrafting | Drafting
-    if isinstance(net, flashmap_release.ReleaseNet):
+    if isinstance(net, ReleaseNet):
         drafting = ReleaseDrafting.of(variant, net, target, seed)
     else:
         drafting = Drafting.of(variant, net, vocab_ids, target, seed)
@@ -362,7 +364,7 @@ def held_out_sequences(folder: Path, layers: tuple[int, ...], limit: int | None)
     if len(seqs) != len(domains):
         raise SystemExit(f"{folder}: {len(seqs)} sequences but meta.json names {len(domains)} prompts")
     if any(s.features is None for s in seqs):
-        raise SystemExit(f"{folder}: no feature cache; run python -m drafter.data features --data {folder} "
+        raise SystemExit(f"{folder}: no feature cache; run python -m drafter.training.data features --data {folder} "
                          f"--layers {' '.join(map(str, layers))}")
     keep = [i for i, d in enumerate(domains) if limit is None or domains[:i].count(d) < limit]
     return [seqs[i] for i in keep], [domains[i] for i in keep]
@@ -370,7 +372,8 @@ def held_out_sequences(folder: Path, layers: tuple[int, ...], limit: int | None)
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, help="a folder written by drafter.data generate, with features")
+    parser.add_argument("--data", required=True, help="a folder written by drafter.training.data generate, "
+                                                           "with features")
     parser.add_argument("--variants", nargs="+", required=True,
                         help="drafter specs (drafter/spec.py), e.g. flashmap flashmap,steps=2 dflash flashmap,tree=4")
     parser.add_argument("--block-size", type=int, default=None,

@@ -28,7 +28,8 @@ import torch
 from core.drafting.base import Draft
 from core.runtime.graphs import MIN_SPAN, attend_span, capture
 from core.verification.sampling import SamplingConfig, draw_device, sample_rows, top_probs
-from drafter.flashmap_release import ContextRows, ReleaseDrafter, ReleaseNet, draft_logits
+from drafter.networks.release import ReleaseNet, draft_logits
+from drafter.runtime.release import ContextRows, ReleaseDrafter
 
 MODES = ("sim", "cuda")
 FIRST_CAPACITY = 4096  # context rows the buffers start with; they double (and the steps are captured again) when full

@@ -4,11 +4,11 @@ steps, keeps the best checkpoint in OUT/best and appends each measurement (step,
 to a learning curve. It stops at --hours (the end of a working session, saving first) and the same command
 resumes it; the CPU-hours carry on from the curve's last line.
 
-python -m drafter.loop --stage dflash --init weights/smollm2-135m-instruct/dflash \
+python -m drafter.training.loop --stage dflash --init weights/smollm2-135m-instruct/dflash \
     --data data/smollm2-responses data/smollm2-responses-2 --val data/smollm2-val \
     --out runs/loop-dflash --curve docs/results/curve-dflash.jsonl --lr 3e-4 --threads 2 --hours 2
 
-Acceptance is the offline evaluator's (drafter.evaluate, K = the drafter's own, T = 0) on every --stride-th
+Acceptance is the offline evaluator's (drafter.evaluation.evaluate, K = the drafter's own, T = 0) on every --stride-th
 anchor of the held-out responses; paired across measurements (same anchors).
 """
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from core.runtime.target import TargetConfig, add_target_args, load_target, target_config_from_args
-from drafter.evaluate import Variant, evaluate_variant, held_out_sequences, load_variant
+from drafter.evaluation.evaluate import Variant, evaluate_variant, held_out_sequences, load_variant
 from drafter.spec import DrafterSpec
-from drafter.train import (
+from drafter.training.train import (
     NetShape,
     TrainConfig,
     add_train_args,
@@ -116,7 +116,7 @@ def run(cfg: TrainConfig, shape: NetShape, target_cfg: TargetConfig, val: Path, 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_args(parser)
-    parser.add_argument("--val", required=True, help="held-out responses with cached features (drafter.data)")
+    parser.add_argument("--val", required=True, help="held-out responses with cached features (drafter.training.data)")
     parser.add_argument("--curve", default=None, help="learning curve JSONL (default OUT/curve.jsonl)")
     parser.add_argument("--eval-every", type=int, default=300, help="steps between held-out measurements")
     parser.add_argument("--stride", type=int, default=8, help="every N-th anchor of the held-out responses")

@@ -2,7 +2,7 @@
 core.verification.sampling.verify_sampled): how that acceptance depends on where the flow map's jump starts (x0 = 0,
 or x0 drawn from N(0, I) as the paper's sampler does), measured on the same contexts.
 
-python -m drafter.sampled_acceptance --prompts eval_math eval_code eval_chat --temperature 1 0.7 [--limit 6]
+python -m drafter.evaluation.sampled_acceptance --prompts eval_math eval_code eval_chat --temperature 1 0.7 [--limit 6]
     [--max-new-tokens 96] [--scales 0 1] [--argmax] [--out FILE.json]
 
 The contexts are the target's own sampled replies (plain decoding at that temperature, seed i for prompt i). At every
@@ -27,7 +27,7 @@ from core.prompts import read_prompt_file
 from core.runtime.forward import target_forward
 from core.runtime.target import Target, add_target_args, load_target, target_config_from_args
 from core.verification.sampling import SamplingConfig, target_probs
-from drafter.runtime import FlowDrafter, load_engine_drafter
+from drafter.runtime.drafters import FlowDrafter, load_engine_drafter
 from drafter.spec import DrafterSpec
 
 

@@ -1,10 +1,11 @@
-"""Released FlashMap drafters (the `flashmap` 0.1.0 format: j-shen/FlashMap-Qwen3-8B and the same layout), run natively.
+"""The released FlashMap drafter's network (the `flashmap` 0.1.0 architecture: j-shen/FlashMap-Qwen3-8B and the same
+layout), and how it drafts.
 
 Shape letters: K = block size, V = target vocabulary, D_t = target width, D = the drafter's width, H = heads,
 Hd = head dim (D / H), N = context positions, F = len(target_layer_ids) * D_t, C = the time conditioning's width.
 
-The format is a folder with config.json (`model_type: "flashmap"`) and model.safetensors; the folder's Python files
-(for transformers' remote code) are never run: the config's fields and the tensors are read directly.
+Its folders are read by drafter.formats.release (config.json with `model_type: "flashmap"` and model.safetensors;
+the folder's Python files are never run); the engine's drafter over it is drafter.runtime.release.
 
 How it drafts the K tokens after the anchor (the last committed token), as the release does:
 - A block is a point x in R^{K x V} moving from Gaussian noise x0 (s = 0) to one-hot tokens (s = 1). The network is a
@@ -25,31 +26,23 @@ How it drafts the K tokens after the anchor (the last committed token), as the r
   rejection sampling checks against the target.
 
 The context's keys and values depend only on the target's features, so they are projected once when positions are
-committed (`extend`; every layer's from one product, `CrossKeysValues`) and kept in a buffer that grows by doubling;
-the anchor's row is written after them each round. On the CPU the DiT runs as one native call where it builds
-(drafter.native_trunk.ReleaseTrunk: ~150 small torch ops a call before), op by op in torch elsewhere; on a target with
-fixed-shape steps (core.runtime.graphs) the whole proposal is one (drafter.graphed_release).
+committed (drafter.runtime.release: every layer's from one product) and kept in a buffer that grows by doubling; the
+anchor's row is written after them each round. On the CPU the DiT runs as one native call where it builds
+(drafter.runtime.native_trunk.ReleaseTrunk: ~150 small torch ops a call before), op by op in torch elsewhere; on a
+target with fixed-shape steps (core.runtime.graphs) the whole proposal is one (drafter.runtime.graphed_release).
 """
 from __future__ import annotations
 
-import json
 import math
-import warnings
-import weakref
 from dataclasses import dataclass
-from pathlib import Path
-from typing import cast
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core.drafting.base import Draft
-from core.runtime import cpu_linear
 from core.runtime.modules import ModuleList
-from core.verification.sampling import SamplingConfig, draw_device, sample_rows, top_probs
-from drafter import native_trunk
-from drafter.checkpoint import CheckpointError, load_published_state, read_published
+from core.verification.sampling import draw_device
+from drafter.networks.rotary import rotary, rotate_pairs
 
 MODEL_TYPE = "flashmap"
 BASE_PREFIX = "flashmap."  # the release model's base_model_prefix: on the tensor names of a folder saved through it
@@ -155,20 +148,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x * (weight / rms(x)), the scale rounded to x's dtype before it multiplies (the order the release trains in)."""
     scale = weight.float() * torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + eps)
     return x * scale.to(x.dtype)
-
-
-def rotary(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin (..., N, 1, Hd / 2) in fp32 of the angles at positions (..., N): one angle per interleaved channel
-    pair."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
-    angles = positions.float()[..., None, None] * inv_freq  # (..., N, 1, Hd/2)
-    return angles.cos(), angles.sin()
-
-
-def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (..., N, H, Hd) with each pair (x[2i], x[2i + 1]) rotated by its angle, computed in fp32."""
-    even, odd = x.float().unflatten(-1, (-1, 2)).unbind(-1)  # (..., N, H, Hd/2) each
-    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2).type_as(x)
 
 
 def time_features(t: float | torch.Tensor, dim: int, scale: float, device) -> torch.Tensor:
@@ -340,7 +319,7 @@ class ReleaseNet(nn.Module):
 
     def context_rows(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Target features (N, F) at positions (N,) -> per layer the cross-attention keys, values (H, N, Hd)."""
-        context, rope = self.context_inputs(features), rotary(positions, self.c.head_dim, self.c.rope_theta)
+        context, rope = self.context_inputs(features), rotary(positions, self.c.head_dim, self.c.rope_theta, "pairs")
         return [layer.cross_attn.keys_values(context, rope) for layer in self.layers]
 
     def context_inputs(self, features: torch.Tensor) -> torch.Tensor:
@@ -387,7 +366,7 @@ class ReleaseNet(nn.Module):
         """The DiT under given modulations (conditioning / modulations): inputs (..., K, D_t) -> (..., K, D_t); mask
         (..., 1, 1, N) False at padded context rows."""
         layer_mods, final_mod = modulations
-        rope = rotary(positions, self.c.head_dim, self.c.rope_theta)
+        rope = rotary(positions, self.c.head_dim, self.c.rope_theta, "pairs")
         h = self.x_embed(inputs)
         for layer, mods, layer_context in zip(self.layers, layer_mods, context):
             h = layer(h, mods, rope, layer_context, mask)
@@ -432,252 +411,3 @@ def draft_logits(net: ReleaseNet, context, positions: torch.Tensor, embedding: t
     return lm_head(hidden if rows is None else hidden[..., :rows, :])  # (*batch, K or rows, V)
 
 
-# ---- reading a folder --------------------------------------------------------------------------------------------
-
-
-def is_release_folder(folder) -> bool:
-    try:
-        return json.loads((Path(folder) / "config.json").read_text()).get("model_type") == MODEL_TYPE
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def read_release(folder) -> tuple[ReleaseConfig, dict[str, torch.Tensor]]:
-    """The config and tensors of a release folder (model.safetensors or an index of shards), or CheckpointError."""
-    cfg, state = read_published(folder, ReleaseConfig.from_json, "FlashMap release")
-    return cast(ReleaseConfig, cfg), state
-
-
-def check_target(cfg: ReleaseConfig, target, folder) -> None:
-    """Refuse a drafter whose shapes do not fit this target; warn where it was trained for another model (the output
-    stays exact, only its drafts are poorer)."""
-    model_cfg = target.model.config
-    embedding = target.model.get_input_embeddings().weight
-    want = (cfg.vocab_size, cfg.target_hidden_size)
-    if tuple(embedding.shape) != want:
-        raise CheckpointError(f"FlashMap drafter at {folder} was made for a target with vocabulary {want[0]} and "
-                              f"width {want[1]} ({cfg.target_model}); {target.name} has {tuple(embedding.shape)}")
-    if max(cfg.target_layer_ids) >= model_cfg.num_hidden_layers - 1 or min(cfg.target_layer_ids) < 0:
-        raise CheckpointError(f"{folder}: target_layer_ids {list(cfg.target_layer_ids)} need more than "
-                              f"{model_cfg.num_hidden_layers} target layers")
-    trained_for, loaded = (name.rstrip("/").split("/")[-1].lower() for name in (cfg.target_model, str(target.name)))
-    if trained_for and trained_for != loaded:
-        warnings.warn(f"the FlashMap drafter at {folder} was trained for {cfg.target_model}, not {target.name}",
-                      stacklevel=2)
-
-
-def without_prefix(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """The tensors with `prefix` taken off their names where every name has it: the release's FlashMapDraftModel
-    names its base model "flashmap", and a folder saved through a model that wraps it carries that prefix (transformers'
-    loader reads both forms)."""
-    if state and all(name.startswith(prefix) for name in state):
-        return {name[len(prefix):]: tensor for name, tensor in state.items()}
-    return state
-
-
-_NETS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (folder, target) -> its network, while in use
-
-
-def shared_release_net(folder, target) -> ReleaseNet:
-    """load_release_net, once per folder and target while any drafter holds it: the drafters of several step counts
-    or noise scales share one copy of the weights (on a GPU, 1 GB for Qwen3-8B's released drafter)."""
-    key = (str(Path(folder).resolve()), target.name, str(target.device), id(target))
-    net = _NETS.get(key)
-    if net is None:
-        net = load_release_net(folder, target)
-        _NETS[key] = net
-    return net
-
-
-def load_release_net(folder, target, dtype: torch.dtype | None = None) -> ReleaseNet:
-    """The release's network for this target, on its device, in `dtype` (default: fp32 on the CPU, where the engine's
-    drafter runs in fp32, and the target's floating dtype elsewhere)."""
-    cfg, state = read_release(folder)
-    check_target(cfg, target, folder)
-    net = load_published_state(ReleaseNet(cfg), without_prefix(state, BASE_PREFIX), folder)
-    net.requires_grad_(False)  # frozen: a drafter's forward records nothing for autograd, whatever the thread's mode
-    if dtype is None:
-        weight_dtype = target.model.get_input_embeddings().weight.dtype
-        dtype = torch.float32 if target.device.type == "cpu" or not weight_dtype.is_floating_point else weight_dtype
-    return cast(ReleaseNet, net.to(device=target.device, dtype=dtype).eval())
-
-
-# ---- the engine's drafter ------------------------------------------------------------------------------------------
-
-
-class CrossKeysValues:
-    """Every layer's cross-attention keys and values of context rows from one product (Attention.keys_values of each
-    layer, fused): rows (N, D) at positions (N,) -> keys (normed per head, rotated), values, (L, H, N, Hd) each. For
-    drafting with weights that no longer change (it copies them)."""
-
-    def __init__(self, net: ReleaseNet):
-        self.c = net.c
-        attns = [layer.cross_attn for layer in net.layers]
-        self.weight = torch.cat([w.weight.detach() for a in attns for w in (a.k_proj, a.v_proj)])  # (2L*D, D)
-        self.k_norm = torch.stack([a.k_norm.weight.detach() for a in attns])[:, None]  # (L, 1, Hd)
-
-    def __call__(self, rows: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        c = self.c
-        kv = (rows @ self.weight.T).view(rows.shape[0], c.num_hidden_layers, 2, c.num_attention_heads, c.head_dim)
-        cos, sin = rotary(positions, c.head_dim, c.rope_theta)  # (N, 1, Hd/2) each
-        keys = rotate_pairs(rms_norm(kv[:, :, 0], self.k_norm, c.qk_norm_eps), cos[:, None], sin[:, None])
-        return keys.permute(1, 2, 0, 3), kv[:, :, 1].permute(1, 2, 0, 3)  # (N, L, H, Hd) -> (L, H, N, Hd)
-
-
-class ContextRows:
-    """Every layer's cross-attention keys and values of the committed positions, with room for the anchor's row after
-    them: keys transposed, (L, H, Hd, capacity), values (L, H, capacity, Hd), the layouts the native trunk reads; both
-    grow by doubling."""
-
-    def __init__(self):
-        self.keys_t: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
-        self.rows = 0
-
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Keys, values (L, H, N, Hd) of the next N committed positions."""
-        self.write(self.rows, keys, values)
-        self.rows += keys.shape[2]
-
-    def with_anchor(self, keys: torch.Tensor, values: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The context as the DiT reads it, per layer keys, values (H, N + 1, Hd): the committed rows, then the
-        anchor's, keys, values (L, H, 1, Hd) (written after them, overwritten by the next committed position)."""
-        self.write(self.rows, keys, values)
-        end = self.rows + 1
-        keys_t, all_values = self.tensors()
-        return list(zip(keys_t[..., :end].transpose(-1, -2).unbind(0), all_values[:, :, :end].unbind(0)))
-
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The buffers, keys transposed and values (made by the first write)."""
-        if self.keys_t is None or self.values is None:
-            raise RuntimeError("the context holds no rows yet")
-        return self.keys_t, self.values
-
-    def write(self, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        end = start + keys.shape[2]
-        self.reserve(end + 1, keys)
-        keys_t, all_values = self.tensors()
-        keys_t[..., start:end] = keys.transpose(-1, -2)
-        all_values[:, :, start:end] = values
-
-    def reserve(self, rows: int, like: torch.Tensor | None = None) -> None:
-        """Buffers with room for `rows` rows, shaped like `like` (L, H, N, Hd) (doubled while too small)."""
-        capacity = self.values.shape[2] if self.values is not None else 0
-        if rows <= capacity:
-            return
-        if like is None:
-            raise ValueError("a first reserve needs the shape of the rows it will hold")
-        capacity = max(64, 2 * capacity, rows)
-        layers, heads, _, head_dim = like.shape
-        keys_t = like.new_zeros(layers, heads, head_dim, capacity)
-        values = like.new_zeros(layers, heads, capacity, head_dim)
-        if self.keys_t is not None and self.values is not None:
-            keys_t[..., :self.rows + 1] = self.keys_t[..., :self.rows + 1]
-            values[:, :, :self.rows + 1] = self.values[:, :, :self.rows + 1]
-        self.keys_t, self.values = keys_t, values
-
-
-class ReleaseDrafter:
-    """The engine's drafter (core.drafting.base.Drafter) over a released FlashMap network: the whole block of the
-    config's block_size from `steps` jumps, cut to what the engine asks for (the slots attend to each other, so drafting
-    fewer would change them). noise_scale multiplies the starting noise (0: the jumps from x0 = 0, a fixed draft)."""
-
-    def __init__(self, net: ReleaseNet, target, steps: int | None = None, noise_scale: float = 1.0,
-                 folder: Path | None = None, native: bool = True, products: str | None = None):
-        self.net, self.c = net, net.c
-        self.folder = folder  # the release folder it was read from, if any
-        self.steps = steps or self.c.num_steps
-        self.grid = self.c.grid(self.steps)
-        self.noise_scale = noise_scale
-        self.name = f"flashmap-release-{self.steps}step"
-        self.feature_layers = self.c.feature_layers
-        self.max_block_size = self.c.block_size
-        self.context_window = None  # it reads every committed position
-        self.embedding = target.model.get_input_embeddings().weight.detach()  # (V, D_t)
-        # the target's LM head as its forward runs it (in q4 the 8-bit one, core.runtime.cpu_linear.Int8Linear), else
-        # its own
-        self.lm_head = getattr(getattr(target, "lean", None), "lm_head", None) or target.model.get_output_embeddings()
-        weight = getattr(self.lm_head, "weight", None)
-        self.head_dtype = weight.dtype if weight is not None else torch.bfloat16
-        self.device = self.embedding.device
-        # the DiT as one native call where it builds (fp32 weights on the CPU), else op by op in torch; its products
-        # (native_trunk.products_for) multiply as the target's own do: 8-bit codes beside a target whose products
-        # round activations to 8 bits (the q4 default's LM head, an Int8Linear, is the sign), else fp32
-        products = products or ("8-bit" if isinstance(self.lm_head, cpu_linear.Int8Linear) else "fp32")
-        self.trunk, self.trunk_status = self._native_trunk(products) if native else (None, "torch (not asked for)")
-        self._trunk_mods: dict[tuple[float, float], torch.Tensor] = {}
-        self.cross = CrossKeysValues(net)
-        self.reset()
-
-    def _native_trunk(self, products: str | None) -> tuple[native_trunk.ReleaseTrunk | None, str]:
-        """(the native DiT, "native, its products") or (None, why the DiT runs in torch)."""
-        if self.net.fc.weight.device.type != "cpu" or self.net.dtype != torch.float32:
-            return None, "torch (the native trunk runs fp32 weights on the CPU)"
-        module, why = native_trunk.load()
-        if module is None:
-            warnings.warn(f"the FlashMap drafter's DiT runs op by op in torch: {why}", stacklevel=3)
-            return None, f"torch ({why})"
-        if products == "8-bit" and module.PRODUCTS != "8-bit":  # a build without the integer products
-            products = "fp32"
-        trunk = native_trunk.ReleaseTrunk(self.net, module, products)
-        return trunk, f"native, {trunk.products} products"
-
-    def reset(self) -> None:
-        self.reset_context()
-        self.position = 0  # the next committed token's position: the anchor's when proposing
-
-    @torch.inference_mode()
-    def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
-        """Committed tokens (N,) with the features (M, F) of the last M of them: a position without features ends the
-        context, which starts again after it, every row at its own position."""
-        kept = 0 if features is None else features.shape[0]
-        if kept < len(token_ids):
-            self.reset_context()
-        start = self.position + len(token_ids) - kept
-        self.position += len(token_ids)
-        if kept and features is not None:
-            positions = torch.arange(start, self.position, device=self.device)  # (M,)
-            self.context.append(*self.cross(self.net.context_inputs(features.to(self.device)), positions))
-
-    def reset_context(self) -> None:
-        self.context = ContextRows()
-
-    @torch.inference_mode()
-    def logits(self, anchor: int, generator: torch.Generator | None = None, noise: torch.Tensor | None = None,
-               rows: int | None = None) -> torch.Tensor:
-        """The block's draft logits (K, V) after `anchor` (draft_logits), from `noise` x0 (K, V) where given; rows:
-        only the first `rows` slots' (K', V)."""
-        anchor_embed = self.embedding[anchor][None]  # (1, D_t)
-        anchor_position = torch.tensor([self.position], device=self.device)
-        context = self.context.with_anchor(*self.cross(self.net.anchor_input(anchor_embed), anchor_position))
-        positions = self.position + 1 + torch.arange(self.c.block_size, device=self.device)  # (K,)
-        head = lambda hidden: self.lm_head(hidden.to(self.head_dtype)).float()  # noqa: E731
-        return draft_logits(self.net, context, positions, self.embedding, head, self.grid, self.noise_scale,
-                            generator, noise=noise, dit=self._native_dit(positions), rows=rows)
-
-    def _native_dit(self, positions: torch.Tensor):
-        """dit(inputs, s, t) through the native trunk for slots at positions (K,), or None (torch's forward)."""
-        if self.trunk is None:
-            return None
-        cos, sin = (angles.reshape(positions.shape[0], -1).contiguous()  # (K, Hd/2) each
-                    for angles in rotary(positions, self.c.head_dim, self.c.rope_theta))
-        all_keys_t, all_values = self.context.tensors()
-        keys_t, values = list(all_keys_t.unbind(0)), list(all_values.unbind(0))
-        context = self.context.rows + 1
-        trunk = self.trunk
-
-        def dit(inputs: torch.Tensor, s: float, t: float) -> torch.Tensor:
-            if (s, t) not in self._trunk_mods:
-                self._trunk_mods[(s, t)] = native_trunk.ReleaseTrunk.modulations(self.net.modulations(s, t))
-            return trunk(inputs, cos, sin, self._trunk_mods[(s, t)], keys_t, values, context)
-
-        return dit
-
-    @torch.inference_mode()
-    def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
-        logits = self.logits(anchor, generator, rows=block_size).cpu()  # (K', V) fp32
-        greedy, confidence = top_probs(logits)  # (K',) each: the largest probability, no sampled token read
-        if sampling.greedy:
-            return Draft(greedy, None, confidence)
-        q_draft = (logits / sampling.temperature).softmax(dim=-1)  # (K', V)
-        return Draft(sample_rows(q_draft, generator), q_draft, confidence)

@@ -1,11 +1,11 @@
 """Train a drafter: the FlashMap flow teacher, the distilled flow map, or the DFlash-style baseline.
 
-python -m drafter.train --stage teacher --data DIR --out weights/<target>/flashmap-teacher [--steps N]
+python -m drafter.training.train --stage teacher --data DIR --out weights/<target>/flashmap-teacher [--steps N]
     [--init weights/<target>/dflash --t0-share 0.3]      (warm start from the DFlash-style net)
-python -m drafter.train --stage distill --init weights/<target>/flashmap-teacher --data DIR \
+python -m drafter.training.train --stage distill --init weights/<target>/flashmap-teacher --data DIR \
     --out weights/<target>/flashmap
     [--student-init FOLDER]      (start from an earlier flow map instead of a copy of the teacher)
-python -m drafter.train --stage dflash  --data DIR --out weights/<target>/dflash
+python -m drafter.training.train --stage dflash  --data DIR --out weights/<target>/dflash
 
 Every `--save-every` steps the folder gets model.safetensors + config.json (drafter config, target
 identity, training record) and train_state.safetensors (optimizer moments, step); rerunning the same
@@ -29,10 +29,13 @@ from tqdm import tqdm
 
 from core.runtime.target import TargetConfig, add_target_args, load_target, pick_device, target_config_from_args
 from core.runtime.threads import cpu_flags
-from drafter.blocks import Blocks
-from drafter.checkpoint import save_checkpoint
 from drafter.config import MODULATIONS, DrafterConfig, ZLabFlowConfig, spread_layers
-from drafter.data import (
+from drafter.formats.checkpoint import save_checkpoint
+from drafter.formats.dflash import is_zlab_folder
+from drafter.networks.dflash import assumed_layout
+from drafter.runtime.drafters import build_net, load_net, zlab_warm_start
+from drafter.training.blocks import Blocks
+from drafter.training.data import (
     blocks_from_sequences,
     draft_vocabulary,
     held_apart,
@@ -40,9 +43,7 @@ from drafter.data import (
     refuse_held_out_folders,
     target_to_draft_map,
 )
-from drafter.losses import dflash_loss, distill_loss, teacher_loss
-from drafter.runtime import build_net, load_net, zlab_warm_start
-from drafter.zlab_dflash import assumed_layout, is_zlab_folder
+from drafter.training.losses import dflash_loss, distill_loss, teacher_loss
 
 STAGES = ("teacher", "distill", "dflash")
 
@@ -50,7 +51,7 @@ STAGES = ("teacher", "distill", "dflash")
 @dataclass(frozen=True)
 class TrainConfig:
     stage: str
-    data: tuple[str, ...]  # folders written by drafter.data generate, pooled
+    data: tuple[str, ...]  # folders written by drafter.training.data generate, pooled
     out: str
     init: str | None = None  # distill: the teacher checkpoint; teacher / dflash: a warm start
     steps: int = 2000
@@ -72,7 +73,7 @@ class TrainConfig:
     zero_noise_path: bool = False  # distill: those blocks also train the 2-step draft's jumps along that flow
     noise_path_blocks: int = 0  # distill: the next blocks fit their jumps from random x0 to the teacher's flow from it
     freeze_backbone: bool = False  # z-lab backbone: train only what the flow adds (fits a 24 GB GPU)
-    schedule: str = "auto"  # auto: cosine (teacher, dflash) / WSD (distill); constant: warmup then flat (drafter.loop)
+    schedule: str = "auto"  # auto: cosine (teacher, dflash) / WSD (distill); constant: warmup, then flat (loop)
 
     def __post_init__(self):
         if self.stage not in STAGES:
@@ -174,7 +175,7 @@ def training_sequences(folders: tuple[str, ...], layers: tuple[int, ...] | None 
     check set is refused."""
     for folder in folders:
         if held_apart(folder):
-            raise SystemExit(f"{folder} is a check set (drafter.data generate --held-apart): never trained on")
+            raise SystemExit(f"{folder} is a check set (drafter.training.data generate --held-apart): never trained on")
     refuse_held_out_folders(folders, "training")
     return [s for folder in folders for s in load_sequences(folder, layers) if len(s.tokens) - s.prompt_len >= 2]
 
@@ -205,7 +206,7 @@ class NetShape:
     """The shape of a new network (teacher / dflash from scratch); distillation and warm starts keep the shape
     of the checkpoint they start from. backbone zlab: the published DFlash layout at the target's width and heads
     (d_model, n_heads and draft_vocab do not apply: its vocabulary is the target's whole one), exportable as a
-    DFlash folder (drafter/export.py) when its modulation is scale-gate."""
+    DFlash folder (drafter/formats/export.py) when its modulation is scale-gate."""
 
     block_size: int = 16
     d_model: int = 256
@@ -259,7 +260,7 @@ def build_student(cfg: TrainConfig, net_cfg: DrafterConfig | ZLabFlowConfig, tar
     """Returns (net, frozen teacher or None, vocab_ids). With --init, the network starts from that checkpoint:
     distillation from its teacher; a teacher warm-started from a DFlash-style net (same architecture:
     the one-pass regime it learned is the flow's t = 0) or from a published z-lab DFlash drafter (its network
-    becomes the teacher's backbone, drafter/zlab_flow.py); DFlash-style continued from an earlier one."""
+    becomes the teacher's backbone, drafter/networks/zlab_flow.py); DFlash-style continued from an earlier one."""
     if cfg.init and is_zlab_folder(cfg.init):  # a published DFlash drafter: the flow teacher's backbone
         if cfg.stage != "teacher":
             raise ValueError(f"--init {cfg.init} is a published DFlash drafter: it warm-starts --stage teacher only")
@@ -337,7 +338,7 @@ def train(cfg: TrainConfig, shape: NetShape, target_cfg: TargetConfig) -> Path:
     target = load_target(target_cfg)
     seqs = training_sequences(cfg.data)
     if not seqs:
-        raise SystemExit(f"no training sequences in {cfg.data}; run python -m drafter.data generate first")
+        raise SystemExit(f"no training sequences in {cfg.data}; run python -m drafter.training.data generate first")
     return train_on(cfg, target, lambda layers: training_sequences(cfg.data, layers),
                     network_config(cfg, shape, target))
 
@@ -406,10 +407,11 @@ def train_on(cfg: TrainConfig, target, sequences, net_cfg: DrafterConfig | ZLabF
 
 
 def add_train_args(parser: argparse.ArgumentParser, with_steps: bool = True) -> None:
-    """The TrainConfig and NetShape flags (drafter.loop reuses them without --steps: its runs are open-ended)."""
+    """The TrainConfig and NetShape flags (drafter.training.loop reuses them without --steps: its runs are
+    open-ended)."""
     parser.add_argument("--stage", required=True, choices=STAGES, help="what to train")
     parser.add_argument("--data", nargs="+", required=True,
-                        help="folders written by python -m drafter.data generate (pooled)")
+                        help="folders written by python -m drafter.training.data generate (pooled)")
     parser.add_argument("--out", required=True, help="checkpoint folder (an existing one resumes)")
     parser.add_argument("--init", default=None, help="start from this checkpoint: the teacher (distill), a "
                         "DFlash-style net or a published z-lab DFlash folder (teacher warm start), an earlier run "

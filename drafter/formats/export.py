@@ -1,12 +1,13 @@
 """Export a drafter on the z-lab backbone as a published DFlash folder (config.json + model.safetensors under the
 published tensor names), the format vLLM, SGLang and llama.cpp serve with no code of ours.
 
-python -m drafter.export --format dflash WEIGHTS OUT/ [--jump S T] [--tensor-dtype bfloat16|float32]
-python -m drafter.export --target-out TARGET_DIR [--target ID]     (the target too, as a safetensors folder)
+python -m drafter.formats.export --format dflash WEIGHTS OUT/ [--jump S T] [--tensor-dtype bfloat16|float32]
+python -m drafter.formats.export --target-out TARGET_DIR [--target ID]     (the target too, as a safetensors folder)
 
 Shape letters: D = drafter width (= target width), H = query heads, Hd = head dim, I = MLP width.
 
-WEIGHTS is a checkpoint of drafter/zlab_flow.py with `modulation = "scale-gate"`. What is exported is its draft at
+WEIGHTS is a checkpoint of drafter/networks/zlab_flow.py with `modulation = "scale-gate"`. What is exported is its
+draft at
 one fixed pair of times: the DFlash-style pass (kind dflash, s = t = 0) or FlashMap's T = 0 draft, the full jump
 (0, 1) from x0 = 0 (kind flashmap). There every input the published network does not have is constant:
 - the slot input: at s = 0 and x0 = 0 the flow state is h_0 whatever else, so the slots enter as E[mask] (the
@@ -27,10 +28,10 @@ import torch
 from safetensors.torch import save_file
 
 from core.runtime.target import add_target_args, load_target, target_config_from_args
-from drafter.checkpoint import CheckpointError, read_checkpoint
 from drafter.config import ZLabFlowConfig
-from drafter.zlab_dflash import ARCHITECTURE, ZLabConfig
-from drafter.zlab_flow import ZLabFlowNet
+from drafter.formats.checkpoint import CheckpointError, read_checkpoint
+from drafter.networks.dflash import ARCHITECTURE, ZLabConfig
+from drafter.networks.zlab_flow import ZLabFlowNet
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 

@@ -116,7 +116,7 @@ class DiTBlock(nn.Module):
         return self.ada(F.silu(cond)).chunk(9, dim=-1)
 
     def run(self, x, mods, context, context_mask):
-        """The block given its modulations (drafting at fixed times computes them once, drafter/frozen.py)."""
+        """The block given its modulations (drafting at fixed times computes them once, drafter/runtime/frozen.py)."""
         h = modulate(self.norms[0](x), mods[0], mods[1])
         x = x + mods[2][:, None] * self.self_attn(h)
         h = modulate(self.norms[1](x), mods[3], mods[4])
@@ -208,7 +208,7 @@ class DraftNet(FlowNet):
         super().__init__()
         self.cfg = cfg
         self._frozen: dict[str, tuple[tuple, torch.Tensor]] = {}  # inference copies, see _cached
-        self.grad_checkpoint = False  # training option (drafter.train --grad-checkpoint), not a config field
+        self.grad_checkpoint = False  # training option (drafter.training.train --grad-checkpoint), not a config field
         d, dt = cfg.d_model, cfg.target_hidden
         # frozen copies of the target's E and LM head rows for the draft vocabulary (V, D_t); row 0 is
         # the "other" class (every token outside the draft vocabulary) and is learned instead

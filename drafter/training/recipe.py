@@ -1,10 +1,10 @@
 """Training a FlashMap drafter for a large target (Qwen3-8B) on one consumer GPU: plan, then run.
 
-python -m drafter.recipe --target Qwen/Qwen3-8B --gpu-gb 24 --dry-run      (prints the plan, runs nothing)
-python -m drafter.recipe --target Qwen/Qwen3-8B --gpu-gb 24                (runs every stage; rerun resumes)
+python -m drafter.training.recipe --target Qwen/Qwen3-8B --gpu-gb 24 --dry-run      (prints the plan, runs nothing)
+python -m drafter.training.recipe --target Qwen/Qwen3-8B --gpu-gb 24                (runs every stage; rerun resumes)
 
 Stages (each the project's own CLI, each resumable): the target writes responses to the train_*
-prompts (python -m drafter.data generate, target in FP8 or 8-bit as the memory plan picks); the flow
+prompts (python -m drafter.training.data generate, target in FP8 or 8-bit as the memory plan picks); the flow
 teacher trains on them with target features recomputed on the fly by the resident target (a cache
 would cost F x 2 bytes per token on disk, see the plan) or streamed from a feature cache on disk;
 then the flow map is distilled. The drafter trains in bf16 autocast with gradient checkpointing.
@@ -25,12 +25,12 @@ from functools import lru_cache
 import torch
 
 from core.runtime.plan import GIB, QWEN3_FACTS, estimate_weight_bytes, facts_config
-from drafter.checkpoint import CheckpointError
 from drafter.config import DrafterConfig, ZLabFlowConfig, spread_layers
-from drafter.network import DraftNet
-from drafter.runtime import default_weights, resolve_weights
-from drafter.zlab_dflash import assumed_layout
-from drafter.zlab_flow import ZLabFlowNet
+from drafter.formats.checkpoint import CheckpointError
+from drafter.networks.dflash import assumed_layout
+from drafter.networks.dit import DraftNet
+from drafter.networks.zlab_flow import ZLabFlowNet
+from drafter.runtime.drafters import default_weights, resolve_weights
 
 PROMPT_FILES = ("train_math.jsonl", "train_code.jsonl", "train_chat.jsonl")
 
@@ -164,17 +164,17 @@ def commands(rc: RecipeConfig) -> list[list[str]]:
              "--context-window", str(dcfg.context_window)]
     common = ["--data", rc.data, "--batch-seqs", str(rc.batch_seqs), "--anchors-per-seq", str(rc.anchors_per_seq),
               "--grad-checkpoint", "--save-every", "500", *target]
-    steps = [[py, "-m", "drafter.data", "generate", "--prompts", *prompts, "--out", rc.data, "--max-new-tokens",
-              str(rc.max_new_tokens), "--batch-size", "32", "--shard-size", "256", *target]]
+    steps = [[py, "-m", "drafter.training.data", "generate", "--prompts", *prompts, "--out", rc.data,
+              "--max-new-tokens", str(rc.max_new_tokens), "--batch-size", "32", "--shard-size", "256", *target]]
     if rc.features == "cache":
-        steps.append([py, "-m", "drafter.data", "features", "--data", rc.data, "--layers", *layers, *target])
+        steps.append([py, "-m", "drafter.training.data", "features", "--data", rc.data, "--layers", *layers, *target])
     frozen = ["--freeze-backbone"] if rc.trainable == "flow" else []
     if rc.init:  # the published network is the backbone: its shape is the checkpoint's, not flags
         shape = ["--init", rc.init, "--t0-share", str(rc.t0_share), "--context-window", str(dcfg.context_window),
                  *frozen]
-    steps.append([py, "-m", "drafter.train", "--stage", "teacher", "--out", teacher_dir,
+    steps.append([py, "-m", "drafter.training.train", "--stage", "teacher", "--out", teacher_dir,
                   "--steps", str(rc.teacher_steps), *shape, *common])
-    steps.append([py, "-m", "drafter.train", "--stage", "distill", "--init", teacher_dir,
+    steps.append([py, "-m", "drafter.training.train", "--stage", "distill", "--init", teacher_dir,
                   "--out", flowmap_dir, "--steps", str(rc.distill_steps), *frozen, *common])
     return steps
 

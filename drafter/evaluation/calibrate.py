@@ -2,15 +2,16 @@
 
 Shape letters: R = rounds (held-out anchors), K = block size.
 
-python -m drafter.calibrate --data data/smollm2-val --variants flashmap,scale=0 dflash --stride 16 \
+python -m drafter.evaluation.calibrate --data data/smollm2-val --variants flashmap,scale=0 dflash --stride 16 \
     [--write] [--out runs/calibration.json]
 
-For each variant (a drafter spec, drafter/spec.py) this drafts at every stride-th anchor as drafter.evaluate does
+For each variant (a drafter spec, drafter/spec.py) this drafts at every stride-th anchor as drafter.evaluation.evaluate
+does
 (T = 0), then reports, per domain, the expected accepted slots per round that the engine's adaptive cut would
 believe (sum_k prod_{j<=k} c_k) against the slots the target accepted: with the raw confidence, and with a
 calibration fitted on the other half of the sequences (two folds, split by sequence: an honest held-out figure).
 --write fits on every round and stores the map in the checkpoint's calibration.json, keyed by the way of drafting
-(drafter/calibration.py); the engine applies it at T = 0 unless the spec says calibrated=0.
+(drafter/runtime/calibration.py); the engine applies it at T = 0 unless the spec says calibrated=0.
 """
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ from pathlib import Path
 import torch
 
 from core.runtime.target import add_target_args, load_target, target_config_from_args
-from drafter import calibration as calib
-from drafter.data import refuse_held_out_folders
-from drafter.evaluate import draft_rounds, held_out_sequences, load_variant, parse_variant
-from drafter.runtime import default_weights
+from drafter.evaluation.evaluate import draft_rounds, held_out_sequences, load_variant, parse_variant
+from drafter.runtime import calibration as calib
+from drafter.runtime.drafters import default_weights
+from drafter.training.data import refuse_held_out_folders
 
 
 def two_fold(confidence: torch.Tensor, n_accepted: torch.Tensor, draft_len: torch.Tensor,
@@ -74,7 +75,7 @@ def calibrate_variant(text: str, target, folder: Path, stride: int, write: bool,
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, help="check-set responses with cached features (drafter.data "
+    parser.add_argument("--data", required=True, help="check-set responses with cached features (drafter.training.data "
                         "generate --held-apart), never a held-out set's")
     parser.add_argument("--variants", nargs="+", required=True, help="drafter specs, e.g. flashmap,scale=0 dflash")
     parser.add_argument("--stride", type=int, default=16, help="every N-th anchor of each response")

@@ -18,17 +18,23 @@ from core.drafting.base import Draft
 from core.runtime.cpu_linear import pack_linears
 from core.runtime.graphs import GraphedSteps
 from core.verification.sampling import SamplingConfig
-from drafter import calibration as calib
-from drafter import drafting, flashmap_release, zlab_dflash
-from drafter.checkpoint import CheckpointError, read_checkpoint, read_checkpoint_config, read_config
 from drafter.config import DrafterConfig, ZLabFlowConfig
-from drafter.frozen import FrozenDraftNet
-from drafter.graphed_release import GraphedReleaseDrafter
-from drafter.network import DraftNet, FlowNet
+from drafter.formats import dflash as dflash_folder
+from drafter.formats import release as release_folder
+from drafter.formats.checkpoint import CheckpointError, read_checkpoint, read_checkpoint_config, read_config
+from drafter.networks.dflash import ZLabConfig
+from drafter.networks.dit import DraftNet, FlowNet
+from drafter.networks.release import ReleaseConfig
+from drafter.networks.zlab_flow import ZLabFlowNet
+from drafter.runtime import calibration as calib
+from drafter.runtime import drafting
+from drafter.runtime.dflash import ZLabDFlashDrafter
+from drafter.runtime.frozen import FrozenDraftNet
+from drafter.runtime.graphed_release import GraphedReleaseDrafter
+from drafter.runtime.release import ReleaseDrafter
 from drafter.spec import DrafterSpec
-from drafter.zlab_flow import ZLabFlowNet
 
-WEIGHTS_ROOT = Path(__file__).resolve().parent.parent / "weights"
+WEIGHTS_ROOT = Path(__file__).resolve().parents[2] / "weights"
 DRAFTER_MODES = {"flashmap": "flowmap", "flashmap-teacher": "teacher", "dflash": "dflash"}  # name -> BlockSampler mode
 
 
@@ -54,8 +60,8 @@ def build_net(cfg: DrafterConfig | ZLabFlowConfig, target, vocab_ids: torch.Tens
 def zlab_warm_start(folder, target, context_window: int) -> tuple[ZLabFlowNet, torch.Tensor]:
     """A flow network whose backbone is the published DFlash drafter in `folder`, checked against
     the target, and its vocabulary: the target's own, whole (V,)."""
-    cfg, state = zlab_dflash.read_zlab(folder)  # the tensors are read once: a Qwen3-8B drafter's are ~2 GB
-    zlab_dflash.check_target(cfg, target, folder)
+    cfg, state = dflash_folder.read_zlab(folder)  # the tensors are read once: a Qwen3-8B drafter's are ~2 GB
+    dflash_folder.check_target(cfg, target, folder)
     vocab_ids = torch.arange(target.vocab_size)
     zlab = json.loads((Path(folder) / "config.json").read_text())  # as published: the checkpoint keeps it whole
     try:
@@ -101,7 +107,8 @@ class FlowDrafter:
                  watch_weights: bool = True):
         self.net = net
         # the DiT drafts from a frozen view that keeps the time conditioning and the context's key/value maps, its
-        # products native where they build (products: drafter.native_trunk.products_for; None: the fastest here);
+        # products native where they build (products: drafter.runtime.native_trunk.products_for; None: the fastest
+        # here);
         # watch_weights=False: the weights never change (a loaded checkpoint), so the view never re-checks them
         self.frozen = FrozenDraftNet(net, products, watch_weights) if isinstance(net, DraftNet) else None
         self.calibration = calibration  # per-slot confidence map fitted at T = 0 for this way of drafting
@@ -178,7 +185,7 @@ class FlowDrafter:
         # per-slot confidence = the largest probability of each slot's distribution, never the probability of the
         # sampled token: a cut that depended on the sampled values would bias the output at T > 0
         confidence = probs[: len(tokens)].max(-1).values  # (K',)
-        if self.calibration is not None and sampling.greedy:  # fitted on T = 0 acceptance (drafter/calibration.py)
+        if self.calibration is not None and sampling.greedy:  # fitted on T = 0 acceptance (runtime/calibration.py)
             confidence = self.calibration(confidence)  # (K',)
         if q_small is None:
             return Draft(target_tokens, None, confidence)
@@ -276,14 +283,14 @@ def check_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False
     that the app lists what it offers without holding drafters nobody chose); CheckpointError says why it cannot
     serve. Loading it (load_engine_drafter) checks the weights too."""
     path = drafter_folder(spec, target, allow_download)
-    if spec.name == "dflash" and zlab_dflash.is_zlab_folder(path):
-        zlab_dflash.check_target(read_config(path, zlab_dflash.ZLabConfig.from_json, "DFlash"), target, path)
-    elif flashmap_release.is_release_folder(path):
+    if spec.name == "dflash" and dflash_folder.is_zlab_folder(path):
+        dflash_folder.check_target(read_config(path, ZLabConfig.from_json, "DFlash"), target, path)
+    elif release_folder.is_release_folder(path):
         if spec.name != "flashmap":
             raise CheckpointError(f"{path} holds a released FlashMap drafter: use it as flashmap, not {spec.name}")
         with warnings.catch_warnings():  # (said once, when it is loaded)
             warnings.simplefilter("ignore")
-            flashmap_release.check_target(read_config(path, flashmap_release.ReleaseConfig.from_json,
+            release_folder.check_target(read_config(path, ReleaseConfig.from_json,
                                                       "FlashMap release"), target, path)
     else:
         refuse_other_kind(read_checkpoint_config(path, target.identity).kind, spec.name, path)
@@ -293,14 +300,14 @@ def check_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False
 def load_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False):
     """A network drafter (flashmap | flashmap-teacher | dflash) for this spec. Raises CheckpointError with the reason.
 
-    dflash also accepts a published z-lab DFlash folder or hub id (drafter.zlab_dflash); for a target
+    dflash also accepts a published z-lab DFlash folder or hub id (drafter.networks.dflash); for a target
     with a known published drafter and no local checkpoint, that one is looked up in the cache. The folder is checked
     from its config first (check_engine_drafter), then its weights are read."""
     name = spec.name
     path = check_engine_drafter(spec, target, allow_download)
-    if name == "dflash" and zlab_dflash.is_zlab_folder(path):
-        return zlab_dflash.ZLabDFlashDrafter(zlab_dflash.load_zlab_net(path, target), target)
-    if flashmap_release.is_release_folder(path):
+    if name == "dflash" and dflash_folder.is_zlab_folder(path):
+        return ZLabDFlashDrafter(dflash_folder.load_zlab_net(path, target), target)
+    if release_folder.is_release_folder(path):
         return release_drafter(spec, path, target)
     net, vocab_ids = load_named_net(name, path, target)
     # frozen from here on: its linear layers prepacked for oneDNN (core.runtime.cpu_linear), a proposal 12.9 -> 7.2 ms
@@ -311,14 +318,14 @@ def load_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False)
                        calibration=calibration_for(spec, path), watch_weights=False)
 
 
-def release_drafter(spec: DrafterSpec, folder: Path, target) -> flashmap_release.ReleaseDrafter:
+def release_drafter(spec: DrafterSpec, folder: Path, target) -> ReleaseDrafter:
     """A released FlashMap folder as the engine's drafter; refused for what the release does not draft (a DFlash-style
     pass, a tree or best-of several noise draws, per-slot shuffled noise) and for a step count without a jump grid. The
     folder is a release's, checked against the target and the spec's name (check_engine_drafter)."""
     if spec.tree > 1 or spec.best_of > 1 or spec.noise != "shared":
         raise CheckpointError(f"{folder}: a released FlashMap drafter drafts one block from shared noise; tree, "
                               "best_of and noise=shuffled apply to the project's own network")
-    net = flashmap_release.shared_release_net(folder, target)
+    net = release_folder.shared_release_net(folder, target)
     if spec.steps not in net.c.steps_offered:
         raise CheckpointError(f"{folder}: steps must be one of {', '.join(map(str, net.c.steps_offered))} (the "
                               f"drafter's jump_grids), got {spec.steps}")
@@ -326,7 +333,7 @@ def release_drafter(spec: DrafterSpec, folder: Path, target) -> flashmap_release
         # its context buffers hold every position a reply may reach (--context) from the start: they never grow
         return GraphedReleaseDrafter(net, target, steps=spec.steps, noise_scale=spec.noise_scale, folder=folder,
                                      mode=target.lean.mode, capacity=target.max_positions + 1)
-    return flashmap_release.ReleaseDrafter(net, target, steps=spec.steps, noise_scale=spec.noise_scale, folder=folder)
+    return ReleaseDrafter(net, target, steps=spec.steps, noise_scale=spec.noise_scale, folder=folder)
 
 
 def calibration_for(spec: DrafterSpec, folder: Path) -> calib.SlotCalibration | None:

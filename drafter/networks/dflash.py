@@ -1,4 +1,5 @@
-"""Published DFlash drafters (z-lab/Qwen3-8B-DFlash-b16 and the same format), loaded natively.
+"""The published DFlash drafter's network (z-lab/Qwen3-8B-DFlash-b16 and the same layout); its folders are read by
+drafter.formats.dflash, the engine's drafter over it is drafter.runtime.dflash.
 
 Shape letters: N = context positions, K = block size (anchor + K-1 masked slots), D = drafter width
 (= target width), F = len(target_layer_ids) * D, H / H_kv = query / key-value heads, Hd = head dim,
@@ -14,19 +15,14 @@ committed (`extend`) and kept, like a KV cache that never needs rolling back.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import cast
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core.drafting.base import Draft
 from core.runtime.modules import ModuleList
-from core.verification.sampling import SamplingConfig, sample_rows
-from drafter.checkpoint import CheckpointError, load_published_state, read_published
+from drafter.networks.rotary import rotary, rotate_halves
 
 ARCHITECTURE = "DFlashDraftModel"
 
@@ -95,20 +91,6 @@ def assumed_layout(facts, vocab_size: int, layers: int = 5, block_size: int = 16
                               "target_layer_ids": list(target_layer_ids) if target_layer_ids else ids}}
 
 
-def rope(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin (N, Hd) for absolute positions (N,), halves repeated (the Qwen3 / Llama layout)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
-    angles = positions.float()[:, None] * inv_freq[None]  # (N, Hd/2)
-    angles = torch.cat([angles, angles], dim=-1)  # (N, Hd)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (H, N, Hd) rotated by position: x cos + rotate_half(x) sin."""
-    first, second = x.chunk(2, dim=-1)
-    return x * cos.to(x.dtype) + torch.cat([-second, first], dim=-1) * sin.to(x.dtype)
-
-
 class Attention(nn.Module):
     def __init__(self, c: ZLabConfig):
         super().__init__()
@@ -126,12 +108,12 @@ class Attention(nn.Module):
 
     def keys_values(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """x (N, D) -> rotated keys and values (H_kv, N, Hd) each."""
-        k = apply_rope(self.k_norm(self.heads(self.k_proj(x), self.c.num_key_value_heads)), cos, sin)
+        k = rotate_halves(self.k_norm(self.heads(self.k_proj(x), self.c.num_key_value_heads)), cos, sin)
         return k, self.heads(self.v_proj(x), self.c.num_key_value_heads)
 
     def forward(self, x: torch.Tensor, cos, sin, ctx_k: torch.Tensor, ctx_v: torch.Tensor) -> torch.Tensor:
         """x (K, D) block; ctx_k, ctx_v (H_kv, N, Hd) -> (K, D). Every slot sees all of context and block."""
-        q = apply_rope(self.q_norm(self.heads(self.q_proj(x), self.c.num_attention_heads)), cos, sin)  # (H, K, Hd)
+        q = rotate_halves(self.q_norm(self.heads(self.q_proj(x), self.c.num_attention_heads)), cos, sin)  # (H, K, Hd)
         k, v = self.keys_values(x, cos, sin)  # (H_kv, K, Hd)
         k, v = torch.cat([ctx_k, k], dim=1), torch.cat([ctx_v, v], dim=1)  # (H_kv, N+K, Hd)
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], enable_gqa=True)[0]  # (H, K, Hd)
@@ -175,93 +157,15 @@ class ZLabDFlashNet(nn.Module):
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """features (N, F) of committed positions (N,) -> per layer keys, values (H_kv, N, Hd)."""
         ctx = self.hidden_norm(self.fc(features))  # (N, D)
-        cos, sin = rope(positions, self.c.head_dim, self.c.rope_theta)
+        cos, sin = rotary(positions, self.c.head_dim, self.c.rope_theta, "halves")
         return [layer.self_attn.keys_values(ctx, cos, sin) for layer in self.layers]
 
     def forward(self, block_embed: torch.Tensor, positions: torch.Tensor, ctx_kv) -> torch.Tensor:
         """block_embed (K, D) at positions (K,), ctx_kv from context_kv -> final hidden states (K, D)."""
-        cos, sin = rope(positions, self.c.head_dim, self.c.rope_theta)
+        cos, sin = rotary(positions, self.c.head_dim, self.c.rope_theta, "halves")
         x = block_embed
         for layer, (ctx_k, ctx_v) in zip(self.layers, ctx_kv):
             x = layer(x, cos, sin, ctx_k, ctx_v)
         return self.norm(x)
 
 
-def read_zlab(folder) -> tuple[ZLabConfig, dict[str, torch.Tensor]]:
-    """Config and tensors of a z-lab DFlash folder (model.safetensors or an index of shards)."""
-    cfg, state = read_published(folder, ZLabConfig.from_json, "DFlash")
-    return cast(ZLabConfig, cfg), state
-
-
-def is_zlab_folder(folder) -> bool:
-    try:
-        return ARCHITECTURE in json.loads((Path(folder) / "config.json").read_text()).get("architectures", [])
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def check_target(cfg: ZLabConfig, target, folder) -> None:
-    """Refuse a drafter made for another target, with what differs."""
-    model_cfg = target.model.config
-    want = {"hidden_size": model_cfg.hidden_size, "num_target_layers": model_cfg.num_hidden_layers,
-            "vocab_size": target.vocab_size}
-    got = {"hidden_size": cfg.hidden_size, "num_target_layers": cfg.num_target_layers, "vocab_size": cfg.vocab_size}
-    if got != want:
-        raise CheckpointError(f"DFlash drafter at {folder} was made for a target with {got}; the loaded target "
-                              f"{target.name} has {want}")
-    if max(cfg.target_layer_ids) >= cfg.num_target_layers or cfg.mask_token_id >= target.vocab_size:
-        raise CheckpointError(f"{folder}: target_layer_ids or mask_token_id out of range for {target.name}")
-
-
-def load_zlab_net(folder, target) -> ZLabDFlashNet:
-    cfg, state = read_zlab(folder)
-    check_target(cfg, target, folder)
-    net = load_published_state(ZLabDFlashNet(cfg), state, folder)
-    dtype = target.model.get_input_embeddings().weight.dtype
-    return cast(ZLabDFlashNet, net.to(device=target.device,
-                                      dtype=dtype if dtype.is_floating_point else torch.bfloat16).eval())
-
-
-class ZLabDFlashDrafter:
-    """The engine's drafter over a published DFlash network: drafts block_size - 1 tokens per pass."""
-
-    def __init__(self, net: ZLabDFlashNet, target):
-        self.net, self.c = net, net.c
-        self.name = "dflash (published)"
-        self.feature_layers = tuple(i + 1 for i in self.c.target_layer_ids)  # hidden_states[0] = embeddings
-        self.max_block_size = self.c.block_size - 1  # the anchor takes the block's first position
-        self.embed = target.model.get_input_embeddings()
-        self.head = target.model.get_output_embeddings()
-        self.device = next(net.parameters()).device
-        self.ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.n_ctx = 0
-
-    def reset(self) -> None:
-        self.ctx_kv, self.n_ctx = [], 0
-
-    @torch.inference_mode()
-    def extend(self, token_ids: list[int], features: torch.Tensor | None) -> None:
-        missing = len(token_ids) - (0 if features is None else features.shape[0])
-        if missing:  # positions without features (it reads all, so the engine captures all; a reused prefix may lack
-            self.ctx_kv, self.n_ctx = [], self.n_ctx + missing  # them): the context starts again after them
-        if features is None:
-            return
-        dtype = next(self.net.parameters()).dtype
-        positions = torch.arange(self.n_ctx, self.n_ctx + features.shape[0], device=self.device)  # (M,)
-        new = self.net.context_kv(features.to(self.device, dtype), positions)
-        self.ctx_kv = new if not self.ctx_kv else [
-            (torch.cat([k, nk], dim=1), torch.cat([v, nv], dim=1)) for (k, v), (nk, nv) in zip(self.ctx_kv, new)]
-        self.n_ctx += features.shape[0]
-
-    @torch.inference_mode()
-    def propose(self, anchor: int, block_size: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
-        k = min(block_size, self.c.block_size - 1)
-        ids = torch.tensor([anchor] + [self.c.mask_token_id] * (self.c.block_size - 1), device=self.device)  # (K,)
-        positions = torch.arange(self.n_ctx, self.n_ctx + self.c.block_size, device=self.device)  # anchor first
-        hidden = self.net(self.embed(ids), positions, self.ctx_kv)  # (K, D)
-        logits = self.head(hidden[1 : 1 + k]).float().cpu()  # (k, V): the slots after the anchor
-        confidence, greedy = torch.softmax(logits, dim=-1).max(-1)  # (k,) each: independent of any sampled token
-        if sampling.greedy:
-            return Draft(greedy, None, confidence)
-        q_draft = torch.softmax(logits / sampling.temperature, dim=-1)  # (k, V)
-        return Draft(sample_rows(q_draft, generator), q_draft, confidence)

@@ -7,7 +7,7 @@ We train the DFlash-style factorised drafter, the flow teacher, and the distille
 project's own network, losses and drafting code, then sample blocks at temperature 1 (fresh noise
 per block for the flow models) and report the fraction of blocks that are one of the two modes.
 
-python -m drafter.toy_modes --json
+python -m drafter.training.toy_modes --json
 """
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ import time
 
 import torch
 
-from drafter import drafting
-from drafter.blocks import Blocks
 from drafter.config import DrafterConfig
-from drafter.losses import dflash_loss, distill_loss, teacher_loss
-from drafter.network import DraftNet
+from drafter.networks.dit import DraftNet
+from drafter.runtime import drafting
+from drafter.training.blocks import Blocks
+from drafter.training.losses import dflash_loss, distill_loss, teacher_loss
 
 WORDS = ["<other>", "new", "york", "san", "diego", "los", "angeles", "las", "vegas"]
 MODES = {0: [(1, 2), (3, 4)], 1: [(5, 6), (7, 8)]}

@@ -1,10 +1,11 @@
-"""The DiT drafters' trunks as one native call (drafter/csrc/dit_trunk.cpp), for drafting with frozen weights: the
+"""The DiT drafters' trunks as one native call (drafter/runtime/csrc/dit_trunk.cpp), for drafting with frozen weights:
+the
 project's network (NativeTrunk) and the released FlashMap DiT (ReleaseTrunk).
 
 Shape letters: B = blocks, K = slots, R = B*K rows, D = drafter width, L = layers, C = context positions,
 D_t = target width.
 
-Why: at a fixed time pair and with the context's key/value maps kept (drafter/frozen.py), what was left of a
+Why: at a fixed time pair and with the context's key/value maps kept (drafter/runtime/frozen.py), what was left of a
 proposal was ~130 small tensor ops dispatched from Python, 2.7 ms of a 4.1 ms proposal on two cores where the
 products take ~0.5 ms. The native trunk runs the same network in plain loops over weights packed once; where it
 cannot be built, FrozenDraftNet keeps the Python trunk (same drafts up to float rounding, slower).

@@ -12,7 +12,8 @@ of the 135M target. Here both are kept:
 - each block's cross-attention keys and values are linear in the context row, K = W_k (c + p) + b, so the
   W_k c part is computed once per position, when it enters the window, and the W_k p + b part (position by
   distance to the anchor) is a constant table: a proposal adds the two, and projects only the anchor.
-The trunk then runs as one native call where drafter/csrc/dit_trunk.cpp builds (drafter/native_trunk.py), with the
+The trunk then runs as one native call where drafter/runtime/csrc/dit_trunk.cpp builds
+(drafter/runtime/native_trunk.py), with the
 LM head rows and the context projections through the same product kernel; elsewhere it runs op by op. The result
 equals DraftNet's forward up to float rounding (tests/test_frozen.py, tests/test_native_trunk.py); the draft is a
 proposal that the target verifies, so the engine's output is exact either way.
@@ -29,8 +30,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from core.runtime import cpu_linear
-from drafter import native_trunk
-from drafter.network import DraftNet
+from drafter.networks.dit import DraftNet
+from drafter.runtime import native_trunk
 
 _told: set[str] = set()  # why the native trunk is unavailable, logged once a process
 

@@ -15,7 +15,7 @@ network at t = 0 *is* the published drafter (tests/test_zlab_flow.py checks the 
   x + (1 + gate) f(h), with shift, scale, gate from a zero-initialised linear map of the time conditioning.
   With `modulation = "scale-gate"` there is no shift: at a fixed (s, t) the scale is then a factor on the norm's
   weight and the gate one on the output projection's rows, so the drafter at that (s, t) is a published DFlash
-  network with other weights (drafter/export.py). A shift is not foldable: the published attention and MLP
+  network with other weights (drafter/formats/export.py). A shift is not foldable: the published attention and MLP
   have no biases, and a bias before k_norm would also move the context's keys.
 Times are fed as tau(s), tau(t) (eq. 6): equal steps of decoding progress, so t = 0 and the early times the
 samplers use are spread apart instead of crowded near 0.
@@ -30,11 +30,12 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from core.runtime.modules import ModuleList
-from drafter.checkpoint import CheckpointError
 from drafter.config import MODULATIONS, ZLabFlowConfig
 from drafter.flow import tau_of_t
-from drafter.network import FlowNet, time_embedding
-from drafter.zlab_dflash import ZLabConfig, ZLabDFlashNet, apply_rope, rope
+from drafter.formats.checkpoint import CheckpointError
+from drafter.networks.dflash import ZLabConfig, ZLabDFlashNet
+from drafter.networks.dit import FlowNet, time_embedding
+from drafter.networks.rotary import rotary, rotate_halves
 
 
 class ZLabFlowNet(FlowNet):
@@ -71,7 +72,7 @@ class ZLabFlowNet(FlowNet):
                   context_window: int = 256, modulation: str = "scale-gate") -> "ZLabFlowNet":
         """The flow network warm-started from a published drafter: its config.json as read and its tensors, which
         load into the backbone. Its modulation is the foldable one unless asked otherwise, so that what it learns
-        exports back to the published format (drafter/export.py)."""
+        exports back to the published format (drafter/formats/export.py)."""
         cfg = ZLabFlowConfig(zlab=zlab, context_window=context_window, modulation=modulation)
         net = cls(cfg, embed_rows, head_rows)
         missing, unexpected = net.backbone.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
@@ -116,7 +117,8 @@ class ZLabFlowNet(FlowNet):
         x = self.mask_embed + self.state_in(slot_input - self.start_state())  # (B, K, D): E[mask] at t = 0
         x = torch.cat([anchor, x.to(anchor.dtype)], dim=1)  # (B, 1+K, D)
         w, n = ctx.shape[1], x.shape[1]
-        cos, sin = rope(torch.arange(w + n, device=x.device), self.zc.head_dim, self.zc.rope_theta)  # (W+1+K, Hd)
+        positions = torch.arange(w + n, device=x.device)  # (W+1+K,)
+        cos, sin = rotary(positions, self.zc.head_dim, self.zc.rope_theta, "halves")  # (W+1+K, Hd)
         attend = torch.cat([context_mask[:, :-1], torch.ones_like(context_mask[:, :1]).expand(-1, n)], 1)  # (B, W+n)
         for layer, mods in zip(self.backbone.layers, self.modulations(s, t, x.device)):
             args = (layer, mods, x, ctx, attend, cos, sin)
@@ -177,9 +179,9 @@ def batched_attention(attn, x, ctx, attend, cos, sin) -> torch.Tensor:
     def heads(y, count):
         return y.view(b, y.shape[1], count, c.head_dim).transpose(1, 2)  # (B, N, H*Hd) -> (B, H, N, Hd)
 
-    q = apply_rope(attn.q_norm(heads(attn.q_proj(x), c.num_attention_heads)), cos[w:], sin[w:])  # (B, H, n, Hd)
+    q = rotate_halves(attn.q_norm(heads(attn.q_proj(x), c.num_attention_heads)), cos[w:], sin[w:])  # (B, H, n, Hd)
     src = torch.cat([ctx, x], dim=1)  # (B, W+n, D)
-    k = apply_rope(attn.k_norm(heads(attn.k_proj(src), c.num_key_value_heads)), cos, sin)  # (B, H_kv, W+n, Hd)
+    k = rotate_halves(attn.k_norm(heads(attn.k_proj(src), c.num_key_value_heads)), cos, sin)  # (B, H_kv, W+n, Hd)
     v = heads(attn.v_proj(src), c.num_key_value_heads)  # (B, H_kv, W+n, Hd)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend[:, None, None, :], enable_gqa=True)  # (B,H,n,Hd)
     return attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))  # (B, n, H*Hd) -> (B, n, D)

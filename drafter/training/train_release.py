@@ -1,4 +1,4 @@
-"""Train a FlashMap drafter in the release's architecture (drafter.flashmap_release) for the embedded default target
+"""Train a FlashMap drafter in the release's architecture (drafter.networks.release) for the embedded default target
 (its reference fp32 forward gives the embedding and LM head; `target` is the hub id written as the drafter's
 target_model), and save it as a release folder (config.json with `model_type: "flashmap"`, model.safetensors) that
 the authors' loader, plugins and this engine all read.
@@ -14,11 +14,12 @@ jump: from s = 0 (the one-step draft, and a two-step draft's first jump) or from
 to t = 1 or the grid's next time. Slots are weighted exp(-(k - 1) / slot_decay), as DFlash weights them: an early
 slot's error cuts every later one. No distillation stage yet: the jumps are the flow's Euler steps.
 
-Training data: target-written responses to training prompts (drafter.data generate) with their cached features
-(drafter.data features --layers ...); check sets (held apart) are refused. The target's embedding and LM head stay
+Training data: target-written responses to training prompts (drafter.training.data generate) with their cached features
+(drafter.training.data features --layers ...); check sets (held apart) are refused. The target's embedding and LM head
+stay
 frozen and outside the checkpoint, as in the release.
 
-python -m drafter.train_release --data data/smollm2-responses --out runs/flashmap-release --steps 3000
+python -m drafter.training.train_release --data data/smollm2-responses --out runs/flashmap-release --steps 3000
     (rerunning the same command resumes from the folder's train_state.safetensors)
 """
 from __future__ import annotations
@@ -36,9 +37,10 @@ from safetensors.torch import load_file, save_file
 
 from core.runtime.target import TargetConfig, load_target
 from core.verification.sampling import draw_device
-from drafter.blocks import Blocks
-from drafter.data import blocks_from_sequences, held_apart, load_sequences, refuse_held_out_folders
-from drafter.flashmap_release import ReleaseConfig, ReleaseNet, rotary, rotate_pairs
+from drafter.networks.release import ReleaseConfig, ReleaseNet
+from drafter.networks.rotary import rotary, rotate_pairs
+from drafter.training.blocks import Blocks
+from drafter.training.data import blocks_from_sequences, held_apart, load_sequences, refuse_held_out_folders
 
 # the release's jump grids (the "decoding_error" schedule at Qwen3's vocabulary) for one and two steps
 JUMP_GRIDS = {1: (0.0, 1.0), 2: (0.0, 0.8172569274902344, 1.0)}
@@ -123,8 +125,8 @@ def block_context(net: ReleaseNet, blocks: Blocks) -> tuple[list, torch.Tensor]:
     """Per layer keys, values (B, H, W + 1, Hd) of each block's window and its anchor, and the mask (B, 1, 1, W + 1).
     Positions are the window's own (0..W - 1, the anchor at W): RoPE reads only their differences."""
     b, w = blocks.window.shape
-    rope_ctx = rotary(torch.arange(w), net.c.head_dim, net.c.rope_theta)
-    rope_anchor = rotary(torch.tensor([w]), net.c.head_dim, net.c.rope_theta)
+    rope_ctx = rotary(torch.arange(w), net.c.head_dim, net.c.rope_theta, "pairs")
+    rope_anchor = rotary(torch.tensor([w]), net.c.head_dim, net.c.rope_theta, "pairs")
     pooled = net.norm("hidden_norm", net.fc(blocks.pool))  # (P, D): each position once
     anchor = net.norm("anchor_norm", net.anchor_proj(blocks.anchor_embed))[:, None]  # (B, 1, D)
     rows = blocks.window.flatten()  # (B * W,) gathered with index_select, whose backward adds rows in place
@@ -207,7 +209,7 @@ def training_data(cfg: ReleaseTrainConfig) -> list:
     if not seqs or any(seq.features is None for seq in seqs):
         layers = " ".join(map(str, cfg.feature_layers))
         raise SystemExit(f"cached features of layers {cfg.feature_layers} are missing under {cfg.data}: run "
-                         f"python -m drafter.data features --data DIR --layers {layers}")
+                         f"python -m drafter.training.data features --data DIR --layers {layers}")
     return seqs
 
 

@@ -1,7 +1,7 @@
 """A training or evaluation batch: target context and the K clean tokens after each anchor.
 
 Shape letters: B = blocks, K = slots, W = context window, P = pooled positions, F = feature width,
-D = drafter width, D_t = target width. `drafter.data` produces them; the losses and the evaluator read them.
+D = drafter width, D_t = target width. `drafter.training.data` produces them; the losses and the evaluator read them.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from drafter.network import DraftNet, FlowNet
+from drafter.networks.dit import DraftNet, FlowNet
 
 
 @dataclass

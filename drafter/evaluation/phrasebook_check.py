@@ -1,5 +1,6 @@
 """How a phrasebook's copies fare on held-out replies, offline: at T = 0 the target's reply is fixed, so the tokens a
-copy would keep at any position follow from the copy and the stored reply alone (as drafter/evaluate.py does for the
+copy would keep at any position follow from the copy and the stored reply alone (as drafter/evaluation/evaluate.py does
+for the
 network).
 
 For every position of every held-out reply, the phrasebook is looked up on the tokens before it (as the engine looks
@@ -8,7 +9,7 @@ folder: how often a copy exists (hit), tokens kept per position, and per matched
 acceptance given the earlier slots accepted (what core.drafting.policy.rates.LookupRates measures in a conversation),
 with the copies that reached it.
 
-python -m drafter.phrasebook_check --held data/smollm2-val data/smollm2-magpie-check \\
+python -m drafter.evaluation.phrasebook_check --held data/smollm2-val data/smollm2-magpie-check \\
     [--book weights/smollm2-135m-instruct/phrasebook | --data DIR ... --length 16] [--tries] [--out FILE.json]
 
 --tries also scores copy tries (core.drafting.policy.policy.DraftPolicy.best_try): where the conversation's copy and the
@@ -23,8 +24,8 @@ from pathlib import Path
 
 from core.drafting import phrasebook
 from core.drafting.base import NgramDrafter
-from drafter.data import load_sequences, refuse_held_out_folders
-from drafter.runtime import default_weights
+from drafter.runtime.drafters import default_weights
+from drafter.training.data import load_sequences, refuse_held_out_folders
 
 DEPTH = 16  # slots reported per copy
 

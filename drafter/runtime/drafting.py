@@ -11,10 +11,10 @@ import torch
 
 from core.verification.sampling import draw_device, sample_rows
 from drafter.flow import flow_map_step, time_grid
-from drafter.frozen import FrozenDraftNet
-from drafter.network import FlowNet
+from drafter.networks.dit import FlowNet
+from drafter.runtime.frozen import FrozenDraftNet
 
-DraftingNet = FlowNet | FrozenDraftNet  # a network, or its frozen inference view (drafter.frozen)
+DraftingNet = FlowNet | FrozenDraftNet  # a network, or its frozen inference view (drafter.runtime.frozen)
 
 
 def noise_embedding_factor(net: DraftingNet) -> torch.Tensor:

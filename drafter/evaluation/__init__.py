@@ -1,0 +1,3 @@
+"""Measuring drafters offline: acceptance on held-out replies, confidence calibration, phrasebook copies and sampled
+acceptance.
+"""
