@@ -34,8 +34,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from core.runtime.target import TargetConfig, load_target
-from drafter.training.blocks import Blocks
-from drafter.training.data import target_to_draft_map
+from drafter.blocks import Blocks
+from drafter.data import target_to_draft_map
 from drafter.training.train import (
     TrainConfig,
     build_student,
@@ -161,7 +161,7 @@ def main(argv=None) -> None:
     parser.add_argument("--stages", nargs="+", default=["dflash", "teacher", "distill"],
                         choices=["dflash", "teacher", "distill"], help="training stages to profile")
     parser.add_argument("--data", nargs="+", default=["data/smollm2-responses"],
-                        help="response folders with cached features (drafter.training.data features)")
+                        help="response folders with cached features (drafter.data features)")
     parser.add_argument("--steps", type=int, default=6, help="profiled steps per stage (after 2 warm-up steps)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--out", default=None, help="write the figures here (JSON)")

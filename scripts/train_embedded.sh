@@ -29,8 +29,8 @@ JEMALLOC=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
 [ -f "$JEMALLOC" ] && export LD_PRELOAD=$JEMALLOC
 export OMP_NUM_THREADS=1
 
-gen() { OMP_NUM_THREADS=2 $PY -m drafter.training.data generate --shard-size 64 --batch-size 16 --max-new-tokens 256 "$@"; }
-features() { OMP_NUM_THREADS=2 $PY -m drafter.training.data features --layers $LAYERS --data "$1"; }  # ~1.2 MB/response, not committed
+gen() { OMP_NUM_THREADS=2 $PY -m drafter.data generate --shard-size 64 --batch-size 16 --max-new-tokens 256 "$@"; }
+features() { OMP_NUM_THREADS=2 $PY -m drafter.data features --layers $LAYERS --data "$1"; }  # ~1.2 MB/response, not committed
 pair() {  # teacher and baseline side by side, the same data and steps
   $PY -m drafter.training.train --stage teacher --out "$W/flashmap-teacher" --threads 1 "$@" &
   local teacher=$!

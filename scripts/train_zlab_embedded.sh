@@ -21,7 +21,7 @@ DATA="data/smollm2-responses data/smollm2-responses-2"
 VAL=data/smollm2-val
 export OMP_NUM_THREADS=1
 for d in $VAL $DATA; do  # feature caches (~1.2 MB a response, not committed)
-  [ -d "$d/features-1-10-20-29" ] || $PY -m drafter.training.data features --layers 1 10 20 29 --data "$d"
+  [ -d "$d/features-1-10-20-29" ] || $PY -m drafter.data features --layers 1 10 20 29 --data "$d"
 done
 STAGE=${STAGE:-dflash}
 DISTILL_STEPS=${DISTILL_STEPS:-1200}

@@ -6,12 +6,12 @@ import torch
 
 from core.decoding.engine import GenerationConfig, generate_all
 from core.verification.sampling import SamplingConfig
+from drafter.data import draft_vocabulary
 from drafter.evaluation.calibrate import report_rows, two_fold
 from drafter.formats.checkpoint import save_checkpoint
 from drafter.runtime import calibration as calib
 from drafter.runtime.drafters import build_net, calibration_for, load_engine_drafter
 from drafter.spec import DrafterSpec, RunSpec, SpecError
-from drafter.training.data import draft_vocabulary
 from tests.test_drafter import tiny_cfg, tiny_seqs
 
 

@@ -7,15 +7,15 @@ import torch
 from core.decoding.engine import GenerationConfig, generate_all
 from core.drafting.policy.config import PolicyConfig
 from core.verification.sampling import SamplingConfig
+from drafter.blocks import Blocks
 from drafter.config import DrafterConfig
+from drafter.data import Sequence, blocks_from_sequences, draft_vocabulary, target_to_draft_map
 from drafter.flow import time_grid
 from drafter.formats.checkpoint import CheckpointError, save_checkpoint
 from drafter.registry import DrafterUnavailable, build_drafter
 from drafter.runtime import drafting
 from drafter.runtime.drafters import FlowDrafter, build_net, load_engine_drafter, load_net
 from drafter.spec import DrafterSpec, SpecError
-from drafter.training.blocks import Blocks
-from drafter.training.data import Sequence, blocks_from_sequences, draft_vocabulary, target_to_draft_map
 from drafter.training.losses import dflash_loss, distill_loss, teacher_loss
 from lab.testing import assert_sampled_distribution_exact, make_target, tiny_llama
 
@@ -300,8 +300,8 @@ def test_tiny_qwen3_through_the_engine_with_flow_drafters(tiny_qwen3_target):
 
 
 def test_cached_features_match_the_on_the_fly_ones(tiny_target, tmp_path, monkeypatch):
-    import drafter.training.data as data_mod
-    from drafter.training.data import extract_features, features_dir, load_sequences, write_shard
+    import drafter.data as data_mod
+    from drafter.data import extract_features, features_dir, load_sequences, write_shard
 
     seqs = tiny_seqs()
     write_shard(tmp_path / "shard-00000.safetensors", [s.tokens[:6] for s in seqs], [s.tokens[6:] for s in seqs])
@@ -324,10 +324,10 @@ def test_cached_features_match_the_on_the_fly_ones(tiny_target, tmp_path, monkey
 
 
 def test_follow_up_turns_answer_questions_about_the_targets_own_answers(tiny_target, tmp_path, monkeypatch):
-    """drafter.training.data follow-up: each first turn of the chosen domains, with the target's answer, gets distinct
+    """drafter.data follow-up: each first turn of the chosen domains, with the target's answer, gets distinct
     follow-up questions; the target answers them into a resumable folder of the same format."""
-    import drafter.training.data as data_mod
-    from drafter.training.data import FOLLOW_UPS, load_sequences
+    import drafter.data as data_mod
+    from drafter.data import FOLLOW_UPS, load_sequences
 
     prompts = tmp_path / "train_mix.jsonl"
     prompt_rows = [{"id": f"p{i}", "domain": ("chat", "math")[i % 2], "prompt": f"w{10 + i} w20"} for i in range(6)]
@@ -386,7 +386,7 @@ def test_adaptive_draft_length_stays_lossless(setup, tiny_target):
 
 
 def test_prompt_slices_and_a_folder_resumes_only_with_its_own_settings(tmp_path):
-    from drafter.training.data import check_meta, read_prompt_rows
+    from drafter.data import check_meta, read_prompt_rows
 
     path = tmp_path / "train_math.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(10)))
@@ -537,10 +537,10 @@ def key_value_maps(cached) -> dict:
 
 
 def test_magpie_requests_come_from_the_user_turn_opening_and_resume(tmp_path, monkeypatch, tiny_qwen3_target):
-    """drafter.training.data magpie: the target is prompted with its template's user-turn opening only; usable requests
+    """drafter.data magpie: the target is prompted with its template's user-turn opening only; usable requests
     are
     kept once each, every N-th held apart, and a rerun appends only what is missing."""
-    import drafter.training.data as data_mod
+    import drafter.data as data_mod
     from core.prompts import read_jsonl
 
     opening = data_mod.user_turn_opening(tiny_qwen3_target)
@@ -562,14 +562,14 @@ def test_magpie_requests_come_from_the_user_turn_opening_and_resume(tmp_path, mo
 
 
 def test_the_phrasebook_command_calibrates_on_held_out_folders_only(tmp_path):
-    """drafter.training.data phrasebook --held: the book carries each grade's acceptance on the held-out replies and
+    """drafter.data phrasebook --held: the book carries each grade's acceptance on the held-out replies and
     says what
     it was measured on; a held-out folder that is also built from is refused."""
     import json
 
     from core.drafting import phrasebook
-    from drafter.training.data import main as data_main
-    from drafter.training.data import write_shard
+    from drafter.data import main as data_main
+    from drafter.data import write_shard
 
     target = {"name": "tiny", "model_type": "llama", "vocab_size": 64, "hidden_size": 8, "num_hidden_layers": 2}
     for name, responses in (("train", [[3, 4, 5, 6]] * 4), ("held", [[3, 4, 5, 9]] * 30)):

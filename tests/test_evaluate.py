@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from core.decoding.engine import GenerationConfig, generate_all
+from drafter.data import Sequence, blocks_at, draft_vocabulary, target_to_draft_map
 from drafter.evaluation.evaluate import (
     Variant,
     accepted_prefix,
@@ -18,7 +19,6 @@ from drafter.formats.checkpoint import save_checkpoint
 from drafter.runtime.drafters import build_net, load_engine_drafter
 from drafter.runtime.drafting import fold_unused, masked
 from drafter.spec import DrafterSpec
-from drafter.training.data import Sequence, blocks_at, draft_vocabulary, target_to_draft_map
 from tests.test_drafter import tiny_cfg, tiny_seqs
 
 

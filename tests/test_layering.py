@@ -109,6 +109,50 @@ def upward_imports(core: Path) -> list[str]:
     return wrong
 
 
+# drafter's floors, lowest first (a subpackage or a top-level module each): each imports only from itself and below
+DRAFTER_ORDER = ("config", "flow", "spec", "networks", "formats", "runtime", "blocks", "data", "evaluation", "training",
+                 "registry")
+
+
+def floor_violations(package: Path, order: tuple[str, ...]) -> list[str]:
+    """Every import in `package` (a folder laid out as drafter/) of a floor of `order` above the importing module's
+    own, lazy imports included."""
+    name, wrong = package.name, []
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).with_suffix("").parts
+        if parts == ("__init__",):
+            continue
+        floor = order.index(parts[0])
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            if isinstance(node, ast.ImportFrom) and node.module == name:  # from drafter import data
+                names = [f"{name}.{alias.name}" for alias in node.names]
+            for imported in names:
+                target = imported.split(".")
+                if target[0] == name and len(target) > 1 and order.index(target[1]) > floor:
+                    wrong.append(f"{name}/{path.relative_to(package)} imports {imported}")
+    return wrong
+
+
+def test_drafters_floors_import_only_downward():
+    floors = {p.stem if p.suffix == ".py" else p.name for p in (ROOT / "drafter").iterdir()
+              if p.suffix == ".py" and p.stem != "__init__" or (p / "__init__.py").exists()}
+    assert floors == set(DRAFTER_ORDER)
+    assert floor_violations(ROOT / "drafter", DRAFTER_ORDER) == []
+
+
+def test_an_upward_import_in_the_drafter_package_is_refused(tmp_path):
+    import shutil
+
+    copy = tmp_path / "drafter"
+    shutil.copytree(ROOT / "drafter", copy, ignore=shutil.ignore_patterns("__pycache__", "csrc"))
+    rotary = copy / "networks" / "rotary.py"
+    rotary.write_text(rotary.read_text() + "\n\ndef late():\n    from drafter.runtime.release import ReleaseDrafter\n")
+    assert floor_violations(copy, DRAFTER_ORDER) == [
+        "drafter/networks/rotary.py imports drafter.runtime.release"]
+
+
 def test_cores_floors_import_only_downward():
     assert {p.name for p in (ROOT / "core").iterdir() if (p / "__init__.py").exists()} == set(CORE_ORDER)
     assert upward_imports(ROOT / "core") == []

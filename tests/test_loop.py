@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-import drafter.training.data as data_mod
+import drafter.data as data_mod
 import drafter.training.loop as loop_mod
 import drafter.training.train as train_mod
 from drafter.config import spread_layers
-from drafter.training.data import write_shard
+from drafter.data import write_shard
 from tests.test_drafter import tiny_seqs
 
 SHAPE = ["--block-size", "4", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--n-feature-layers", "2",

@@ -54,8 +54,8 @@ def test_teacher_trains_a_share_of_blocks_at_t_zero(monkeypatch):
 
 def teacher_student_batch(tiny_target):
     """A batch of tiny blocks and two random (untrained but not degenerate) flow nets, teacher and student."""
+    from drafter.data import blocks_from_sequences, draft_vocabulary, target_to_draft_map
     from drafter.runtime.drafters import build_net
-    from drafter.training.data import blocks_from_sequences, draft_vocabulary, target_to_draft_map
     from tests.test_drafter import tiny_cfg, tiny_seqs
 
     seqs = tiny_seqs()

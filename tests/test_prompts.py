@@ -58,7 +58,7 @@ def test_no_held_out_prompt_is_inside_a_training_reply():
     from transformers import AutoTokenizer
 
     from core.runtime.target import embedded_gguf_path
-    from drafter.training.data import load_sequences
+    from drafter.data import load_sequences
 
     gguf = embedded_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -13,7 +13,7 @@ def test_dry_run_plan_for_a_4090_fits_and_names_every_stage(capsys):
     width = 5 * 4096  # five feature layers of Qwen3-8B's hidden size
     assert plan["disk_bytes"]["feature_cache"] == plan["data_tokens"] * width * 2
     commands = [" ".join(c) for c in recipe.commands(rc)]
-    assert any("drafter.training.data features" in c for c in commands)
+    assert any("drafter.data features" in c for c in commands)
     teacher = str(default_weights("Qwen/Qwen3-8B", "flashmap-teacher"))
     assert f"--out {teacher}" in commands[-2] and f"--init {teacher}" in commands[-1]  # where the app looks
 

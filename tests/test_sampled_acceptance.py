@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from core.verification.sampling import SamplingConfig, target_probs
+from drafter.data import draft_vocabulary
 from drafter.evaluation import sampled_acceptance
 from drafter.runtime.drafters import FlowDrafter, build_net
-from drafter.training.data import draft_vocabulary
 from tests.test_drafter import tiny_cfg, tiny_seqs
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import drafter.training.train as train_mod
-from drafter.training.data import write_shard
+from drafter.data import write_shard
 from tests.test_drafter import tiny_seqs
 
 
@@ -63,7 +63,7 @@ def test_schedules_warm_up_then_decay():
 
 
 def blocks_for(target, seqs, net, vocab_ids):
-    from drafter.training.data import blocks_from_sequences, target_to_draft_map
+    from drafter.data import blocks_from_sequences, target_to_draft_map
     to_draft = target_to_draft_map(vocab_ids, target.vocab_size)
     return blocks_from_sequences(target, seqs, 4, net.cfg.block_size, net.cfg.context_window, net.cfg.feature_layers,
                                  to_draft, torch.Generator().manual_seed(0))

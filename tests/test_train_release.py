@@ -6,10 +6,10 @@ import json
 import torch
 from flashmap import FlashMapDraftModel
 
+from drafter.data import Sequence, blocks_from_sequences
 from drafter.formats.release import load_release_net
 from drafter.networks.release import ReleaseNet
 from drafter.runtime.release import ReleaseDrafter
-from drafter.training.data import Sequence, blocks_from_sequences
 from drafter.training.train_release import ReleaseTrainConfig, draw_jumps, release_loss, save_release
 
 

@@ -25,7 +25,7 @@ def test_the_training_examples_first_step_runs_from_a_clone(tmp_path):
     assert not (clone.parent / "shared").exists()
     out = tmp_path / "responses"
     # docs/drafter.md's first command, two prompts a file and short answers
-    cmd = [sys.executable, "-m", "drafter.training.data", "generate", "--prompts", "data/prompts/train_math.jsonl",
+    cmd = [sys.executable, "-m", "drafter.data", "generate", "--prompts", "data/prompts/train_math.jsonl",
            "data/prompts/train_code.jsonl", "data/prompts/train_chat.jsonl", "--limit", "2", "--max-new-tokens", "8",
            "--out", str(out)]
     subprocess.run(cmd, cwd=clone, check=True, capture_output=True, text=True)

@@ -9,10 +9,10 @@ from safetensors.torch import load_file
 
 import drafter.training.train as train_mod
 from core.decoding.engine import GenerationConfig, generate_all
+from drafter.data import write_shard
 from drafter.registry import build_drafter
 from drafter.runtime.drafters import load_net, zlab_warm_start
 from drafter.spec import DrafterSpec
-from drafter.training.data import write_shard
 from tests.test_drafter import tiny_seqs
 from tests.test_zlab_dflash import BLOCK, write_zlab, zlab_config, zlab_tensors
 

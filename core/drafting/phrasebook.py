@@ -276,7 +276,7 @@ def load(folder, target_identity: dict) -> Phrasebook:
         raise PhrasebookError(f"{cfg_path} is not a valid phrasebook config: {err}") from err
     if meta.get("format") not in (FORMAT, UNGRADED):
         raise PhrasebookError(f"{cfg_path}: unknown format {meta.get('format')!r}, expected {FORMAT} (rebuild it: "
-                              "python -m drafter.training.data phrasebook)")
+                              "python -m drafter.data phrasebook)")
     try:
         calibration = {int(graded): tuple(float(rate) for rate in rates)
                        for graded, rates in meta.get("calibration", {}).get("rates", {}).items()}

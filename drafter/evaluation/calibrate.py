@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 from core.runtime.target import add_target_args, load_target, target_config_from_args
+from drafter.data import refuse_held_out_folders
 from drafter.evaluation.evaluate import draft_rounds, held_out_sequences, load_variant, parse_variant
 from drafter.runtime import calibration as calib
 from drafter.runtime.drafters import default_weights
-from drafter.training.data import refuse_held_out_folders
 
 
 def two_fold(confidence: torch.Tensor, n_accepted: torch.Tensor, draft_len: torch.Tensor,
@@ -75,7 +75,7 @@ def calibrate_variant(text: str, target, folder: Path, stride: int, write: bool,
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, help="check-set responses with cached features (drafter.training.data "
+    parser.add_argument("--data", required=True, help="check-set responses with cached features (drafter.data "
                         "generate --held-apart), never a held-out set's")
     parser.add_argument("--variants", nargs="+", required=True, help="drafter specs, e.g. flashmap,scale=0 dflash")
     parser.add_argument("--stride", type=int, default=16, help="every N-th anchor of each response")

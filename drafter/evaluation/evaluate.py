@@ -13,7 +13,7 @@ independent noise merged into a trie of at most K nodes, App. D; lookup=1: promp
 core.drafting.base.LookupHybrid drafts at T = 0 without a cost curve; the engine's second free source, the target's
 phrasebook, is not modelled here: the bench measures it).
 
-At T=0 the target's output is fixed: its greedy response, which `python -m drafter.training.data generate`
+At T=0 the target's output is fixed: its greedy response, which `python -m drafter.data generate`
 stored. A round anchored at position a accepts the draft's longest prefix that equals the response
 after a, then adds the target's own token, so the acceptance length of that round is known from the
 draft alone. This averages it over every `stride`-th anchor of each response (anchors with a full
@@ -45,14 +45,14 @@ from core.prompts import read_jsonl
 from core.runtime.target import Target, add_target_args, load_target, target_config_from_args
 from core.runtime.trie import build_trie
 from core.verification.tree import depth_in, followed_branch
+from drafter.blocks import block_context
+from drafter.data import blocks_at, load_sequences, target_to_draft_map
 from drafter.formats.release import is_release_folder, load_release_net
 from drafter.networks.dit import FlowNet
 from drafter.networks.release import ReleaseNet, draft_logits
 from drafter.runtime.drafters import DRAFTER_MODES, default_weights, load_named_net
 from drafter.runtime.drafting import BlockSampler, fold_unused, greedy_block
 from drafter.spec import NET_DRAFTERS, DrafterSpec, SpecError
-from drafter.training.data import blocks_at, load_sequences, target_to_draft_map
-from drafter.training.train_release import block_context
 
 RELEASE_WINDOW = 1024  # context positions an offline released-format draft reads (the engine reads every one)
 
@@ -91,11 +91,11 @@ def accepted_prefix(draft: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
 
 def domain_of_sequences(folder: Path) -> list[str]:
     """The domain of each stored sequence, in load order: from the folder's domains.json (written by
-    `drafter.training.data generate`), else from the prompt files its meta.json names."""
+    `drafter.data generate`), else from the prompt files its meta.json names."""
     if (folder / "domains.json").exists():
         return json.loads((folder / "domains.json").read_text())
     if not (folder / "meta.json").exists():
-        raise SystemExit(f"{folder}: no meta.json; write the folder with python -m drafter.training.data generate")
+        raise SystemExit(f"{folder}: no meta.json; write the folder with python -m drafter.data generate")
     meta = json.loads((folder / "meta.json").read_text())
     start, limit = meta.get("start", 0), meta.get("limit")
     names = []
@@ -155,7 +155,7 @@ def load_variant(variant: Variant, target) -> tuple[Any, torch.Tensor]:
 @dataclass(frozen=True)
 class ReleaseDrafting:
     """A released-format network drafting offline blocks at T = 0, batched over anchors, each block's context read as
-    training reads it (drafter.training.train_release.block_context: the last RELEASE_WINDOW positions, which hold the
+    training reads it (drafter.blocks.block_context: the last RELEASE_WINDOW positions, which hold the
     whole of
     these responses; the engine reads all)."""
 
@@ -364,7 +364,7 @@ def held_out_sequences(folder: Path, layers: tuple[int, ...], limit: int | None)
     if len(seqs) != len(domains):
         raise SystemExit(f"{folder}: {len(seqs)} sequences but meta.json names {len(domains)} prompts")
     if any(s.features is None for s in seqs):
-        raise SystemExit(f"{folder}: no feature cache; run python -m drafter.training.data features --data {folder} "
+        raise SystemExit(f"{folder}: no feature cache; run python -m drafter.data features --data {folder} "
                          f"--layers {' '.join(map(str, layers))}")
     keep = [i for i, d in enumerate(domains) if limit is None or domains[:i].count(d) < limit]
     return [seqs[i] for i in keep], [domains[i] for i in keep]
@@ -372,7 +372,7 @@ def held_out_sequences(folder: Path, layers: tuple[int, ...], limit: int | None)
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, help="a folder written by drafter.training.data generate, "
+    parser.add_argument("--data", required=True, help="a folder written by drafter.data generate, "
                                                            "with features")
     parser.add_argument("--variants", nargs="+", required=True,
                         help="drafter specs (drafter/spec.py), e.g. flashmap flashmap,steps=2 dflash flashmap,tree=4")

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from core.drafting import phrasebook
 from core.drafting.base import NgramDrafter
+from drafter.data import load_sequences, refuse_held_out_folders
 from drafter.runtime.drafters import default_weights
-from drafter.training.data import load_sequences, refuse_held_out_folders
 
 DEPTH = 16  # slots reported per copy
 

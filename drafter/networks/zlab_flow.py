@@ -32,7 +32,6 @@ from torch.utils.checkpoint import checkpoint
 from core.runtime.modules import ModuleList
 from drafter.config import MODULATIONS, ZLabFlowConfig
 from drafter.flow import tau_of_t
-from drafter.formats.checkpoint import CheckpointError
 from drafter.networks.dflash import ZLabConfig, ZLabDFlashNet
 from drafter.networks.dit import FlowNet, time_embedding
 from drafter.networks.rotary import rotary, rotate_halves
@@ -72,12 +71,13 @@ class ZLabFlowNet(FlowNet):
                   context_window: int = 256, modulation: str = "scale-gate") -> "ZLabFlowNet":
         """The flow network warm-started from a published drafter: its config.json as read and its tensors, which
         load into the backbone. Its modulation is the foldable one unless asked otherwise, so that what it learns
-        exports back to the published format (drafter/formats/export.py)."""
+        exports back to the published format (drafter/formats/export.py). ValueError where the tensors do not
+        fit the config."""
         cfg = ZLabFlowConfig(zlab=zlab, context_window=context_window, modulation=modulation)
         net = cls(cfg, embed_rows, head_rows)
         missing, unexpected = net.backbone.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
         if missing or unexpected:
-            raise CheckpointError(f"tensors do not match the config (missing {missing[:4]}, "
+            raise ValueError(f"tensors do not match the config (missing {missing[:4]}, "
                                   f"unexpected {unexpected[:4]})")
         return net
 

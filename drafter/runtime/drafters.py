@@ -66,7 +66,7 @@ def zlab_warm_start(folder, target, context_window: int) -> tuple[ZLabFlowNet, t
     zlab = json.loads((Path(folder) / "config.json").read_text())  # as published: the checkpoint keeps it whole
     try:
         net = ZLabFlowNet.from_zlab(zlab, state, *frozen_rows(target, vocab_ids), context_window=context_window)
-    except CheckpointError as err:
+    except ValueError as err:  # the tensors do not fit the config
         raise CheckpointError(f"{folder}: {err}") from err
     return net, vocab_ids
 

@@ -116,7 +116,7 @@ def run(cfg: TrainConfig, shape: NetShape, target_cfg: TargetConfig, val: Path, 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_args(parser)
-    parser.add_argument("--val", required=True, help="held-out responses with cached features (drafter.training.data)")
+    parser.add_argument("--val", required=True, help="held-out responses with cached features (drafter.data)")
     parser.add_argument("--curve", default=None, help="learning curve JSONL (default OUT/curve.jsonl)")
     parser.add_argument("--eval-every", type=int, default=300, help="steps between held-out measurements")
     parser.add_argument("--stride", type=int, default=8, help="every N-th anchor of the held-out responses")

@@ -1,17 +1,17 @@
 """Training objectives for the three stages: flow teacher, flow-map distillation, DFlash-style.
 
 Shape letters: B = blocks, K = slots, V = draft vocabulary, C = context positions, D = drafter width.
-A batch is a `Blocks` (drafter/training/blocks.py): target context and the K clean tokens after each anchor.
+A batch is a `Blocks` (drafter/blocks.py): target context and the K clean tokens after each anchor.
 """
 from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
 
+from drafter.blocks import Blocks
 from drafter.flow import flow_map_step, interpolant, semigroup_weight, slot_weights, t_of_tau, time_grid
 from drafter.networks.dit import FlowNet
 from drafter.runtime.drafting import teacher_flow
-from drafter.training.blocks import Blocks
 
 FULL_JUMP_FRACTION = 1 / 16  # §4 Distillation: 1/16 of the jumps are full (0, 1) jumps
 FROM_ZERO_FRACTION = 1 / 4  # of the other jumps and of the zero-length ones: start at s = 0, as every draft does

@@ -4,7 +4,7 @@ python -m drafter.training.recipe --target Qwen/Qwen3-8B --gpu-gb 24 --dry-run  
 python -m drafter.training.recipe --target Qwen/Qwen3-8B --gpu-gb 24                (runs every stage; rerun resumes)
 
 Stages (each the project's own CLI, each resumable): the target writes responses to the train_*
-prompts (python -m drafter.training.data generate, target in FP8 or 8-bit as the memory plan picks); the flow
+prompts (python -m drafter.data generate, target in FP8 or 8-bit as the memory plan picks); the flow
 teacher trains on them with target features recomputed on the fly by the resident target (a cache
 would cost F x 2 bytes per token on disk, see the plan) or streamed from a feature cache on disk;
 then the flow map is distilled. The drafter trains in bf16 autocast with gradient checkpointing.
@@ -164,10 +164,10 @@ def commands(rc: RecipeConfig) -> list[list[str]]:
              "--context-window", str(dcfg.context_window)]
     common = ["--data", rc.data, "--batch-seqs", str(rc.batch_seqs), "--anchors-per-seq", str(rc.anchors_per_seq),
               "--grad-checkpoint", "--save-every", "500", *target]
-    steps = [[py, "-m", "drafter.training.data", "generate", "--prompts", *prompts, "--out", rc.data,
+    steps = [[py, "-m", "drafter.data", "generate", "--prompts", *prompts, "--out", rc.data,
               "--max-new-tokens", str(rc.max_new_tokens), "--batch-size", "32", "--shard-size", "256", *target]]
     if rc.features == "cache":
-        steps.append([py, "-m", "drafter.training.data", "features", "--data", rc.data, "--layers", *layers, *target])
+        steps.append([py, "-m", "drafter.data", "features", "--data", rc.data, "--layers", *layers, *target])
     frozen = ["--freeze-backbone"] if rc.trainable == "flow" else []
     if rc.init:  # the published network is the backbone: its shape is the checkpoint's, not flags
         shape = ["--init", rc.init, "--t0-share", str(rc.t0_share), "--context-window", str(dcfg.context_window),

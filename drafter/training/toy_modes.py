@@ -18,10 +18,10 @@ import time
 
 import torch
 
+from drafter.blocks import Blocks
 from drafter.config import DrafterConfig
 from drafter.networks.dit import DraftNet
 from drafter.runtime import drafting
-from drafter.training.blocks import Blocks
 from drafter.training.losses import dflash_loss, distill_loss, teacher_loss
 
 WORDS = ["<other>", "new", "york", "san", "diego", "los", "angeles", "las", "vegas"]

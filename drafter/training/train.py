@@ -29,13 +29,9 @@ from tqdm import tqdm
 
 from core.runtime.target import TargetConfig, add_target_args, load_target, pick_device, target_config_from_args
 from core.runtime.threads import cpu_flags
+from drafter.blocks import Blocks
 from drafter.config import MODULATIONS, DrafterConfig, ZLabFlowConfig, spread_layers
-from drafter.formats.checkpoint import save_checkpoint
-from drafter.formats.dflash import is_zlab_folder
-from drafter.networks.dflash import assumed_layout
-from drafter.runtime.drafters import build_net, load_net, zlab_warm_start
-from drafter.training.blocks import Blocks
-from drafter.training.data import (
+from drafter.data import (
     blocks_from_sequences,
     draft_vocabulary,
     held_apart,
@@ -43,6 +39,10 @@ from drafter.training.data import (
     refuse_held_out_folders,
     target_to_draft_map,
 )
+from drafter.formats.checkpoint import save_checkpoint
+from drafter.formats.dflash import is_zlab_folder
+from drafter.networks.dflash import assumed_layout
+from drafter.runtime.drafters import build_net, load_net, zlab_warm_start
 from drafter.training.losses import dflash_loss, distill_loss, teacher_loss
 
 STAGES = ("teacher", "distill", "dflash")
@@ -51,7 +51,7 @@ STAGES = ("teacher", "distill", "dflash")
 @dataclass(frozen=True)
 class TrainConfig:
     stage: str
-    data: tuple[str, ...]  # folders written by drafter.training.data generate, pooled
+    data: tuple[str, ...]  # folders written by drafter.data generate, pooled
     out: str
     init: str | None = None  # distill: the teacher checkpoint; teacher / dflash: a warm start
     steps: int = 2000
@@ -175,7 +175,7 @@ def training_sequences(folders: tuple[str, ...], layers: tuple[int, ...] | None 
     check set is refused."""
     for folder in folders:
         if held_apart(folder):
-            raise SystemExit(f"{folder} is a check set (drafter.training.data generate --held-apart): never trained on")
+            raise SystemExit(f"{folder} is a check set (drafter.data generate --held-apart): never trained on")
     refuse_held_out_folders(folders, "training")
     return [s for folder in folders for s in load_sequences(folder, layers) if len(s.tokens) - s.prompt_len >= 2]
 
@@ -338,7 +338,7 @@ def train(cfg: TrainConfig, shape: NetShape, target_cfg: TargetConfig) -> Path:
     target = load_target(target_cfg)
     seqs = training_sequences(cfg.data)
     if not seqs:
-        raise SystemExit(f"no training sequences in {cfg.data}; run python -m drafter.training.data generate first")
+        raise SystemExit(f"no training sequences in {cfg.data}; run python -m drafter.data generate first")
     return train_on(cfg, target, lambda layers: training_sequences(cfg.data, layers),
                     network_config(cfg, shape, target))
 
@@ -411,7 +411,7 @@ def add_train_args(parser: argparse.ArgumentParser, with_steps: bool = True) -> 
     open-ended)."""
     parser.add_argument("--stage", required=True, choices=STAGES, help="what to train")
     parser.add_argument("--data", nargs="+", required=True,
-                        help="folders written by python -m drafter.training.data generate (pooled)")
+                        help="folders written by python -m drafter.data generate (pooled)")
     parser.add_argument("--out", required=True, help="checkpoint folder (an existing one resumes)")
     parser.add_argument("--init", default=None, help="start from this checkpoint: the teacher (distill), a "
                         "DFlash-style net or a published z-lab DFlash folder (teacher warm start), an earlier run "

@@ -14,8 +14,8 @@ jump: from s = 0 (the one-step draft, and a two-step draft's first jump) or from
 to t = 1 or the grid's next time. Slots are weighted exp(-(k - 1) / slot_decay), as DFlash weights them: an early
 slot's error cuts every later one. No distillation stage yet: the jumps are the flow's Euler steps.
 
-Training data: target-written responses to training prompts (drafter.training.data generate) with their cached features
-(drafter.training.data features --layers ...); check sets (held apart) are refused. The target's embedding and LM head
+Training data: target-written responses to training prompts (drafter.data generate) with their cached features
+(drafter.data features --layers ...); check sets (held apart) are refused. The target's embedding and LM head
 stay
 frozen and outside the checkpoint, as in the release.
 
@@ -37,10 +37,9 @@ from safetensors.torch import load_file, save_file
 
 from core.runtime.target import TargetConfig, load_target
 from core.verification.sampling import draw_device
+from drafter.blocks import Blocks, block_context
+from drafter.data import blocks_from_sequences, held_apart, load_sequences, refuse_held_out_folders
 from drafter.networks.release import ReleaseConfig, ReleaseNet
-from drafter.networks.rotary import rotary, rotate_pairs
-from drafter.training.blocks import Blocks
-from drafter.training.data import blocks_from_sequences, held_apart, load_sequences, refuse_held_out_folders
 
 # the release's jump grids (the "decoding_error" schedule at Qwen3's vocabulary) for one and two steps
 JUMP_GRIDS = {1: (0.0, 1.0), 2: (0.0, 0.8172569274902344, 1.0)}
@@ -121,30 +120,6 @@ def draw_jumps(n: int, zero_share: float, gen: torch.Generator) -> tuple[torch.T
     return s, t
 
 
-def block_context(net: ReleaseNet, blocks: Blocks) -> tuple[list, torch.Tensor]:
-    """Per layer keys, values (B, H, W + 1, Hd) of each block's window and its anchor, and the mask (B, 1, 1, W + 1).
-    Positions are the window's own (0..W - 1, the anchor at W): RoPE reads only their differences."""
-    b, w = blocks.window.shape
-    rope_ctx = rotary(torch.arange(w), net.c.head_dim, net.c.rope_theta, "pairs")
-    rope_anchor = rotary(torch.tensor([w]), net.c.head_dim, net.c.rope_theta, "pairs")
-    pooled = net.norm("hidden_norm", net.fc(blocks.pool))  # (P, D): each position once
-    anchor = net.norm("anchor_norm", net.anchor_proj(blocks.anchor_embed))[:, None]  # (B, 1, D)
-    rows = blocks.window.flatten()  # (B * W,) gathered with index_select, whose backward adds rows in place
-
-    def gather(x: torch.Tensor) -> torch.Tensor:  # (P, H, Hd) -> (B, W, H, Hd)
-        return x.flatten(1).index_select(0, rows).view(b, w, *x.shape[1:])
-
-    context = []
-    for layer in net.layers:
-        keys, values = layer.cross_attn.unrotated_keys_values(pooled)  # (P, H, Hd)
-        keys = rotate_pairs(gather(keys), *rope_ctx).transpose(-3, -2)  # (B, H, W, Hd)
-        values = gather(values).transpose(-3, -2)
-        anchor_keys, anchor_values = layer.cross_attn.keys_values(anchor, rope_anchor)  # (B, H, 1, Hd)
-        context.append((torch.cat([keys, anchor_keys], 2), torch.cat([values, anchor_values], 2)))
-    mask = torch.cat([blocks.feature_mask, torch.ones(b, 1, dtype=torch.bool)], 1)[:, None, None]
-    return context, mask
-
-
 def block_inputs(net: ReleaseNet, tokens: torch.Tensor, s: torch.Tensor, t: torch.Tensor, embedding: torch.Tensor,
                  gen: torch.Generator) -> torch.Tensor:
     """The DiT's inputs (B, K, D_t) for blocks of clean tokens (B, K) at times s, jumping to t (B,): from s = 0 the
@@ -209,7 +184,7 @@ def training_data(cfg: ReleaseTrainConfig) -> list:
     if not seqs or any(seq.features is None for seq in seqs):
         layers = " ".join(map(str, cfg.feature_layers))
         raise SystemExit(f"cached features of layers {cfg.feature_layers} are missing under {cfg.data}: run "
-                         f"python -m drafter.training.data features --data DIR --layers {layers}")
+                         f"python -m drafter.data features --data DIR --layers {layers}")
     return seqs
 
 

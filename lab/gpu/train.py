@@ -22,7 +22,7 @@ import torch
 from core.prompts import read_jsonl
 from core.runtime.target import EMBEDDED_GGUF, EMBEDDED_PACKAGE, TargetConfig, load_target
 from drafter.config import DrafterConfig
-from drafter.training.data import generate_rows, load_sequences, with_features_in_memory
+from drafter.data import generate_rows, load_sequences, with_features_in_memory
 from drafter.training.train import TrainConfig, train_on
 from lab.gpu.stages import Command, tar_into
 from lab.gpu.transfer import (

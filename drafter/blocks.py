@@ -1,7 +1,7 @@
 """A training or evaluation batch: target context and the K clean tokens after each anchor.
 
 Shape letters: B = blocks, K = slots, W = context window, P = pooled positions, F = feature width,
-D = drafter width, D_t = target width. `drafter.training.data` produces them; the losses and the evaluator read them.
+D = drafter width, D_t = target width. `drafter.data` produces them; the losses and the evaluator read them.
 """
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from dataclasses import dataclass, fields
 import torch
 
 from drafter.networks.dit import DraftNet, FlowNet
+from drafter.networks.release import ReleaseNet
+from drafter.networks.rotary import rotary, rotate_pairs
 
 
 @dataclass
@@ -53,3 +55,27 @@ class Blocks:
         if pooled and isinstance(net, DraftNet):  # (the project's network reads a pooled context)
             return net.context_pooled(projected, window, mask, anchor_embed)
         return net.context_projected(projected[window], mask, anchor_embed)  # (B, W, D) gathered
+
+
+def block_context(net: ReleaseNet, blocks: Blocks) -> tuple[list, torch.Tensor]:
+    """Per layer keys, values (B, H, W + 1, Hd) of each block's window and its anchor, and the mask (B, 1, 1, W + 1).
+    Positions are the window's own (0..W - 1, the anchor at W): RoPE reads only their differences."""
+    b, w = blocks.window.shape
+    rope_ctx = rotary(torch.arange(w), net.c.head_dim, net.c.rope_theta, "pairs")
+    rope_anchor = rotary(torch.tensor([w]), net.c.head_dim, net.c.rope_theta, "pairs")
+    pooled = net.norm("hidden_norm", net.fc(blocks.pool))  # (P, D): each position once
+    anchor = net.norm("anchor_norm", net.anchor_proj(blocks.anchor_embed))[:, None]  # (B, 1, D)
+    rows = blocks.window.flatten()  # (B * W,) gathered with index_select, whose backward adds rows in place
+
+    def gather(x: torch.Tensor) -> torch.Tensor:  # (P, H, Hd) -> (B, W, H, Hd)
+        return x.flatten(1).index_select(0, rows).view(b, w, *x.shape[1:])
+
+    context = []
+    for layer in net.layers:
+        keys, values = layer.cross_attn.unrotated_keys_values(pooled)  # (P, H, Hd)
+        keys = rotate_pairs(gather(keys), *rope_ctx).transpose(-3, -2)  # (B, H, W, Hd)
+        values = gather(values).transpose(-3, -2)
+        anchor_keys, anchor_values = layer.cross_attn.keys_values(anchor, rope_anchor)  # (B, H, 1, Hd)
+        context.append((torch.cat([keys, anchor_keys], 2), torch.cat([values, anchor_values], 2)))
+    mask = torch.cat([blocks.feature_mask, torch.ones(b, 1, dtype=torch.bool)], 1)[:, None, None]
+    return context, mask

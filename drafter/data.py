@@ -10,17 +10,17 @@ Stage 2 (`blocks_from_sequences`): target hidden states at the drafter's layers 
 feature cache (`features`, bf16 per shard) when it exists, else they are recomputed on the fly for
 the batch (one target forward per step); many anchors are sampled per sequence, as DFlash does.
 
-python -m drafter.training.data generate --prompts FILE.jsonl [FILE ...] --out DIR [--start N] [--limit N]
+python -m drafter.data generate --prompts FILE.jsonl [FILE ...] --out DIR [--start N] [--limit N]
 [--max-new-tokens N]
-python -m drafter.training.data follow-up --source DIR --out DIR [--domains chat] [--per-conversation 2]
+python -m drafter.data follow-up --source DIR --out DIR [--domains chat] [--per-conversation 2]
     (second turns: each conversation of DIR, the target's answer included, gets follow-up questions the target
     answers: more, and more varied, chat-style responses than the 427 train_chat prompts give)
-python -m drafter.training.data magpie --n N --out data/prompts/magpie_train.jsonl --check
+python -m drafter.data magpie --n N --out data/prompts/magpie_train.jsonl --check
 data/prompts/magpie_check.jsonl
     (the target writes user requests itself from its chat template's user-turn opening, "Magpie"; every 10th is
     held apart as a check set; the training ones are then answered by generate)
-python -m drafter.training.data features --data DIR --layers 1 10 20 29     (optional cache; ~4.6 KB per token)
-python -m drafter.training.data phrasebook --data DIR [DIR ...] --out weights/<target>/phrasebook
+python -m drafter.data features --data DIR --layers 1 10 20 29     (optional cache; ~4.6 KB per token)
+python -m drafter.data phrasebook --data DIR [DIR ...] --out weights/<target>/phrasebook
     (the target's phrasebook, core.drafting.phrasebook: what its replies most often continue each n-gram with; a free
     drafting source beside prompt lookup)
 """
@@ -40,7 +40,7 @@ from tqdm import tqdm
 from core.drafting import phrasebook
 from core.prompts import TUNING, HeldOutError, read_jsonl, refuse_held_out, role_of
 from core.runtime.target import Target, add_target_args, load_target, target_config_from_args
-from drafter.training.blocks import Blocks
+from drafter.blocks import Blocks
 
 # ---- stage 1: responses --------------------------------------------------------------------
 
