@@ -24,7 +24,7 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
                copies what the target's own replies most often continue the latest tokens with
   tries=1      with lookup: two copies that differ at their first token may be verified together as a trie where
                the pair pays (core.drafting.policy.copy_choice.best_try), at every temperature; off by default: on
-               the CPUs measured they did not pay (docs/engine.md)
+               the CPUs measured they did not pay (docs/journal/engine.md)
   weights=DIR  a checkpoint other than weights/<target>/<name>
 
 adaptive, skip and tries say what the engine's policy does with the drafts, not what the drafter is: they live in
@@ -264,12 +264,9 @@ def choice_spec(choice: str = "auto", steps: int = 1, tree: int = 1, block_size:
                 adaptive: bool = True) -> RunSpec:
     """The spec of one of the app's drafter choices (CHOICES) with the options a user sets; SpecError says what the
     choice allows where an option does not fit it. Auto: adaptive K under the measured verify cost, skips after drafts
-    that did not pay, prompt lookup and the target's phrasebook beside the network at every temperature (T = 0:
-    1.23-1.38x plain decoding on math and code; T = 1, paired against the network alone: 0.95x against 0.93x on math,
-    1.08x against 0.94x on code, docs/results/engine/t1-lookup-ab-avx2-*.json). FlashMap's jumps start from x0 = 0
-    at every temperature (the zero-noise draft accepts more than a draft from random noise: at T = 0,
-    docs/drafter.md; at T = 0.7 and 1 it raised slot 1's acceptance sum_v min(p, q) by 0.05 on math and code and
-    0.02-0.04 on chat, docs/results/sampled-acceptance-2026-12-03.json), while a tree needs its drafts' noise."""
+    that did not pay, prompt lookup and the target's phrasebook beside the network at every temperature (its speed:
+    docs/figures.md). FlashMap's jumps start from x0 = 0 at every temperature, measured at least as good as drawn
+    noise (docs/drafter.md, docs/figures.md), while a tree needs its drafts' noise."""
     if choice not in CHOICES:
         raise SpecError(f"unknown drafter {choice!r}; choose from {', '.join(CHOICES)}")
     network = "flashmap" if choice in FLASHMAP_CHOICES else "dflash" if choice == "dflash" else None

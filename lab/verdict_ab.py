@@ -1,11 +1,11 @@
 """When the copied rounds' verdict (core.drafting.policy.state.PolicyState.lookup) may set its long wait, side by side
 in one process: from its first verdict (three copied and three plain rounds, as in 0.40.0) or, at T = 0, only once 16
 copied rounds were measured (PolicyState.copied_patience, the default since 0.41.0: before that a losing verdict only
-backs off 1, 2, 4 ... rounds). At T > 0 the two arms are the same since 0.41.0 (the T = 1 runs in docs/engine.md were
-made with the patience at every temperature, which lost there). Each prompt's plain reply and the arms' drafted ones run
-in rotated order; every arm carries its own PolicyState from prompt to prompt as the app does from reply to reply, and
-all of them start afresh every --restart-every prompts (a new start of the app: the first replies after one are where a
-verdict read from a few rounds had switched copies off).
+backs off 1, 2, 4 ... rounds). At T > 0 the two arms are the same since 0.41.0 (the T = 1 runs in docs/journal/engine.md
+were made with the patience at every temperature, which lost there). Each prompt's plain reply and the arms' drafted
+ones run in rotated order; every arm carries its own PolicyState from prompt to prompt as the app does from reply to
+reply, and all of them start afresh every --restart-every prompts (a new start of the app: the first replies after one
+are where a verdict read from a few rounds had switched copies off).
 
 python -m lab.verdict_ab --prompts tuning_math --limit 24 --restart-every 8 [--patience 8 16 32] --quant q4 \
     --out docs/results/engine/verdict-ab-math-t0-DATE.json

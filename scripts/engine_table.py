@@ -1,5 +1,6 @@
-"""docs/engine.md's tables: the precision ladder from scripts/engine_ladder.sh's JSON files, and the app's default per
-prompt set, domain and temperature from `python -m app.bench ... --drafter default` files named SET-DOMAIN-tT.json.
+"""docs/journal/engine.md's tables: the precision ladder from scripts/engine_ladder.sh's JSON files, and the app's
+default per prompt set, domain and temperature from `python -m app.bench ... --drafter default` files named
+SET-DOMAIN-tT.json.
 
 python -m scripts.engine_table DIR
 python -m scripts.engine_table --cells DIR [DIR ...]    (a cell from the first folder that holds it)

@@ -372,7 +372,7 @@ def build(results: Path, out: Path) -> str:
         doc += offline_section(val, load(results, "offline-val-stride16"), None, load(results, "offline-seen"))
     doc += ["## Verify cost and speed against llama.cpp", "",
             "The engine's verify cost per precision, its speed against plain decoding and llama.cpp, and the thread "
-            "policy are measured by `bash scripts/engine_ladder.sh` and tabled in `docs/engine.md` "
+            "policy are measured by `bash scripts/engine_ladder.sh` and tabled in `docs/journal/engine.md` "
             "(`docs/results/engine/`).", ""]
     doc += curves_section(results / "curves", out / "learning-curves.png")
     if final := load(results, "offline-acceptance-stride16"):

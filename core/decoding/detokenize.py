@@ -1,8 +1,8 @@
 """A reply's text as its tokens arrive, without decoding the whole reply every round.
 
 Why: the engine reports the whole text so far after every round, and decoding all of a reply's tokens each time costs
-in proportion to its length (docs/engine.md, "Measurements behind the code's rules"). Here each round decodes only a
-window of recent tokens.
+in proportion to its length (docs/journal/engine.md, "Measurements behind the code's rules"). Here each round decodes
+only a window of recent tokens.
 
 How (the offsets vLLM's incremental detokenizer keeps): the text before `read_at` is settled. A round decodes the
 tokens from `prefix_at` (the start of the previous window) to the end and keeps what follows the same window's text up

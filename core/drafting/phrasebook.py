@@ -93,7 +93,7 @@ def agreement_class(share: float, support: int) -> int:
     """An n-gram's agreement class (0..CLASSES - 1) from the share of its occurrences that went on with the stored
     first token and their number. On held-out replies a 4-gram's first copied token was kept 0.11 of the time in the
     lowest fifth of shares and 0.91 in the highest (16 occurrences or more each), where one rate for every 4-gram read
-    ~0.6 (the shipped book's calibration, docs/engine.md)."""
+    ~0.6 (the shipped book's calibration, docs/journal/engine.md)."""
     return 3 * min(int(share * 5), 4) + (0 if support < 4 else 1 if support < 16 else 2)
 
 

@@ -544,7 +544,7 @@ class LeanForward:
         """__call__ for at most PREFILL_ROWS ids in one native call (lean_step.cpp's `step`): embedding, rotary rows,
         causal visibility, the layers, final norm, LM head and features: after a forward has streamed the weights
         through the caches, each small torch op dispatched from Python costs many times its usual few microseconds
-        (docs/engine.md, "Measurements behind the code's rules"); the values are the same either way."""
+        (docs/journal/engine.md, "Measurements behind the code's rules"); the values are the same either way."""
         past, fed = cache.length, len(ids)
         at = [] if positions is None else positions if isinstance(positions, list) else positions.tolist()
         # at (T,): a tree's positions as ints; [] for past, past + 1, ...

@@ -440,10 +440,10 @@ def _finish(model, tokenizer, name: str, device: torch.device) -> Target:
 def cpu_quant(cfg: TargetConfig, device: torch.device, flags: set[str] | None = None,
               native_step: Callable[[], bool] = lambda: _native_module() is not None) -> str:
     """--quant auto on the CPU: q4 for the embedded default, whose GGUF holds Q4_1 blocks (q4 computes from those
-    4-bit codes, the fastest exact precision measured on both kinds of CPU here: docs/engine.md), where torch has its
-    int4 kernels and either the CPU multiplies bf16 natively or the native step builds (on an AVX2-only CPU the
-    op-by-op q4 forward emulates bf16 and loses to fp32, while the native step's integer products decode 6x faster
-    than fp32 there); none otherwise (an HF checkpoint keeps its weights unless asked)."""
+    4-bit codes, the fastest exact precision measured on both kinds of CPU here: docs/journal/engine.md), where torch
+    has its int4 kernels and either the CPU multiplies bf16 natively or the native step builds (on an AVX2-only CPU the
+    op-by-op q4 forward emulates bf16 and loses to fp32, while the native step's integer products decode 6x faster than
+    fp32 there); none otherwise (an HF checkpoint keeps its weights unless asked)."""
     if (cfg.quant != "auto" or device.type != "cpu" or cfg.target != EMBEDDED_ID or cfg.engine == "transformers"
             or cfg.cpu_precision == "reference" or cfg.dtype not in ("auto", "bf16") or not int4_available()):
         return cfg.quant
@@ -656,7 +656,7 @@ def _setup_forward(target: Target, plan: ForwardPlan) -> Target:
 def native_prefill(native, flags: frozenset[str]) -> bool:
     """Whether a q4 prompt's prefill runs through the native step (core.runtime.lean): where the CPU has no bf16
     products (the op-by-op prefill's bf16 weights cost more than the step's kernel), and where the step's products are
-    integer ones (VNNI) on a CPU without AMX, where it is about as fast (docs/engine.md, `lab.prefill_ab`) and a
+    integer ones (VNNI) on a CPU without AMX, where it is about as fast (docs/journal/engine.md, `lab.prefill_ab`) and a
     prefill through the step is batch-invariant, so a conversation's earlier turns are reused (core.decoding.prefix)
     instead of prefilled again."""
     integer = native is not None and native.ACTIVATIONS == "8-bit"

@@ -6,7 +6,7 @@ gracefully but pay a wake-up at every parallel region. Which compromise wins dep
 decode step is parallel work at all, so `python -m scripts.thread_policy --save` measures every candidate alone and
 beside a busy process and caches the choice (choose); `python app.py` reads it before torch starts OpenMP (the
 wait policy is read once, at start). Until a machine has been measured, DEFAULT_POLICY applies (the choice on the
-machines measured so far; numbers in docs/engine.md).
+machines measured so far; numbers in docs/journal/engine.md).
 
 This module does not import torch at its top: app.py calls it before torch may start.
 """

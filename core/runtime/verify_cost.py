@@ -76,7 +76,8 @@ def verify_cost(target, context: int, repeats: int, positions=POSITIONS) -> dict
 def interleaved(passes: dict, repeats: int) -> Iterator[dict]:
     """One pass of each timed_passes generator in turn, `repeats` rounds, each round starting one key later: yields
     {key: {T: median seconds so far}} after every round, so a caller can hand the model to others in between. The
-    rotation: the pass that opens a round reads slower (docs/engine.md, "Measurements behind the code's rules")."""
+    rotation: the pass that opens a round reads slower (docs/journal/engine.md, "Measurements behind the
+    code's rules")."""
     keys = list(passes)
     for round_index in range(repeats):
         first = round_index % len(keys)
@@ -103,7 +104,7 @@ def timed_seconds(device: torch.device, work) -> float:
 
 # the cached positions the curves are measured after: a short chat's and a long one's. Each new position attends to
 # every cached one, so a verify's extra rows cost more in a longer conversation, and one curve measured after a short
-# context under-prices a long chat's verified rows (docs/engine.md, "Measurements behind the code's rules")
+# context under-prices a long chat's verified rows (docs/journal/engine.md, "Measurements behind the code's rules")
 CONTEXTS = (256, 1024)
 
 

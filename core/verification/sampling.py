@@ -74,9 +74,9 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Top-p: each row's tokens whose mass strictly above them (the sum of the larger probabilities) is below top_p,
     renormalised; tokens of equal probability are kept or dropped together, so the set does not depend on how a sort
     orders ties (bf16 logits tie often), nor on the other rows. probs (..., V) -> (..., V).
-    Sorting all 49,152 probabilities costs most of a decode step on a CPU (docs/engine.md); the set lies among the top
-    few dozen tokens as a rule, so only the top k are sorted (k = 64, then 4x more while some row's k-th probability has
-    less than top_p above it, which is what bounds the set)."""
+    Sorting all 49,152 probabilities costs most of a decode step on a CPU (docs/journal/engine.md); the set lies among
+    the top few dozen tokens as a rule, so only the top k are sorted (k = 64, then 4x more while some row's k-th
+    probability has less than top_p above it, which is what bounds the set)."""
     rows = probs.reshape(-1, probs.shape[-1])  # (R, V)
     k = min(NUCLEUS_FIRST, rows.shape[-1])
     while True:
@@ -119,8 +119,8 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None,
     CDF with one uniform draw: exact, and a token of probability 0 is never drawn (its CDF step is empty). `excluded`
     (K ids, or None): a token per row whose mass counts as 0 (the residual max(0, p - q) of a deterministic draft's
     one-hot q: p without the rejected token). Sums run in float64, so 49k partial sums keep their small steps; far
-    faster than torch.multinomial (docs/engine.md). The native kernel (core/runtime/csrc/sampling.cpp) sums blocks of
-    64 first, then steps within one. u: the uniforms (K,) float64 already drawn (None: drawn here)."""
+    faster than torch.multinomial (docs/journal/engine.md). The native kernel (core/runtime/csrc/sampling.cpp) sums
+    blocks of 64 first, then steps within one. u: the uniforms (K,) float64 already drawn (None: drawn here)."""
     if u is None:
         u = torch.rand(probs.shape[0], generator=generator, device=draw_device(generator, probs.device),
                        dtype=torch.float64).to(probs.device)  # (K,)
@@ -153,7 +153,7 @@ class Verdict:
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
     """Each row's argmax, (T, V) -> T ids, found in fp32: bf16 values widen exactly and the first maximum wins
-    either way, while torch's bf16 argmax is several times slower than its fp32 one (docs/engine.md); the native
+    either way, while torch's bf16 argmax is several times slower than its fp32 one (docs/journal/engine.md); the native
     kernel finds the same first maximum in one pass over the bf16 row."""
     module = _kernels_for(logits)
     if module is not None:
@@ -164,7 +164,7 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
 def top_probs(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's argmax and its probability under softmax(row), (R, V) -> ids (R,) int64, probabilities (R,) fp32:
     a greedy draft's tokens and confidence. The native kernel takes two passes over a row where torch's max and
-    logsumexp take several (measured in docs/engine.md, "Against the FlashMap authors' reference loop")."""
+    logsumexp take several (measured in docs/journal/engine.md, "Against the FlashMap authors' reference loop")."""
     module = _kernels_for(logits)
     if module is not None:
         ids, probs = module.top_probs(logits)

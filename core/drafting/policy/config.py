@@ -1,5 +1,5 @@
 """Every constant of the drafting policy, each with the reason for its value. The measurements behind them are in
-docs/engine.md ("The drafting policy"); the lab's comparisons (lab/) rerun them."""
+docs/journal/engine.md ("The drafting policy"); the lab's comparisons (lab/) rerun them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class PolicyConfig:
     # -- what a drafter choice turns on (app.service.engine_settings sets these per reply) ---------------------------
-    # skip the network's call for 1, 2, 4 ... rounds after drafts that did not pay for it, at most this many: a
-    # FlashMap jump costs ~0.24 of a target step on the CPU, so a longer skip loses the rounds where it pays again
+    # skip the network's call for 1, 2, 4 ... rounds after drafts that did not pay for it, at most this many: a call
+    # costs a fraction of a target step, so a longer skip loses the rounds where it pays again
     max_skip: int = 8
     # expected tokens a round the cut may give up against verifying the whole draft (cut.within_loss): 0, no bound,
     # the cut weighs verify cost alone; RunSpec.max_lost sets it
@@ -22,7 +22,7 @@ class PolicyConfig:
     # longest back-off while a source's rounds measure fewer tokens a second than plain steps (0: never skip)
     max_measured_wait: int = 32
     # two copies that differ at their first token verified together as a trie where the pair pays; off by default:
-    # on the CPUs measured the pairs did not pay (docs/engine.md)
+    # on the CPUs measured the pairs did not pay (docs/journal/engine.md)
     copy_tries: bool = False
 
     # -- measured verdicts against plain steps (waits.MeasuredPays) --------------------------------------------------

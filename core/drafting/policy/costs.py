@@ -13,7 +13,7 @@ class CallCost:
     """What a call of the network costs, in plain steps: the median of its recent calls' seconds over the median plain
     round's (the plain rounds MeasuredPays keeps). The start-up estimate times a warm drafter beside one-position
     forwards; in a reply each call first projects every position committed since the last one and its weights come
-    back from memory, so calls cost more there (docs/engine.md)."""
+    back from memory, so calls cost more there (docs/journal/engine.md)."""
 
     window: int = DEFAULTS.call_window
     min_calls: int = DEFAULTS.call_min
@@ -39,7 +39,7 @@ class RoundCosts:
     over the median plain round's at the time, once `min_rounds` of them were measured, weighed against the start-up
     curve by the rounds behind it. Each round is set against the plain rounds of its own time because a shared
     machine's speed moves within minutes. The start-up curve times bare forwards once, in a few seconds; a copied
-    round also pays the Python around its forward (docs/engine.md, lab.round_costs_ab). A length found dear is
+    round also pays the Python around its forward (docs/journal/engine.md, lab.round_costs_ab). A length found dear is
     verified less and so measured less: its window keeps the last rounds that fed it."""
 
     window: int = DEFAULTS.cost_window
