@@ -39,9 +39,9 @@ def module_resolves(dotted: str) -> bool:
     if depth == len(parts):
         return True
     base = ROOT.joinpath(*parts[:depth])
-    if base.with_suffix(".py").exists():
-        return True  # an attribute of a module (a class, a function, a constant)
-    return re.search(rf"\b{re.escape(parts[depth])}\b", (base / "__init__.py").read_text()) is not None
+    source = base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
+    # an attribute of a module (a class, a function, a constant), or a name its package's __init__ defines
+    return re.search(rf"\b{re.escape(parts[depth])}\b", source.read_text()) is not None
 
 
 def stale(path: Path) -> list[str]:

@@ -58,7 +58,7 @@ class GenerationConfig:
     # relative cost of one target forward over 1, 2, ... positions (core.runtime.verify_cost); when given, a draft
     # with confidences is cut to the length with the most expected tokens per unit of cost
     verify_cost: tuple[float, ...] = ()
-    # one drafter call relative to a one-position target forward (core.runtime.verify_cost.draft_cost): where it is
+    # one drafter call relative to a one-position target forward (core.drafting.call_cost.draft_cost): where it is
     # charged (charges_draft_cost), a draft whose best expected tokens per unit of cost, this included, do not beat a
     # plain step counts as empty for the policy's skips
     draft_cost: float = 0.0
