@@ -265,3 +265,23 @@ def test_the_precisions_auto_tries_are_casts_of_one_read_and_the_one_kept_is_wha
     assert checked == ["torch.bfloat16"] and bf16.model.dtype == torch.bfloat16
     direct = read(folder, dtype=torch.bfloat16).state_dict()
     assert all(torch.equal(bf16.model.state_dict()[name], direct[name]) for name in direct)
+
+
+def test_the_ladder_tries_lower_precisions_only_under_auto(monkeypatch):
+    """--quant q4 or --dtype bf16 asked for is a ladder of one (refused where it is not exact); auto on a CPU steps
+    down to fp32."""
+    from core.runtime.target import precision_ladder
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(target_mod, "pick_dtype", lambda requested, device, flags=None: torch.bfloat16
+                        if requested in ("auto", "bf16") else torch.float32)
+    monkeypatch.setattr(target_mod, "cpu_quant", lambda cfg, device, *args, **kwargs:
+                        "q4" if cfg.quant == "auto" else cfg.quant)
+    rungs = lambda cfg: [(rung.quant, rung.dtype) for rung in precision_ladder(cfg, cpu)]  # noqa: E731
+    assert rungs(TargetConfig()) == [("q4", "auto"), ("none", "auto"), ("none", "fp32")]
+    assert rungs(TargetConfig(quant="q4")) == [("q4", "auto")]
+    assert rungs(TargetConfig(dtype="bf16")) == [("q4", "bf16"), ("none", "bf16")]
+    assert rungs(TargetConfig(quant="none", dtype="bf16")) == [("none", "bf16")]
+    assert rungs(TargetConfig(quant="none")) == [("none", "auto"), ("none", "fp32")]
+    assert rungs(TargetConfig(dtype="fp32", quant="none")) == [("none", "fp32")]
+    assert rungs(TargetConfig(quant="auto")) == rungs(TargetConfig())
