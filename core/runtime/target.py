@@ -485,7 +485,8 @@ def precision_ladder(cfg: TargetConfig, device: torch.device) -> list[TargetConf
         ladder.append(replace(cfg, quant="q4"))
         cfg = replace(cfg, quant="none")
     ladder.append(cfg)
-    if device.type == "cpu" and cfg.dtype == "auto" and _dtype_for(cfg, device) != torch.float32:
+    if (device.type == "cpu" and cfg.dtype == "auto" and cfg.quant in ("auto", "none")
+            and _dtype_for(cfg, device) != torch.float32):
         ladder.append(replace(cfg, dtype="fp32"))
     return ladder
 
