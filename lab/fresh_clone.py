@@ -1,8 +1,8 @@
-"""A fresh clone timed as a new user meets it: the README's first command (`bash scripts/setup.sh`, then `python
-app.py` until the page answers) with nothing of the app cached (a new HOME: no native build, no exactness verdict, no
-thread policy; pip's own cache kept, so packages are not downloaded again), a later start, and optionally the README's
-test command on the same clone. Writes one JSON with the machine, the commit, the date and the seconds, which the
-figures page reads (scripts/figures.py).
+"""A fresh clone timed as a new user meets it: the README's first command (`bash scripts/setup.sh`, then `python app.py`
+until the page answers) with nothing of the app cached (a new HOME: no native build, no exactness verdict, no thread
+policy; pip's own cache kept, so packages are not downloaded again), a later start, and optionally the README's test
+command on the same clone with this machine's own caches (its native builds, as a developer's machine has them). Writes
+one JSON with the machine, the commit, the date and the seconds, which the figures page reads (scripts/figures.py).
 
 python -m lab.fresh_clone --out docs/results/start/fresh-clone-DATE.json [--tests]
 """
@@ -89,7 +89,7 @@ def main(argv=None) -> None:
         result["first_start_s"] = time_start(repo, env)
         result["later_start_s"] = time_start(repo, env)
         if args.tests:
-            result["tests"] = time_tests(repo, env)
+            result["tests"] = time_tests(repo, dict(os.environ))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     json.dump(result, sys.stdout, indent=1)

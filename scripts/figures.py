@@ -87,7 +87,8 @@ def fresh_clone(fig: dict, root: Path) -> list[str]:
              f"- a later start: **{run['later_start_s']:.0f} s**"]
     if "tests" in run:
         tests = run["tests"]
-        lines.append(f"- `bash scripts/test.sh` on the same clone: **{tests['seconds'] / 60:.0f} min "
+        lines.append(f"- `bash scripts/test.sh` on the same clone, with this machine's native builds cached: "
+                     f"**{tests['seconds'] // 60:.0f} min "
                      f"{tests['seconds'] % 60:.0f} s** ({tests['summary'].strip('= ')})")
     return lines
 

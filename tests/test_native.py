@@ -141,7 +141,7 @@ def assert_same_integer_products(first, second) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lanes", sorted(LANE_BUILDS))
-def test_the_builds_of_other_cpus_are_exact_too(lanes, monkeypatch, tmp_path):
+def test_the_builds_of_other_cpus_are_exact_too(lanes, monkeypatch):
     """The step as another CPU builds it (LANE_BUILDS): the q4 forward through it is batch-invariant and agrees with
     the op-by-op forward; where it and this CPU's own build both multiply integers (AVX2's and VNNI's products), their
     q4 and q8 products are bit for bit the same."""
@@ -152,7 +152,6 @@ def test_the_builds_of_other_cpus_are_exact_too(lanes, monkeypatch, tmp_path):
     flags = lane_build_flags(lanes)
     own, _ = native.load()
     monkeypatch.setattr(native, "CFLAGS", (*native.CFLAGS, *flags))
-    monkeypatch.setenv("FLASHMAP_NATIVE_DIR", str(tmp_path))
     module, why = native.load()
     assert module is not None, why
     assert_rounds_as_torch(module)

@@ -145,10 +145,9 @@ def test_blocks_at_different_times_take_the_python_trunk(module):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lanes", sorted(LANE_BUILDS))
-def test_the_builds_of_other_cpus_compute_it_too(lanes, monkeypatch, tmp_path):
+def test_the_builds_of_other_cpus_compute_it_too(lanes, monkeypatch):
     """The trunk as another CPU builds it (LANE_BUILDS)."""
     monkeypatch.setattr(native, "CFLAGS", (*native.CFLAGS, *lane_build_flags(lanes)))
-    monkeypatch.setenv("FLASHMAP_NATIVE_DIR", str(tmp_path))
     portable, why = native_trunk.load()
     assert portable is not None, why
     net = random_net(d_model=48, heads=3, block=5)
