@@ -81,7 +81,8 @@ def bench_domains(fig: dict, root: Path) -> list[str]:
 
 def fresh_clone(fig: dict, root: Path) -> list[str]:
     run = read(root, fig["results"])
-    lines = [f"- `bash scripts/setup.sh` on the fresh clone (packages from pip's cache): {run['setup_s']:.0f} s",
+    lines = [f"- `bash scripts/setup.sh` on a fresh clone of {run['commit'][:7]} (packages from pip's cache): "
+             f"{run['setup_s']:.0f} s",
              f"- first start, `python app.py` until the page answers, nothing of the app cached (it compiles the "
              f"native extensions for this CPU and checks the forward's exactness): **{run['first_start_s']:.0f} s**",
              f"- a later start: **{run['later_start_s']:.0f} s**"]
