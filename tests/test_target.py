@@ -285,3 +285,19 @@ def test_the_ladder_tries_lower_precisions_only_under_auto(monkeypatch):
     assert rungs(TargetConfig(quant="none")) == [("none", "auto"), ("none", "fp32")]
     assert rungs(TargetConfig(dtype="fp32", quant="none")) == [("none", "fp32")]
     assert rungs(TargetConfig(quant="auto")) == rungs(TargetConfig())
+
+
+def test_a_rung_auto_cannot_set_up_here_gives_way_to_the_next(tmp_path, monkeypatch, capsys):
+    """--graphs sim under auto: q4 has no fixed-shape steps and bf16's are not exact on a CPU, so fp32 serves (as
+    before the ladder, where a q4 that could not load fell back to the dense precisions)."""
+    folder = tmp_path / "qwen3"
+    tiny_qwen3().save_pretrained(folder)
+    tiny_tokenizer(64, QWEN3_TEMPLATE).save_pretrained(folder)
+    monkeypatch.setattr(target_mod, "pick_dtype", lambda requested, device, flags=None: torch.bfloat16
+                        if requested in ("auto", "bf16") else torch.float32)
+    monkeypatch.setattr(target_mod, "cpu_quant", lambda cfg, device, *args, **kwargs:
+                        "q4" if cfg.quant == "auto" else cfg.quant)
+    target = load_target(TargetConfig(str(folder), device="cpu", graphs="sim", cache_dir=""))
+    assert target.model.dtype == torch.float32 and target.plan.graphs == "sim" and target.plan.quant == "none"
+    out = capsys.readouterr().out
+    assert "trying bf16 weights" in out and "trying fp32 weights" in out  # each step down said, with why
