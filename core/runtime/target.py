@@ -454,7 +454,8 @@ def cpu_quant(cfg: TargetConfig, device: torch.device, flags: set[str] | None = 
 def load_target(cfg: TargetConfig) -> Target:
     """The target these flags ask for, its forward set up and, on a CPU, checked exact (_checked). Under auto the
     precisions of precision_ladder are tried fastest first, each on a copy cast from one read of the weights
-    (read_dtype): the first exact one is kept, and the weights are never read from disk twice."""
+    (read_dtype): the first that these flags can serve and that is exact here is kept, and the weights are never read
+    from disk twice."""
     device = pick_device(cfg.device)
     ladder = precision_ladder(_reference_on_cpu(cfg, device), device)
     dtypes = [_dtype_for(rung, device) for rung in ladder]
@@ -466,7 +467,7 @@ def load_target(cfg: TargetConfig) -> Target:
         try:
             kept = _set_up(cast_copy(source, dtype), rung, dtype, last=False)
             break
-        except NotExact as err:
+        except TargetLoadError as err:  # not exact here (NotExact), or not servable with these flags
             print(f"note: {err}; trying {_name(next_dtype)} weights", flush=True)
     if kept is None:
         source.model.to(dtypes[-1])  # in place: an upcast of what was read, or nothing
