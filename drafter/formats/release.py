@@ -13,8 +13,6 @@ from typing import cast
 import torch
 
 from drafter.formats.checkpoint import CheckpointError, load_published_state, read_published
-
-# ---- reading a folder --------------------------------------------------------------------------------------------
 from drafter.networks.release import BASE_PREFIX, MODEL_TYPE, ReleaseConfig, ReleaseNet
 
 

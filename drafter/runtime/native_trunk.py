@@ -135,7 +135,7 @@ class NativeTrunk:
 class ReleaseTrunk:
     """ReleaseNet's DiT at one jump over one block, run natively (dit_trunk.cpp's release_trunk): built from a
     ReleaseNet with weights that no longer change, called with the slots' inputs, their rotary angles, one jump's
-    modulations and the context's key and value buffers (flashmap_release.ContextRows)."""
+    modulations and the context's key and value buffers (drafter.runtime.release.ContextRows)."""
 
     def __init__(self, net, module, products: str | None = None):
         self.module = module

@@ -15,8 +15,6 @@ import torch
 from core.drafting.base import Draft
 from core.runtime import cpu_linear
 from core.verification.sampling import SamplingConfig, sample_rows, top_probs
-
-# ---- the engine's drafter ------------------------------------------------------------------------------------------
 from drafter.networks.release import ReleaseNet, draft_logits, rms_norm
 from drafter.networks.rotary import rotary, rotate_pairs
 from drafter.runtime import native_trunk
