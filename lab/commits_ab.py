@@ -119,6 +119,7 @@ def main(argv=None) -> None:
     parser.add_argument("--summarize", action="store_true", help="summarize the runs kept there, without running")
     args, run_args = parser.parse_known_args(argv)
     names = ["base", "head", *(["control"] if args.control else [])]
+    shas = {"base": git("rev-parse", args.base), "head": git("rev-parse", args.head)}  # what is run, read once
     scratch = Path(args.runs)
     scratch.mkdir(parents=True, exist_ok=True)
     runs = {name: [] for name in names}
@@ -126,12 +127,12 @@ def main(argv=None) -> None:
         runs = {name: [json.loads((scratch / f"{name}-{repeat}.json").read_text()) for repeat in range(args.repeats)]
                 for name in names}
     else:
-        folders = {"base": checkout(args.base), "head": checkout(args.head)}
+        folders = {"base": checkout(shas["base"]), "head": checkout(shas["head"])}
         for repeat in range(args.repeats):
             for name in names[repeat % len(names):] + names[: repeat % len(names)]:
                 runs[name].append(run_side(folders.get(name, folders["base"]), run_args,
                                            scratch / f"{name}-{repeat}.json"))
-    result = {"base": git("rev-parse", args.base), "head": git("rev-parse", args.head), "repeats": args.repeats,
+    result = {"base": shas["base"], "head": shas["head"], "repeats": args.repeats,
               "run": run_args, **summary(runs),
               "per_prompt_seconds": {name: [[(round(r["s"], 4), round(r["plain_s"], 4)) for r in rows]
                                             for rows in side_runs] for name, side_runs in runs.items()}}
