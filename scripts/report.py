@@ -482,8 +482,7 @@ def delta_table(run: dict, pairs: list[tuple[str, str, str]]) -> list[str]:
 
 def coupled(run: dict) -> bool:
     """Whether a run's shuffled draws kept each slot's own noise of the shared draft (drafter.evaluation.evaluate
-    records it
-    from version 0.17; before, they were independent of it)."""
+    records it from version 0.17; before, they were independent of it)."""
     return run.get("shuffled_noise") == "coupled"
 
 

@@ -155,8 +155,8 @@ def test_checkpoint_of_the_wrong_kind_is_refused(setup, tiny_target, tmp_path):
 
 def flow_drafters(target, vocab_ids, cfg_vocab=16, products=None):
     """Each way of drafting, untrained; products (drafter.runtime.native_trunk.products_for): "fp32" where a test
-    compares a
-    frozen view's drafts with the network's own forward to float rounding (None: the build's fastest products)."""
+    compares a frozen view's drafts with the network's own forward to float rounding (None: the build's fastest
+    products)."""
     torch.manual_seed(0)
     hidden = target.model.config.hidden_size
     flow = build_net(tiny_cfg("flashmap", cfg_vocab, hidden), target, vocab_ids)
@@ -537,9 +537,8 @@ def key_value_maps(cached) -> dict:
 
 
 def test_magpie_requests_come_from_the_user_turn_opening_and_resume(tmp_path, monkeypatch, tiny_qwen3_target):
-    """drafter.data magpie: the target is prompted with its template's user-turn opening only; usable requests
-    are
-    kept once each, every N-th held apart, and a rerun appends only what is missing."""
+    """drafter.data magpie: the target is prompted with its template's user-turn opening only; usable requests are kept
+    once each, every N-th held apart, and a rerun appends only what is missing."""
     import drafter.data as data_mod
     from core.prompts import read_jsonl
 
@@ -562,9 +561,8 @@ def test_magpie_requests_come_from_the_user_turn_opening_and_resume(tmp_path, mo
 
 
 def test_the_phrasebook_command_calibrates_on_held_out_folders_only(tmp_path):
-    """drafter.data phrasebook --held: the book carries each grade's acceptance on the held-out replies and
-    says what
-    it was measured on; a held-out folder that is also built from is refused."""
+    """drafter.data phrasebook --held: the book carries each grade's acceptance on the held-out replies and says what it
+    was measured on; a held-out folder that is also built from is refused."""
     import json
 
     from core.drafting import phrasebook

@@ -85,8 +85,7 @@ def test_draft_logits_equal_the_reference_for_the_same_weights_and_noise(steps, 
 @pytest.mark.parametrize("steps", [1, 2])
 def test_the_native_dit_drafts_what_torchs_does(steps, folder, tiny_qwen3_target):
     """drafter.runtime.native_trunk.ReleaseTrunk (the DiT in one native call) against the DiT op by op in torch, on the
-    same
-    context and noise: equal in fp32, and the 8-bit products' drafts close to them; only the asked rows' logits."""
+    same context and noise: equal in fp32, and the 8-bit products' drafts close to them; only the asked rows' logits."""
     from drafter.runtime import native_trunk
 
     module, why = native_trunk.load()

@@ -78,8 +78,7 @@ def test_bad_modes_are_refused(folder, tiny_qwen3_target):
 
 def test_a_target_on_fixed_shape_steps_gets_the_graphed_drafter_and_exact_replies(folder):
     """drafter.runtime.drafters: a target whose steps are core.runtime.graphs' (CUDA graphs on a GPU; sim here) drafts
-    with
-    the graphed proposal, in the same mode, through the registry."""
+    with the graphed proposal, in the same mode, through the registry."""
     from core.runtime.graphs import GraphedSteps
     from drafter.registry import build_drafter
     from drafter.spec import DrafterSpec

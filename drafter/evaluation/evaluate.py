@@ -155,9 +155,8 @@ def load_variant(variant: Variant, target) -> tuple[Any, torch.Tensor]:
 @dataclass(frozen=True)
 class ReleaseDrafting:
     """A released-format network drafting offline blocks at T = 0, batched over anchors, each block's context read as
-    training reads it (drafter.blocks.block_context: the last RELEASE_WINDOW positions, which hold the
-    whole of
-    these responses; the engine reads all)."""
+    training reads it (drafter.blocks.block_context: the last RELEASE_WINDOW positions, which hold the whole of these
+    responses; the engine reads all)."""
 
     variant: Variant
     net: ReleaseNet
