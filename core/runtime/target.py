@@ -44,10 +44,6 @@ class TargetLoadError(RuntimeError):
     """A target cannot be loaded; the message says why and what to do."""
 
 
-class NotExact(TargetLoadError):
-    """A precision --quant/--dtype auto tried is not batch-invariant here: the next rung of the ladder is tried."""
-
-
 @dataclass(frozen=True)
 class TargetConfig:
     target: str = EMBEDDED_ID  # embedded id, HF hub id (from the local cache) or local folder
@@ -464,14 +460,16 @@ def load_target(cfg: TargetConfig) -> Target:
         native_kernels.sampling_kernels()  # built (once a machine, ~30 s) or loaded now, not in the first reply
     kept = None
     for rung, dtype, next_dtype in zip(ladder[:-1], dtypes, dtypes[1:]):
-        try:
-            kept = _set_up(cast_copy(source, dtype), rung, dtype, last=False)
+        try:  # the plan first: a rung these flags cannot serve costs no copy
+            plan = forward_plan(rung, device, dtype, source.model.config)
+            kept = _set_up(cast_copy(source, dtype), rung, plan, last=False)
             break
-        except TargetLoadError as err:  # not exact here (NotExact), or not servable with these flags
+        except TargetLoadError as err:  # not servable with these flags, or not exact here
             print(f"note: {err}; trying {_name(next_dtype)} weights", flush=True)
     if kept is None:
         source.model.to(dtypes[-1])  # in place: an upcast of what was read, or nothing
-        return _set_up(source, ladder[-1], dtypes[-1], last=True)
+        plan = forward_plan(ladder[-1], device, dtypes[-1], source.model.config)
+        return _set_up(source, ladder[-1], plan, last=True)
     del source  # the read the kept rung was cast from
     return_freed_host_memory()
     return kept
@@ -524,9 +522,8 @@ def cast_copy(target: Target, dtype: torch.dtype) -> Target:
     return _finish(copy.deepcopy(target.model, memo), target.tokenizer, target.name, target.device)
 
 
-def _set_up(target: Target, cfg: TargetConfig, dtype: torch.dtype, last: bool) -> Target:
-    target = _setup_forward(target, forward_plan(cfg, target.device, dtype, target.model.config))
-    return _checked(target, cfg, dtype, last)
+def _set_up(target: Target, cfg: TargetConfig, plan: ForwardPlan, last: bool) -> Target:
+    return _checked(_setup_forward(target, plan), cfg, plan.dtype, last)
 
 
 def _reference_on_cpu(cfg: TargetConfig, device: torch.device) -> TargetConfig:
@@ -549,8 +546,8 @@ def _dtype_for(cfg: TargetConfig, device: torch.device) -> torch.dtype:
 
 def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype, last: bool = True) -> Target:
     """On a CPU, the forward's batch invariance checked once per machine (core.runtime.exactness): a low precision that
-    fails is refused when it was asked for (last) and raises NotExact when the ladder has a next rung; fp32, the
-    reference, is kept either way. The verdict is what `target.precision` says."""
+    fails is refused when it was asked for (last), and gives way to the ladder's next rung otherwise (load_target);
+    fp32, the reference, is kept either way. The verdict is what `target.precision` says."""
     engine = "transformers" if target.lean is None else "native lean" if target.lean.native is not None else "lean"
     engine += {"cuda": " + CUDA graphs", "sim": " (fixed-shape steps)"}.get(target.extra.get("graphs", ""), "")
     if target.device.type != "cpu":
@@ -563,7 +560,7 @@ def _checked(target: Target, cfg: TargetConfig, dtype: torch.dtype, last: bool =
     if not report.exact and dtype != torch.float32:  # fp32 is the reference: kept, and said to be inexact
         asked = "--quant q4" if cfg.quant == "q4" else f"--dtype {_name(dtype)}"
         if not last:
-            raise NotExact(f"{asked} is not exact on this CPU: {report.describe()}")
+            raise TargetLoadError(f"{asked} is not exact on this CPU: {report.describe()}")
         raise TargetLoadError(f"{asked} cannot run exactly on this CPU: {report.describe()}; fp32, the reference "
                               "precision, is the one to use here. Use --dtype fp32 or auto.")
     target.extra["precision"] = f"{_weights(cfg, dtype, target)}, {engine} forward, " + (
