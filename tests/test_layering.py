@@ -83,30 +83,9 @@ def test_the_readme_drawing_is_current():
     assert done.returncode == 0, done.stderr
 
 
-# core's floors, lowest first: each imports only from itself and the floors below it (its top-level modules, prompts
-# and testing, sit above them all)
-CORE_ORDER = ("runtime", "verification", "drafting", "decoding")
-
-
-def upward_imports(core: Path) -> list[str]:
-    """Every import in a subpackage of `core` (a folder laid out as core/) of a floor above its own, or of one of core's
-    top-level modules, lazy imports included: "core/runtime/lean.py imports core.decoding.engine"."""
-    wrong = []
-    for path in sorted(core.rglob("*.py")):
-        parts = path.relative_to(core).parts
-        if len(parts) < 2:
-            continue  # a top-level module of core
-        floor = CORE_ORDER.index(parts[0])
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
-            for name in names:
-                target = name.split(".")
-                if target[0] != "core" or len(target) < 2:
-                    continue
-                if target[1] not in CORE_ORDER or CORE_ORDER.index(target[1]) > floor:
-                    wrong.append(f"core/{'/'.join(parts)} imports {name}")
-    return wrong
+# core's floors, lowest first: each imports only from itself and the floors below it; its top-level module, prompts,
+# sits above them all
+CORE_ORDER = ("runtime", "verification", "drafting", "decoding", "prompts")
 
 
 # drafter's floors, lowest first (a subpackage or a top-level module each): each imports only from itself and below
@@ -115,8 +94,9 @@ DRAFTER_ORDER = ("config", "flow", "spec", "networks", "formats", "runtime", "bl
 
 
 def floor_violations(package: Path, order: tuple[str, ...]) -> list[str]:
-    """Every import in `package` (a folder laid out as drafter/) of a floor of `order` above the importing module's
-    own, lazy imports included."""
+    """Every import in `package` (a folder laid out as core/ or drafter/) of a floor of `order` (a subpackage or a
+    top-level module each) above the importing module's own, lazy imports included: "core/runtime/lean.py imports
+    core.decoding.engine"."""
     name, wrong = package.name, []
     for path in sorted(package.rglob("*.py")):
         parts = path.relative_to(package).with_suffix("").parts
@@ -135,10 +115,14 @@ def floor_violations(package: Path, order: tuple[str, ...]) -> list[str]:
     return wrong
 
 
+def floors(package: Path) -> set[str]:
+    """A package's subpackages and top-level modules."""
+    return {p.stem if p.suffix == ".py" else p.name for p in package.iterdir()
+            if p.suffix == ".py" and p.stem != "__init__" or (p / "__init__.py").exists()}
+
+
 def test_drafters_floors_import_only_downward():
-    floors = {p.stem if p.suffix == ".py" else p.name for p in (ROOT / "drafter").iterdir()
-              if p.suffix == ".py" and p.stem != "__init__" or (p / "__init__.py").exists()}
-    assert floors == set(DRAFTER_ORDER)
+    assert floors(ROOT / "drafter") == set(DRAFTER_ORDER)
     assert floor_violations(ROOT / "drafter", DRAFTER_ORDER) == []
 
 
@@ -154,8 +138,8 @@ def test_an_upward_import_in_the_drafter_package_is_refused(tmp_path):
 
 
 def test_cores_floors_import_only_downward():
-    assert {p.name for p in (ROOT / "core").iterdir() if (p / "__init__.py").exists()} == set(CORE_ORDER)
-    assert upward_imports(ROOT / "core") == []
+    assert floors(ROOT / "core") == set(CORE_ORDER)
+    assert floor_violations(ROOT / "core", CORE_ORDER) == []
 
 
 def test_an_upward_import_in_core_is_refused(tmp_path):
@@ -163,9 +147,9 @@ def test_an_upward_import_in_core_is_refused(tmp_path):
 
     copy = tmp_path / "core"
     shutil.copytree(ROOT / "core", copy, ignore=shutil.ignore_patterns("__pycache__", "csrc"))
-    assert upward_imports(copy) == []
+    assert floor_violations(copy, CORE_ORDER) == []
     lean = copy / "runtime" / "lean.py"
     lean.write_text(lean.read_text() + "\n\ndef late():\n    from core.decoding.engine import generate\n")
     (copy / "drafting" / "base.py").write_text((copy / "drafting" / "base.py").read_text() + "\nimport core.prompts\n")
-    assert upward_imports(copy) == ["core/drafting/base.py imports core.prompts",
-                                    "core/runtime/lean.py imports core.decoding.engine"]
+    assert floor_violations(copy, CORE_ORDER) == ["core/drafting/base.py imports core.prompts",
+                                                  "core/runtime/lean.py imports core.decoding.engine"]
