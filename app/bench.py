@@ -37,7 +37,6 @@ from core.decoding.prefix import PrefixCache  # noqa: E402
 from core.decoding.stats import AcceptanceStats, pooled_rate, speedup, speedup_se  # noqa: E402
 from core.drafting.base import MAX_BLOCK_SIZE  # noqa: E402
 from core.drafting.call_cost import draft_cost as measure_draft_cost  # noqa: E402
-from core.drafting.policy.sources import COPIED  # noqa: E402
 from core.drafting.policy.state import PolicyState  # noqa: E402
 from core.prompts import HeldOutError, read_prompt_file, refuse_held_out, resolve_prompt_file  # noqa: E402
 from core.runtime.target import Target, TargetConfig, add_target_args, load_target, target_config_from_args  # noqa: E402
@@ -134,7 +133,7 @@ class Runner:
 
     def with_draft_cost(self, target: Target) -> "Runner":
         """This runner with its drafter's cost measured now (core.drafting.call_cost.draft_cost), when its spec is
-        adaptive: the skip policy charges each draft for it (core.drafting.policy.cut.draft_pays)."""
+        adaptive: the skip policy charges each draft for it (core.drafting.policy.policy.DraftPolicy.call_cost)."""
         if not self.spec.adaptive or self.drafter is None:
             return self
         return replace(self, draft_cost=measure_draft_cost(target, self.drafter))
@@ -148,15 +147,14 @@ class Runner:
 
 
 def round_costs(base: list[Run], spec: list[Run]) -> list[dict]:
-    """What each kind of drafted round cost and committed, by source (a copy try as "SOURCE try", its first branch's
-    source) and drafted length (the branch followed): its rounds, mean drafting and verifying milliseconds, both in
-    plain rounds (the mean round of the plain runs beside it) and tokens committed. A round pays where it commits
+    """What each kind of drafted round cost and committed, by source and drafted length (the branch followed): its
+    rounds, mean drafting and verifying milliseconds, both in plain rounds (the mean round of the plain runs beside it)
+    and tokens committed. A round pays where it commits
     more tokens than it costs plain rounds. [] without events (transformers' runs)."""
     plain = [ev.draft_s + ev.verify_s for run in base for ev in run.events if ev.kind == "round"]
     kinds: dict[tuple[str, int], list] = {}
     for ev in (ev for run in spec for ev in run.events if ev.kind == "round"):
-        tried = ev.branches > 1 and ev.source in COPIED  # a copy try: two copies verified as a trie
-        kinds.setdefault((f"{ev.source} try" if tried else ev.source, len(ev.drafted)), []).append(ev)
+        kinds.setdefault((ev.source, len(ev.drafted)), []).append(ev)
     if not plain or not kinds:
         return []
     step = sum(plain) / len(plain)

@@ -76,7 +76,8 @@ COPY_MARKS = {  # round source -> (its mark in the panel, what the mark's title 
 
 def render_round(tokenizer, index: int, ev: RoundEvent) -> str:
     """One row: each drafted slot marked accepted / rejected / not reached, then the target's token."""
-    why = f" title='{html.escape(ev.decision.text(), quote=True)}'" if ev.decision is not None else ""
+    decision = "" if ev.decision is None else f"{ev.decision.source}: {ev.decision.why()}"
+    why = f" title='{html.escape(decision, quote=True)}'" if decision else ""
     cells = [f"<span class='fm-round'{why}>#{index}</span>"]
     if ev.source in COPY_MARKS:  # a copied draft: no network call
         mark, title = COPY_MARKS[ev.source]

@@ -96,14 +96,13 @@ class ChatSettings:
 def engine_settings(spec: RunSpec, gen: GenerationConfig, verify_cost: tuple[float, ...] = (),
                     drafting: bool = False, draft_cost: float = 0.0) -> GenerationConfig:
     """gen (the reply's length, K, sampling, stops, seed) with what the drafter spec asks of the engine, one rule for
-    the UI, the API and the bench: where the spec is adaptive, the verify-cost curve, the drafter's call cost, the
-    skips and the measured verdicts' longest wait; a drafting reply makes a plain step at least every
+    the UI, the API and the bench: where the spec is adaptive, the verify-cost curve, the drafter's call cost and the
+    verdicts' longest back-off (none without); a drafting reply makes a plain step at least every
     PolicyConfig.app_probe_every rounds, so its speed is always compared with plain decoding measured inside it
     (core.decoding.stats.ReplySpeed)."""
     adaptive = spec.adaptive  # the choice decides: FlashMap and DFlash-style draft every round
-    policy = replace(gen.policy, max_skip=spec.max_skip, max_lost=spec.max_lost, copy_tries=spec.copy_tries,
-                     plain_probe_every=gen.policy.app_probe_every if drafting else 0,
-                     max_measured_wait=gen.policy.max_measured_wait if adaptive else 0)
+    policy = replace(gen.policy, max_skip=spec.max_skip if adaptive else 0, max_lost=spec.max_lost,
+                     plain_probe_every=gen.policy.app_probe_every if drafting else 0)
     return replace(gen, verify_cost=verify_cost if adaptive else (), draft_cost=draft_cost if adaptive else 0.0,
                    policy=policy)
 

@@ -13,8 +13,9 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
                (scale=0: the jumps from x0 = 0, a deterministic draft)
   k=K          block size; unset = the drafter's own (the block it was trained for), and never above it
   adaptive=1   cut each draft to its best expected length under the measured verify cost
-  skip=N       with adaptive: skip the drafter for up to N rounds after drafts that did not pay for its call
-               (core.drafting.policy.cut.draft_pays; 0: never; default 8)
+  skip=N       with adaptive: a source whose rounds did not pay (a network draft whose cut did not cover its call,
+               or rounds measured slower than plain steps) waits up to N rounds before it drafts again
+               (core.drafting.policy.state.Verdict; 0: never; default 8)
   calibrated=0 network drafters: the cut reads the raw confidence, not the checkpoint's calibration.json
                (drafter/runtime/calibration.py; applied at T = 0 when one was fitted for this way of drafting)
   lookup=1     network drafters: prompt lookup joins each round (core.drafting.base.LookupHybrid): at T = 0 its
@@ -22,12 +23,9 @@ Text form (CLIs, the suite, the evaluator, report labels): `name[,option=value].
                network; at T > 0 a round takes one of the two
   phrasebook=0 with lookup: without the target's phrasebook (core.drafting.phrasebook), the second free source that
                copies what the target's own replies most often continue the latest tokens with
-  tries=1      with lookup: two copies that differ at their first token may be verified together as a trie where
-               the pair pays (core.drafting.policy.copy_choice.best_try), at every temperature; off by default: on
-               the CPUs measured they did not pay (docs/journal/engine.md)
   weights=DIR  a checkpoint other than weights/<target>/<name>
 
-adaptive, skip and tries say what the engine's policy does with the drafts, not what the drafter is: they live in
+adaptive, skip and lost say what the engine's policy does with the drafts, not what the drafter is: they live in
 RunSpec beside the DrafterSpec (RunSpec.parse reads the whole text form). `DrafterSpec.refusal` holds every rule about
 which option suits which drafter, `RunSpec.refusal` those about the policy's options; `validate(sampling)` the rules
 that depend on the temperature. Building the drafter is `drafter.registry.build_drafter`.
@@ -52,7 +50,7 @@ LABELS = {"flashmap": "FlashMap", "flashmap-teacher": "FlashMap teacher", "dflas
 # text key -> field; the order is the canonical text's
 KEYS = {"steps": "steps", "noise": "noise", "best_of": "best_of", "tree": "tree", "scale": "noise_scale",
         "k": "block_size", "adaptive": "adaptive", "skip": "max_skip", "lost": "max_lost", "calibrated": "calibrated",
-        "lookup": "lookup", "phrasebook": "phrasebook", "tries": "copy_tries", "weights": "weights"}
+        "lookup": "lookup", "phrasebook": "phrasebook", "weights": "weights"}
 
 
 class SpecError(ValueError):
@@ -155,7 +153,7 @@ class DrafterSpec:
     @classmethod
     def parse(cls, text: str, **defaults) -> "DrafterSpec":
         """'flashmap,steps=2,tree=4' -> DrafterSpec; `defaults` fill fields the text leaves out. The policy's options
-        (adaptive, skip, tries) are RunSpec.parse's."""
+        (adaptive, skip, lost) are RunSpec.parse's."""
         name, values = parse_options(text, defaults)
         policy = sorted(set(values) & set(POLICY_FIELDS))
         if policy:
@@ -167,16 +165,15 @@ class DrafterSpec:
 @dataclass(frozen=True)
 class RunSpec:
     """What a run drafts with: the drafter, and what the engine's policy does with its drafts (the adaptive cut under
-    the measured verify cost, the skips after drafts that did not pay for the call, copy tries). Its text form is the
+    the measured verify cost, the skips after drafts that did not pay for the call). Its text form is the
     drafter's with these options among the others (`flashmap,adaptive=1,lookup=1`); app.service.engine_settings turns
     it into the engine's GenerationConfig."""
 
     drafter: DrafterSpec = DrafterSpec()
     adaptive: bool = False  # cut each draft to its best expected length under the measured verify cost
-    max_skip: int = DEFAULTS.max_skip  # with adaptive: the longest skip after drafts that did not pay for the call
+    max_skip: int = DEFAULTS.max_skip  # with adaptive: the longest wait after rounds that did not pay
     # with adaptive: the expected tokens a round the cut may give up against verifying the whole draft (0: no bound)
     max_lost: float = DEFAULTS.max_lost
-    copy_tries: bool = False  # with lookup: two copies that differ at their first token verified together
 
     def __post_init__(self):
         why = self.refusal()
@@ -193,8 +190,6 @@ class RunSpec:
             return "lost= bounds the adaptive cut; it needs adaptive=1"
         if self.drafter.is_hf_baseline and self.adaptive:
             return "transformers' generate takes no adaptive cut"
-        if self.copy_tries and not (self.drafter.lookup or self.drafter.name == "copies"):
-            return "tries=1 verifies two copies together; it needs lookup=1 (or the copies drafter)"
         return None
 
     def text(self) -> str:
@@ -209,7 +204,6 @@ class RunSpec:
                        else " (drafter skipped after drafts that did not pay)")
         bound = f", at most {self.max_lost:g} expected tokens a round cut" if self.max_lost else ""
         words = [f"adaptive K{bound}{every_round}"] if self.adaptive else []
-        words += ["copy tries"] if self.copy_tries else []
         return self.drafter.describe(tuple(words))
 
     @classmethod
@@ -221,7 +215,7 @@ class RunSpec:
         return cls(DrafterSpec(name=name, **values), **policy)
 
 
-POLICY_FIELDS = ("adaptive", "max_skip", "max_lost", "copy_tries")  # RunSpec's fields in the text form
+POLICY_FIELDS = ("adaptive", "max_skip", "max_lost")  # RunSpec's fields in the text form
 
 
 def options_text(*specs) -> list[str]:
@@ -291,7 +285,7 @@ def _cast(field: str, raw: str, text: str):
             return raw
         if field in ("noise_scale", "max_lost"):
             return float(raw)
-        if field in ("adaptive", "calibrated", "lookup", "phrasebook", "copy_tries"):
+        if field in ("adaptive", "calibrated", "lookup", "phrasebook"):
             return bool(int(raw))
         return int(raw)
     except ValueError as err:

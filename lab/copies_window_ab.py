@@ -1,4 +1,4 @@
-"""How many rounds the copied rounds' verdict reads (core.drafting.policy.state.PolicyState.lookup), side by side in one
+"""How many rounds the copied rounds' verdict reads (core.drafting.policy.state.PolicyState.copies), side by side in one
 process: the app's default with the verdict over the last 64 rounds of each kind (the default since 0.34.0), over 16
 (before), and never skipping copies, each prompt's plain reply and the three drafted ones in rotated order, every arm
 carrying its own PolicyState from prompt to prompt as the app does from reply to reply.
@@ -15,22 +15,21 @@ import json
 from pathlib import Path
 
 from core.drafting.policy.config import DEFAULTS
-from core.drafting.policy.state import PolicyState
-from core.drafting.policy.waits import MeasuredPays
+from core.drafting.policy.state import PolicyState, Verdict
 from lab.harness import paired_summary, prepare, run_prompts
 
 
-class NeverSkip(MeasuredPays):
-    """A verdict that never skips: the copies are verified wherever the per-round cut keeps them."""
+class NeverSkip(Verdict):
+    """A verdict that never holds the copies back: they are verified wherever their offer pays."""
 
-    def draft_now(self) -> bool:
-        return True
+    def hold(self) -> str:
+        return ""
 
 
 ARMS = {  # label -> the copied rounds' verdict
-    f"window {DEFAULTS.copied_window}": lambda: MeasuredPays(window=DEFAULTS.copied_window),
-    "window 16": lambda: MeasuredPays(window=16),
-    "never skip": NeverSkip,
+    f"window {DEFAULTS.copied_window}": lambda: Verdict(window=DEFAULTS.copied_window),
+    "window 16": lambda: Verdict(window=16),
+    "never skip": lambda: NeverSkip(window=DEFAULTS.copied_window),
 }
 BASE = "window 16"
 
@@ -42,7 +41,7 @@ def summary(rows: list[dict], base: str = BASE, arms: list[str] | None = None) -
 
 def main(argv=None) -> None:
     args, fields, target, curves, runner = prepare(__doc__, argv)
-    states = {arm: PolicyState(lookup=make()) for arm, make in ARMS.items()}
+    states = {arm: PolicyState(copies=make()) for arm, make in ARMS.items()}
     rows, sources = run_prompts(fields, target, curves, runner, list(ARMS), states)
     result = {"prompts": list(fields["prompts"]), "limit": fields["limit"],
               "temperature": fields["sampling"].temperature, "max_new_tokens": fields["max_new_tokens"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -89,10 +90,12 @@ def prepare(doc: str, argv=None, add_args=None):
 
 def run_prompts(fields: dict, target, curves, runner, arms: list[str], states: dict,
                 drafters: dict | None = None, restart_every: int = 0,
-                fresh_states: Callable[[], dict] | None = None) -> tuple[list[dict], dict]:
+                fresh_states: Callable[[], dict] | None = None,
+                policies: dict[str, dict] | None = None) -> tuple[list[dict], dict]:
     """Every prompt of the run through run_arms, every arm with the same generation settings (the app's, with the cost
-    curve after the prompt's context) -> (tokens a second by arm and "plain" per prompt, rounds by source per arm).
-    With restart_every, the arms start afresh from fresh_states() every that many prompts (a new start of the app)."""
+    curve after the prompt's context; policies[arm]: policy constants it sets otherwise) -> (tokens a second by arm and
+    "plain" per prompt, rounds by source per arm). With restart_every, the arms start afresh from fresh_states() every
+    that many prompts (a new start of the app)."""
     sampling, budget = fields["sampling"], fields["max_new_tokens"]
     rows, sources = [], {arm: {} for arm in arms}
     prompts = [prompt for path in fields["prompts"] for prompt in bench.read_prompts(path, fields["limit"])]
@@ -102,8 +105,10 @@ def run_prompts(fields: dict, target, curves, runner, arms: list[str], states: d
         ids = target.chat_ids([{"role": "user", "content": prompt}])
         gen = runner.generation(GenerationConfig(budget, sampling=sampling, seed=fields["seed"] + i),
                                 curves.for_reply(len(ids), budget))
-        rows.append(run_arms(target, runner, ids, i, arms, lambda arm: gen, states, sources, sampling.greedy,
-                             drafters))
+        def gen_for(arm: str, gen=gen) -> GenerationConfig:
+            return replace(gen, policy=replace(gen.policy, **(policies or {}).get(arm, {})))
+
+        rows.append(run_arms(target, runner, ids, i, arms, gen_for, states, sources, sampling.greedy, drafters))
     return rows, sources
 
 

@@ -6,7 +6,7 @@ python -m lab.policy_ab --prompts eval_math eval_code eval_chat --limit 5 --max-
 
 For each drafter spec, with adaptive=1:
   new          the app's default now: calibrated confidence (drafter/runtime/calibration.py), and the skips charge each
-               draft for the drafter's call (core.drafting.policy.cut.draft_pays)
+               draft for the drafter's call (core.drafting.policy.policy.DraftPolicy.call_cost)
   before       raw confidence, no drafter cost: the policy as it was (commit 5fcc3e1)
   calibrated   calibrated confidence, no drafter cost
   charged      raw confidence, drafter cost charged

@@ -1,4 +1,4 @@
-"""Whether the adaptive cut should weigh the verify cost it measures in replies (core.drafting.policy.costs.RoundCosts,
+"""Whether the adaptive cut should weigh the verify cost it measures in replies (core.drafting.policy.state.Costs,
 the default since 0.35.0) or the start-up curve alone, side by side in one process: each prompt's plain reply and the
 drafted ones in rotated order, every arm carrying its own PolicyState from prompt to prompt as the app does from reply
 to reply. The start-up curve is measured once at the start, as the bench and the app measure it; the arms also run on a
@@ -14,18 +14,19 @@ both ran. At T = 0 every reply is checked against plain decoding. --arms runs so
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from app import bench
 from core.decoding.engine import GenerationConfig
-from core.drafting.policy.costs import RoundCosts
-from core.drafting.policy.state import PolicyState
+from core.drafting.policy.config import DEFAULTS
+from core.drafting.policy.state import Costs, PolicyState
 from lab.harness import mean_se, prepare, run_arms
 
 STEEPER = 1.5  # the steep start-up: 1 + 1.5 (c_n - 1)
 
 
-class StartUpOnly(RoundCosts):
+class StartUpOnly(Costs):
     """The cut weighs the start-up curve alone (before 0.35.0)."""
 
     def record(self, fed: int, seconds: float) -> bool:
@@ -33,11 +34,12 @@ class StartUpOnly(RoundCosts):
 
 
 ARMS = {  # label -> (the round costs it keeps, whether its start-up curve is the steep one)
-    "measured": (RoundCosts, False),
+    "measured": (Costs, False),
     "start-up only": (StartUpOnly, False),
-    "measured, steep start": (RoundCosts, True),
+    "measured, steep start": (Costs, True),
     "start-up only, steep start": (StartUpOnly, True),
-    "measured, 64 rounds": (lambda: RoundCosts(window=64), False),  # more rounds a length, so more weight than 16's
+    # more rounds a length, so more weight than 16's
+    "measured, 64 rounds": (lambda: Costs(replace(DEFAULTS, cost_window=64)), False),
 }
 TWINS = {"measured": "start-up only", "measured, steep start": "start-up only, steep start",
          "measured, 64 rounds": "measured"}  # arm -> the arm it is paired against

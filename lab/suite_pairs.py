@@ -44,7 +44,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", help="app.suite JSON results")
     parser.add_argument("--costs", nargs="+", default=(), help="keep only the round-cost rows whose source ends with "
-                        "one of these words (e.g. try: the copy tries' rows); default: every row")
+                        "one of these words (e.g. phrasebook: the phrasebook's rows); default: every row")
     parser.add_argument("--out", required=True, help="where the compact JSON is written")
     args = parser.parse_args(argv)
     costs = tuple(args.costs)

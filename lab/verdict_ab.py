@@ -1,6 +1,6 @@
-"""When the copied rounds' verdict (core.drafting.policy.state.PolicyState.lookup) may set its long wait, side by side
+"""When the copied rounds' verdict (core.drafting.policy.state.PolicyState.copies) may set its long wait, side by side
 in one process: from its first verdict (three copied and three plain rounds, as in 0.40.0) or, at T = 0, only once 16
-copied rounds were measured (PolicyState.copied_patience, the default since 0.41.0: before that a losing verdict only
+copied rounds were measured (PolicyConfig.copied_patience, the default since 0.41.0: before that a losing verdict only
 backs off 1, 2, 4 ... rounds). At T > 0 the two arms are the same since 0.41.0 (the T = 1 runs in docs/journal/engine.md
 were made with the patience at every temperature, which lost there). Each prompt's plain reply and the arms' drafted
 ones run in rotated order; every arm carries its own PolicyState from prompt to prompt as the app does from reply to
@@ -25,9 +25,8 @@ BASE = "0.40.0"  # the verdict's long wait from its first reading
 
 
 def arms_for(patience: list[int]) -> dict:
-    """label -> the policy state an arm starts from: 0.40.0's verdict, and the patient one for each count given."""
-    return {BASE: lambda: PolicyState(copied_patience=0),
-            **{f"confident {n}": (lambda n=n: PolicyState(copied_patience=n)) for n in patience}}
+    """label -> the policy constants an arm sets: 0.40.0's verdict (no patience), and the patient one for each count."""
+    return {BASE: {"copied_patience": 0}, **{f"confident {n}": {"copied_patience": n} for n in patience}}
 
 
 def add_args(parser) -> None:
@@ -38,14 +37,14 @@ def add_args(parser) -> None:
 
 def main(argv=None) -> None:
     args, fields, target, curves, runner = prepare(__doc__, argv, add_args)
-    make = arms_for(args.patience)
-    arms = list(make)
+    policies = arms_for(args.patience)
+    arms = list(policies)
 
     def fresh_states() -> dict:
-        return {arm: new() for arm, new in make.items()}
+        return {arm: PolicyState() for arm in arms}
 
     rows, sources = run_prompts(fields, target, curves, runner, arms, fresh_states(),
-                                restart_every=args.restart_every, fresh_states=fresh_states)
+                                restart_every=args.restart_every, fresh_states=fresh_states, policies=policies)
     first = [row for i, row in enumerate(rows) if i % args.restart_every < 2]
     result = {"prompts": list(fields["prompts"]), "limit": fields["limit"], "restart_every": args.restart_every,
               "temperature": fields["sampling"].temperature, "max_new_tokens": fields["max_new_tokens"],

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from core.drafting.policy.sources import COPIED  # the free sources' rounds (core.drafting.policy.sources.round_source)
+from core.drafting.base import COPIED  # the free sources' rounds (core.drafting.base.Draft.source)
 
 ORDER = ("q4", "q4-python", "bf16", "fp32", "fp32-transformers")
 DOMAINS = ("math", "code", "chat")

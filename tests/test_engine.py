@@ -267,22 +267,21 @@ def test_drafting_with_prompt_lookup_equals_plain_decoding(tiny_target):
 
 def test_lookup_drafts_are_cut_by_their_measured_acceptance_and_stay_exact_at_t1():
     from core.drafting.base import Copy, LookupHybrid
-    from core.drafting.policy.policy import DraftPolicy
-    from core.drafting.policy.rates import LookupRates
-    from core.drafting.policy.state import PolicyState
+    from core.drafting.policy.offers import copy_offer
+    from core.drafting.policy.state import Acceptance
 
-    rates = LookupRates()
-    assert rates.rate(2) == pytest.approx(0.7)  # the prior, before anything was measured
+    acceptance = Acceptance()
+    assert acceptance.rates("lookup", 2, 1) == pytest.approx([0.7])  # the prior, before anything was measured
     for _ in range(20):
-        rates.record(matched=1, n_verified=3, n_accepted=0)  # one-token matches: always rejected at once
-        rates.record(matched=5, n_verified=4, n_accepted=4)  # long matches (counted with 3): always kept
-    assert rates.rate(1) < 0.1 and rates.rate(3) > 0.95 and rates.rate(4) == rates.rate(3)
+        acceptance.record("lookup", 1, n_verified=3, n_accepted=0)  # one-token matches: always rejected at once
+        acceptance.record("lookup", 5, n_verified=4, n_accepted=4)  # long matches (counted with 3): always kept
+    assert acceptance.rates("lookup", 1, 1)[0] < 0.1 and acceptance.rates("lookup", 3, 1)[0] > 0.95
+    assert acceptance.rates("lookup", 4, 4) == acceptance.rates("lookup", 3, 4)
     curve = (1.0, 1.1, 1.2, 1.5, 1.8)
-    policy = DraftPolicy.for_run(GenerationConfig(verify_cost=curve), PolicyState(rates=rates))
     copy = [9, 9, 9, 9]
-    assert len(policy.cut_lookup(Copy(copy, matched=1), 4).tokens) == 0  # not worth verifying
-    assert len(policy.cut_lookup(Copy(copy, matched=3), 4).tokens) == 4
-    assert policy.cut_lookup(Copy(copy, matched=3), 2).lookup_match == 3  # a cut lookup stays one
+    assert copy_offer(Copy(copy, matched=1), 4, acceptance, curve) is None  # not worth verifying
+    assert len(copy_offer(Copy(copy, matched=3), 4, acceptance, curve).draft.tokens) == 4
+    assert copy_offer(Copy(copy, matched=3), 2, acceptance, curve).draft.lookup_match == 3  # a cut lookup stays one
     target = make_target(tiny_llama(vocab_size=5, layers=1, seed=3, scale=8.0))
     assert_sampled_distribution_exact(target, LookupHybrid(SkewedSampler([0.9, 0.025, 0.025, 0.025, 0.025])),
                                       prompt=(4, 3, 2, 4, 3), verify_cost=curve)
@@ -311,7 +310,7 @@ class RandomQDrafter(SkewedSampler):
 def test_adaptive_cut_at_t1_never_reads_a_drafts_own_confidence():
     """Chi-square on the first drafted token's marginal (V=5), 3,000 seeds per mode. A drafter whose confidence
     depends on the tokens it sampled ("sampled") would bias the output if the cut read it (before the policy cut
-    sampled drafts on measured per-slot acceptance, core.drafting.policy.rates.SlotRates, this mode failed the check at
+    sampled drafts on measured per-slot acceptance, core.drafting.policy.state.Acceptance, this mode failed the check at
     p < 1e-3)."""
     from scipy.stats import chisquare
 
@@ -356,7 +355,7 @@ def test_drafts_that_do_not_pay_for_the_drafter_are_skipped_and_the_output_stays
         gen = GenerationConfig(max_new_tokens=24, verify_cost=curve, draft_cost=draft_cost,
                                policy=PolicyConfig(max_skip=8))
         # a clock that ticks once a reading: drafting and verifying take a tick each, so a call measures half a
-        # plain round (core.drafting.policy.costs.CallCost), as the start-up estimate of 0.5 says
+        # plain round (core.drafting.policy.state.Costs), as the start-up estimate of 0.5 says
         events = list(generate(tiny_target, [5, 6, 7], gen, Unsure(), clock=itertools.count().__next__))
         out = [tok for ev in events for tok in ev.committed]
         assert out == plain
@@ -371,7 +370,7 @@ def test_plain_probes_keep_a_reply_measurable_and_exact(tiny_target):
     plain, _ = generate_all(tiny_target, prompt, GenerationConfig(max_new_tokens=60))
     for every in (0, 4):
         gen = GenerationConfig(max_new_tokens=60, block_size=4,
-                               policy=PolicyConfig(plain_probe_every=every, max_measured_wait=0))
+                               policy=PolicyConfig(plain_probe_every=every, max_skip=0))
         out, events = generate_all(tiny_target, prompt, gen, AlwaysDrafts())
         assert out == plain
         drafted = [bool(ev.drafted) for ev in events if ev.kind == "round"]
@@ -478,9 +477,9 @@ def test_features_are_captured_after_a_round_that_wanted_the_network_while_its_w
     policy = DraftPolicy.for_run(gen, window=WindowedSlowDrafter.context_window)
     assert captures(policy, (1, 2), prefill=True) == (1, 2)  # the prompt's
     assert captures(policy, (1, 2)) == ()  # no round has wanted the network yet
-    policy.capture.wanted()
+    policy.capture.since_wanted = 0  # a round wanted the network
     assert captures(policy, (1, 2)) == (1, 2)
-    policy.state.drafter.wait = 100  # measured slow: it cannot be called while these positions are in its window
+    policy.state.network.wait = 100  # measured slow: it cannot be called while these positions are in its window
     assert captures(policy, (1, 2)) == ()
     assert captures(policy, ()) == ()
 
@@ -515,10 +514,8 @@ def test_what_drafting_measured_carries_over_to_the_next_reply(tiny_target):
 def test_the_phrasebook_offers_its_copy_beside_prompt_lookup_and_the_policy_takes_the_one_that_pays():
     from core.drafting import phrasebook
     from core.drafting.base import LookupHybrid
-    from core.drafting.policy.policy import DraftPolicy
-    from core.drafting.policy.rates import LookupRates
-    from core.drafting.policy.sources import round_source
-    from core.drafting.policy.state import PolicyState
+    from core.drafting.policy.offers import best_copy
+    from core.drafting.policy.state import Acceptance
 
     book = phrasebook.build([[3, 4, 50, 51, 52]] * 2, phrasebook.PhrasebookConfig(min_ngram=2, max_ngram=3))
     main = Counting([7, 8, 9, 10, 11], corrupt=0.0, vocab=64)
@@ -531,19 +528,17 @@ def test_the_phrasebook_offers_its_copy_beside_prompt_lookup_and_the_policy_take
     assert phrase.tokens == [50, 51, 52] and (phrase.matched, phrase.key) == (2, graded)
     assert phrase.source == "phrasebook"
     curve = (1.0, 1.1, 1.2, 1.5, 1.8, 2.0, 2.2)
-    rates = LookupRates()
+    acceptance = Acceptance()
     for _ in range(20):  # in this conversation the phrasebook's copies were kept, prompt lookup's two-token ones not
-        rates.record(graded, 3, 3, "phrasebook")
-        rates.record(2, 3, 0)
-    policy = DraftPolicy.for_run(GenerationConfig(verify_cost=curve), PolicyState(rates=rates))
-    chosen = policy.best_lookup((conversation, phrase), 6)
-    assert chosen.ids == [50, 51, 52] and chosen.lookup_match == graded and round_source(chosen) == "phrasebook"
-    rates = LookupRates()
+        acceptance.record("phrasebook", graded, 3, 3)
+        acceptance.record("lookup", 2, 3, 0)
+    chosen = best_copy((conversation, phrase), 6, acceptance, curve).draft
+    assert chosen.ids == [50, 51, 52] and chosen.lookup_match == graded and chosen.source == "phrasebook"
+    acceptance = Acceptance()
     for _ in range(20):  # the other way round
-        rates.record(graded, 3, 0, "phrasebook")
-        rates.record(2, 3, 3)
-    policy = DraftPolicy.for_run(GenerationConfig(verify_cost=curve), PolicyState(rates=rates))
-    assert policy.best_lookup((conversation, phrase), 6).lookup_source == "lookup"
+        acceptance.record("phrasebook", graded, 3, 0)
+        acceptance.record("lookup", 2, 3, 3)
+    assert best_copy((conversation, phrase), 6, acceptance, curve).draft.lookup_source == "lookup"
     assert hybrid.propose(4, 4, SamplingConfig(temperature=0.0), torch.Generator()).alternatives == ((40, 41, 42, 43),)
     hybrid.reset()
     hybrid.extend([5, 6, 3], None)  # no earlier "3 4": the phrasebook's copy is the trie's branch

@@ -33,7 +33,7 @@ def test_imports_run_one_way(package):
 
 
 def module_name(path: Path) -> str:
-    """core/drafting/policy/cut.py -> core.drafting.policy.cut; a package's __init__.py -> the package."""
+    """core/drafting/policy/offers.py -> core.drafting.policy.offers; a package's __init__.py -> the package."""
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 

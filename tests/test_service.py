@@ -32,7 +32,7 @@ def test_ui_api_and_bench_build_the_same_generation_config(choice, temperature):
     adaptive = choice in ("auto", "copies")
     assert from_bench.verify_cost == (CURVE if adaptive else ()) and from_bench.block_size == 4
     assert from_bench.policy.plain_probe_every == (DEFAULTS.app_probe_every if drafting else 0)
-    assert from_bench.policy.max_measured_wait == (DEFAULTS.max_measured_wait if adaptive else 0)
+    assert from_bench.policy.max_skip == (DEFAULTS.max_skip if adaptive else 0)
 
 
 def test_the_drafters_call_cost_is_charged_only_where_the_spec_is_adaptive():

@@ -252,7 +252,7 @@ def test_plain_steps_fold_into_one_row_so_drafted_rounds_stay_in_view():
 
 
 def test_each_row_says_why_the_round_verified_what_it_did():
-    from core.drafting.policy.sources import Decision
+    from core.drafting.policy.policy import Decision
 
     tokenizer = make_target(tiny_llama(vocab_size=64)).tokenizer
     called = Decision("drafter", "none found", "called: 16 drafted, 2 verified")

@@ -25,8 +25,7 @@ from core.decoding.detokenize import IncrementalText
 from core.decoding.prefix import PrefixCache, reuses_prefixes
 from core.drafting.base import MAX_BLOCK_SIZE, Draft, Drafter
 from core.drafting.policy.config import PolicyConfig
-from core.drafting.policy.policy import DraftPolicy
-from core.drafting.policy.sources import Decision, kept_source, shown_source
+from core.drafting.policy.policy import Decision, DraftPolicy
 from core.drafting.policy.state import PolicyState
 from core.runtime.forward import keep_positions, target_forward
 from core.runtime.lean import StaticCache
@@ -96,11 +95,11 @@ class RoundEvent:
     finish_reason: str | None = None  # None while running; eos | stop | length | cancelled
     branches: int = 1  # drafts merged into the verified trie (App. D); `drafted` is the one followed furthest
     source: str = "plain"  # what the round verified: "plain" (nothing), "drafter" (the network) or a copy's source
-    # where its kept draft tokens came from (core.drafting.policy.sources.kept_source): `source`, or the alternative
+    # where its kept draft tokens came from (kept_source): `source`, or the alternative
     # the target followed (a copy beside the network's draft); "" where it kept none, and for events made elsewhere
     # (then: `source`)
     kept_from: str = ""
-    # why the round verified what it did (core.drafting.policy.sources.Decision); None for prefill, plain decoding and
+    # why the round verified what it did (core.drafting.policy.policy.Decision); None for prefill, plain decoding and
     # events made elsewhere
     decision: Decision | None = None
 
@@ -344,13 +343,21 @@ def _generate(target: Target, prompt_ids: list[int], reused: int, gen: Generatio
         event = RoundEvent(
             kind="round", drafted=tuple(followed), n_accepted=len(kept) - 1, target_token=anchor,
             committed=tuple(committed), text=state.text, draft_s=t1 - t0, verify_s=t2 - t1, finish_reason=reason,
-            branches=1 + len(draft.alternatives), source=shown_source(draft),
+            branches=1 + len(draft.alternatives), source=draft.shown_source,
             kept_from=kept_source(draft, followed) if len(kept) > 1 else "",
             decision=policy.decision if drafting else None,
         )
-        policy.observe(draft, event.n_accepted, len(event.committed), event.draft_s + event.verify_s, event.draft_s,
-                       kept[1:])
+        policy.observe(draft, event.n_accepted, len(event.committed), event.draft_s + event.verify_s, event.draft_s)
         yield event
+
+
+def kept_source(draft: Draft, followed: list[int]) -> str:
+    """Where a round's kept draft tokens came from, `followed` being the branch the target followed: the draft's own
+    source, or where that is one of its alternatives, the alternative's (a copy beside the network's draft, or another
+    of the network's drafts: a tree)."""
+    if not draft.alternatives or not followed or draft.ids[: len(followed)] == list(followed):
+        return draft.source
+    return draft.branch_source or "drafter"
 
 
 def generate_all(target: Target, prompt_ids: list[int], gen: GenerationConfig, drafter: Drafter | None = None):

@@ -21,6 +21,8 @@ from core.drafting.policy.config import DEFAULTS
 from core.runtime.lean import MAX_BLOCK_SIZE  # (the drafters' limit on K is the engine's)
 from core.verification.sampling import SamplingConfig
 
+COPIED = ("lookup", "phrasebook", "tail")  # the free sources' names (Draft.lookup_source, Copy.source)
+
 
 @dataclass(frozen=True)
 class Draft:
@@ -35,15 +37,12 @@ class Draft:
     # `tokens` into a trie and verifies it as a tree, exactly at every temperature (core.verification.tree.walk)
     alternatives: tuple[tuple[int, ...], ...] = ()
     # a copied draft (LookupHybrid.propose_lookups): the key the policy's measured acceptance is kept by
-    # (core.drafting.policy.rates.LookupRates; Copy.key: the matched suffix's length, or a phrasebook copy's grade);
+    # (core.drafting.policy.state.Acceptance; Copy.key: the matched suffix's length, or a phrasebook copy's grade);
     # 0 for every other draft
     lookup_match: int = 0
     # where a copied draft comes from: "lookup" (earlier in the conversation) or "phrasebook" (the target's own
     # replies to other prompts, core.drafting.phrasebook); the round's source in its event
     lookup_source: str = "lookup"
-    # a copy try (core.drafting.policy.copy_choice.best_try): the copied alternative's (source, matched suffix
-    # length), whose acceptance beside this draft the policy measures apart; None for every other draft
-    beside: tuple[str, int] | None = None
     # a copy joined as an alternative beside the network's draft (LookupHybrid.propose): where it comes from, "lookup"
     # or "phrasebook"; "" where no alternative is a copy
     branch_source: str = ""
@@ -53,6 +52,16 @@ class Draft:
         """`tokens` as Python ints (K,), made once: the engine reads them several times a round, and after a forward
         each tensor's tolist() costs ~50 us (its code and data come back from memory)."""
         return self.tokens if isinstance(self.tokens, list) else self.tokens.tolist()
+
+    @property
+    def source(self) -> str:
+        """What it verifies: "plain" (nothing), a copy's source (COPIED: no network call) or "drafter"."""
+        return "plain" if len(self.tokens) == 0 else self.lookup_source if self.lookup_match else "drafter"
+
+    @property
+    def shown_source(self) -> str:
+        """`source` as the round's event says it: a copy joined beside an empty network draft is that copy's round."""
+        return self.branch_source if len(self.tokens) == 0 and self.branch_source else self.source
 
 
 @dataclass(frozen=True)
@@ -69,7 +78,7 @@ class Copy:
 
     @property
     def key(self) -> int:
-        """The key its acceptance is measured by (core.drafting.policy.rates.LookupRates; Draft.lookup_match)."""
+        """The key its acceptance is measured by (core.drafting.policy.state.Acceptance; Draft.lookup_match)."""
         return self.matched if self.grade is None else self.grade
 
     def draft(self, n: int) -> Draft:
@@ -83,7 +92,7 @@ class Drafter(Protocol):
     max_block_size: int  # the largest block it can propose (K it was trained for); the engine never asks for more
     # optional: the committed positions before the anchor whose features a proposal reads (a network's context
     # window); for such a drafter the engine captures features only around the rounds that could call the network
-    # (core.drafting.policy.waits.FeatureCapture). Absent or None: every position's features are captured
+    # (core.drafting.policy.policy.FeatureCapture). Absent or None: every position's features are captured
     context_window: int | None
 
     def reset(self) -> None:
@@ -209,7 +218,7 @@ class BlockTail:
 
     def copy(self, anchor: int, block_size: int) -> Copy | None:
         """The tail after `anchor` when the block foresaw it, as a copy keyed by its first slot's confidence in fifths
-        (1..5: the policy measures each bucket's acceptance, core.drafting.policy.rates.LookupRates); None otherwise."""
+        (1..5: the policy measures each bucket's acceptance, core.drafting.policy.state.Acceptance); None otherwise."""
         if len(self.ahead) < 2 or self.ahead[0] != anchor:
             return None
         first = self.confidence[0] if self.confidence else 0.0

@@ -1,5 +1,5 @@
 """What one call of a drafter costs beside the target's own step, measured on this machine: the charge the skip policy
-puts on each draft (core.drafting.policy.cut.draft_pays)."""
+puts on each draft (core.drafting.policy.policy.DraftPolicy.call_cost)."""
 from __future__ import annotations
 
 import statistics
@@ -13,8 +13,8 @@ from core.verification.sampling import SamplingConfig
 
 def draft_cost(target, drafter, context: int = 256, repeats: int = 10) -> float:
     """One drafter call (a whole block at T = 0 after `context` positions) relative to a one-position target forward,
-    medians, the two interleaved so that load on the machine hits both alike: what core.drafting.policy.cut.draft_pays
-    charges a draft for the drafter's own time. Leaves the drafter reset."""
+    medians, the two interleaved so that load on the machine hits both alike: what the policy charges a draft for the
+    drafter's own time (core.drafting.policy.policy.DraftPolicy.call_cost). Leaves the drafter reset."""
     gen = torch.Generator().manual_seed(0)
     ids = random_ids(target, context + repeats + 1, gen)
     cache = target.new_cache(context + repeats + 2)

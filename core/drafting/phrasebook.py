@@ -16,7 +16,7 @@ with the stored first token, the target keeps that token rarely. Each n-gram car
 occurrences' share that continued with the stored first token, and how many occurrences there were), and the book a
 calibration: per match length and class, how often each copied slot was kept on held-out replies (`calibrate`). The
 policy measures a copy's acceptance per that grade and starts from the calibration
-(core.drafting.policy.rates.LookupRates).
+(core.drafting.policy.state.Acceptance).
 
 Stored as `config.json` (format, the target's identity, the settings, the data it was built from and the calibration)
 and `index.safetensors`: `keys` (N,) the n-grams' 32-bit keys (int32 bit patterns), sorted; `lengths` (N,) uint8,

@@ -2,7 +2,7 @@
 
 Shape letters: R = rounds (held-out anchors), K = block size.
 
-The engine's adaptive cut (core.drafting.policy.cut.best_draft_length) reads each slot's confidence c_k as the
+The engine's adaptive cut (core.drafting.policy.offers.best_draft_length) reads each slot's confidence c_k as the
 probability that slot k is accepted given that the slots before it were, and drafts the prefix with the most expected
 tokens per unit of verify cost. A drafter's confidence is the largest probability of each slot's distribution; a flow
 map distilled onto its teacher's sharp flow from x0 = 0 is far too sure of itself (offline on held-out responses, K =

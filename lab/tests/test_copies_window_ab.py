@@ -14,13 +14,13 @@ def test_summary_gives_each_arm_over_plain_and_over_the_16_round_verdict_paired_
 
 
 def test_the_never_skip_arm_keeps_drafting_where_the_verdict_would_back_off():
-    never, measured = NeverSkip(max_skip=32, window=4, min_rounds=2), ARMS[BASE]()
-    measured.max_skip = 32
-    for policy in (never, measured):
+    never, measured = NeverSkip(window=4, max_wait=32, measures=True), ARMS[BASE]()
+    measured.max_wait, measured.measures = 32, True
+    for verdict in (never, measured):
         for _ in range(8):  # copied rounds at half the plain rate
-            policy.observe(True, 1, 2.0)
-            policy.observe(False, 1, 1.0)
-    assert never.draft_now() and not measured.draft_now()
+            verdict.observe(True, 1, 2.0)
+            verdict.observe(False, 1, 1.0)
+    assert not never.hold() and measured.hold()
 
 
 def test_run_prompts_starts_every_arm_afresh_every_restart_every_prompts(monkeypatch):

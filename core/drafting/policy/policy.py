@@ -1,211 +1,154 @@
-"""DraftPolicy: each round's draft, and what the round's outcome teaches the policy.
-
-Shape letters: K = drafted block length."""
+"""DraftPolicy: each round's draft by one rule, and what its outcome teaches the store (state.PolicyState). Each source
+its verdict allows offers expected tokens for a cost in plain rounds (offers.Offer): the best copy its cut prefix at
+its measured acceptance; the network, before its call, the tokens a plain round's time bought through its rounds in
+this reply (Verdict.ratio), at least a plain step's worth (so it is measured again after a wait); a plain step one
+token for one round. The round takes the most tokens per unit of cost (a tie: copy, network, plain); a network taken
+is called and its draft cut. Every plain_probe_every drafting rounds a plain step is due. K = drafted block length."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 import torch
 
-from core.drafting.base import Copy, Draft, Drafter
-from core.drafting.policy import sources
-from core.drafting.policy.copy_choice import best_copy, best_try, cut_copy
-from core.drafting.policy.cut import EMPTY, best_draft_length, clip_draft, draft_pays
-from core.drafting.policy.sources import COPIED, Decision, round_source, shown_source
+from core.drafting.base import COPIED, Draft, Drafter
+from core.drafting.policy.config import PolicyConfig
+from core.drafting.policy.offers import EMPTY, PLAIN, Offer, best_copy, best_cut, best_draft_length, clip_draft
 from core.drafting.policy.state import PolicyState
-from core.drafting.policy.waits import HELD_MEASURING, HELD_WAIT, FeatureCapture, MeasuredPays, PlainProbe, SkipEmpty
 from core.verification.sampling import SamplingConfig
-from core.verification.tree import common_prefix
+
+# what a source came to, or why it was not asked (beside state.WAITING, state.MEASURING)
+PROBE = "not asked: a plain step is due (plain probe)"
+NO_FREE_SOURCES = "none: this drafter has no free sources"
+NONE_FOUND = "none found"
+NONE_PAYS = "none pays under the cut"
+OUTBID = "not taken: the network's measured rounds are worth more"
+COPY_TAKEN = "not asked: a copy is worth more"
+NO_FEATURES = "waiting: its features are being captured"
+CUT_EMPTY = "called: its draft was cut to nothing"
+SAMPLED_EMPTY = "not called: its measured acceptance cuts any draft to nothing"
 
 
-def held(measured: MeasuredPays) -> str:
-    """Why a measured verdict held its source back this round ("" where it did not)."""
-    return {HELD_WAIT: sources.SLOWER, HELD_MEASURING: sources.MEASURING}.get(measured.held, "")
+@dataclass(frozen=True)
+class Decision:
+    """Why a round verified what it did: its source (Draft.shown_source), what the copies and the network came to."""
+
+    source: str
+    copies: str
+    network: str
+
+    def why(self) -> str:
+        return f"copies {self.copies}; network {self.network}"
+
+
+@dataclass
+class FeatureCapture:
+    """Which forwards capture the network's features (each costs): the prompt's, then the cfg.capture_armed after a
+    round that wanted it (no copy outbid it) where it may be called while they are in its window; after a gap it is
+    called once cfg.capture_ready in a row captured."""
+
+    window: int  # Drafter.context_window
+    cfg: PolicyConfig
+    since_wanted: int = 1 << 30  # forwards since a round wanted the network
+    run: int = 0  # forwards in a row that captured (the prompt's prefill counts as capture_ready)
+
+    def captures(self, may_call: bool, prefill: bool = False) -> bool:
+        capture = may_call and (prefill or self.since_wanted < self.cfg.capture_armed)
+        self.since_wanted += not prefill
+        self.run = (self.cfg.capture_ready if prefill else self.run + 1) if capture else 0
+        return capture
 
 
 @dataclass
 class DraftPolicy:
-    """When to call the drafter and how much of a draft to verify, one generation's: the adaptive cut under the verify
-    cost (cut.clip_draft), the skips after drafts that did not pay for the drafter's call (waits.SkipEmpty,
-    cut.draft_pays), the skips while a source measures slower than plain steps in this reply (waits.MeasuredPays, one
-    per source), the copies' measured acceptance (rates.LookupRates) and the plain probes (waits.PlainProbe). Each
-    round's `decision` says what it verified and why (sources.Decision). Whatever it decides, verification keeps the
-    output exact."""
-
-    # relative cost of 1, 2, ... positions the cut weighs: the start-up curve (core.runtime.verify_cost; () for no cut)
-    # with the lengths this reply and conversation measured (costs.RoundCosts), renewed as rounds are measured
-    verify_cost: tuple[float, ...]
-    # what a network draft is charged for the drafter's call in the skips (cut.draft_pays) until this reply has
-    # measured it (costs.CallCost); 0: nothing charged (T > 0, or no cost curve)
-    charged_cost: float
-    skip: SkipEmpty
-    probe: PlainProbe
+    cfg: PolicyConfig
     state: PolicyState
-    called: bool = False  # whether this round called the network (its draft may still have been cut to nothing)
-    start_cost: tuple[float, ...] = ()  # the start-up curve the measured lengths replace (RoundCosts.curve)
-    copy_tries: bool = False  # two copies that differ at their first token may be verified together (best_try)
-    try_cost: tuple[float, ...] = ()  # what a copy try over 1, 2, ... positions costs (PolicyState.tries' curve)
-    # for a drafter with a context window: which forwards capture its features, and whether its network has them;
-    # None: every forward captures, and the network is called whenever the policy asks
-    capture: FeatureCapture | None = None
+    verify_cost: tuple[float, ...]  # the cost of 1, 2, ... positions: the start-up curve as the store measured it
+    start_cost: tuple[float, ...]  # the start-up curve
+    charged_cost: float  # a call's cost until measured (0: not charged: T > 0, or no curve)
+    capture: FeatureCapture | None = None  # for a network with a context window; None: every forward captures
+    since_plain: int = 0  # drafting rounds in a row
+    called: bool = False  # whether this round called the network
+    paid: bool = True  # whether its draft's cut paid for the call
     decision: Decision | None = None  # the last round's
-    max_lost: float = 0.0  # expected tokens a round the cut may give up against the whole draft (0: no bound)
 
     @classmethod
     def for_run(cls, gen, state: PolicyState | None = None, window: int | None = None) -> "DraftPolicy":
-        """The policy of one generation (gen: core.decoding.engine.GenerationConfig, its `policy` the constants),
-        from what `state` measured before; window: the drafter's context window (Drafter.context_window)."""
+        """One generation's policy (gen: core.decoding.engine.GenerationConfig) on what `state` measured before."""
         cfg = gen.policy
         state = state or PolicyState.of(cfg)
-        for measured in (state.drafter, state.lookup):
-            measured.max_skip = cfg.max_measured_wait if cfg.plain_probe_every else 0
-        state.lookup.confident_rounds = state.copied_patience if gen.sampling.greedy else 0
-        charged = gen.draft_cost if gen.charges_draft_cost() else 0.0
-        capture = None if window is None else FeatureCapture(window, cfg.capture_armed, cfg.capture_ready)
-        return cls(state.costs.curve(gen.verify_cost), charged, SkipEmpty(cfg.max_skip if gen.verify_cost else 0),
-                   PlainProbe(cfg.plain_probe_every), state, start_cost=gen.verify_cost, copy_tries=cfg.copy_tries,
-                   try_cost=state.tries.curve(gen.verify_cost), capture=capture, max_lost=cfg.max_lost)
+        for verdict, patience in ((state.network, 0), (state.copies, cfg.copied_patience * gen.sampling.greedy)):
+            verdict.max_wait, verdict.patience = cfg.max_skip, patience
+            verdict.measures = cfg.plain_probe_every > 0 and cfg.max_skip > 0  # where plain rounds are and it may act
+        capture = None if window is None else FeatureCapture(window, cfg)
+        return cls(cfg, state, state.costs.curve(gen.verify_cost), gen.verify_cost,
+                   gen.draft_cost if gen.charges_draft_cost() else 0.0, capture)
 
     def draft(self, drafter: Drafter, anchor: int, k: int, sampling: SamplingConfig,
               generator: torch.Generator) -> Draft:
-        """This round's draft: a copied draft where one exists, pays under the cut and the measured rounds allow it
-        (the one that pays most), else the network's where the policy calls it, else an empty one (a plain step).
-        Sets `decision`."""
-        draft, copies, network = self._choose(drafter, anchor, k, sampling, generator)
-        self.decision = Decision(shown_source(draft), copies, network)
+        self.called, self.paid, network = False, True, self.state.network
+        network_why, copies_held = network.hold(), self.state.copies.hold()  # asked every round: the waits run down
+        if self.cfg.plain_probe_every and self.since_plain >= self.cfg.plain_probe_every:
+            return self._decided(EMPTY, PROBE, PROBE)
+        copy, copies_why = None, NO_FREE_SOURCES
+        if hasattr(drafter, "propose_lookups"):  # drafters with free sources: LookupHybrid
+            found = () if copies_held else drafter.propose_lookups(anchor, k)
+            copy = best_copy(found, k, self.state.acceptance, self.verify_cost)
+            copies_why = copies_held or (NONE_PAYS if found else NONE_FOUND)
+        bid = Offer(max(network.ratio() or 1.0, 1.0), 1.0)
+        if self.capture is not None and (copy is None or copy.value <= bid.value):
+            self.capture.since_wanted = 0  # a round that wants the network
+        if not network_why and self.capture is not None and self.capture.run < self.cfg.capture_ready:
+            network_why = NO_FEATURES
+        elif not network_why and not sampling.greedy and self.sampled_cut_is_empty(k):
+            network_why = SAMPLED_EMPTY
+            network.settle(paid=False)  # as after a draft that did not pay
+        best = max((offer for offer in (copy, None if network_why else bid, PLAIN) if offer), key=lambda o: o.value)
+        if best is not bid:
+            verified = f"{len(best.draft.tokens)} tokens verified" if best is copy else copies_why
+            return self._decided(best.draft, verified, network_why or COPY_TAKEN)
+        self.called, proposal = True, drafter.propose(anchor, k, sampling, generator) or EMPTY
+        confidence = proposal.confidence
+        if confidence is not None and not sampling.greedy:  # cut on the slots' measured acceptance
+            confidence = torch.tensor(self.state.acceptance.rates("drafter", 0, len(proposal.tokens)))  # (K,)
+            proposal = replace(proposal, confidence=confidence)
+        if confidence is not None and self.verify_cost:
+            self.paid = best_cut(confidence[:k], self.verify_cost, self.call_cost())[0] > 0
+        draft = clip_draft(proposal, k, self.verify_cost, self.cfg.max_lost)
+        called = f"called: {len(proposal.tokens)} drafted, {len(draft.tokens)} verified" if draft.ids else CUT_EMPTY
+        return self._decided(draft, OUTBID if copy else copies_why, called)
+
+    def _decided(self, draft: Draft, copies: str, network: str) -> Draft:
+        self.since_plain = 0 if len(draft.tokens) == 0 else self.since_plain + 1
+        self.decision = Decision(draft.shown_source, copies, network)
         return draft
 
-    def _choose(self, drafter: Drafter, anchor: int, k: int, sampling: SamplingConfig,
-                generator: torch.Generator) -> tuple[Draft, str, str]:
-        """(the round's draft, what the copies came to, what the network came to)."""
-        # each wait runs down only while it is asked, so ask them every round, before the probe
-        self.called = False
-        lookup_now = self.state.lookup.draft_now()
-        measured_now = self.state.drafter.draft_now()
-        network_now = measured_now and self.skip.draft_now()
-        network = "" if network_now else held(self.state.drafter) if not measured_now else sources.DID_NOT_PAY
-        if self.probe.due():
-            return self.cut(None, k), sources.PROBE, sources.PROBE
-        propose_lookups = getattr(drafter, "propose_lookups", None)  # drafters with free sources (LookupHybrid)
-        copies = sources.NO_FREE_SOURCES if propose_lookups is None else held(self.state.lookup)
-        if lookup_now and propose_lookups is not None:
-            offered = propose_lookups(anchor, k)
-            lookup = self.best_lookup(offered, k)
-            if len(lookup.tokens):
-                self.probe.record(plain=False)
-                return lookup, f"{len(lookup.tokens)} tokens verified", sources.COPY_TAKEN
-            copies = sources.NONE_PAYS if offered else sources.NONE_FOUND
-        if self.capture is not None:  # a network that reads a window of features: called once it has them
-            self.capture.wanted()
-            if network_now and not self.capture.is_ready():
-                network_now, network = False, sources.NO_FEATURES
-        if network_now and not sampling.greedy and self.sampled_cut_is_empty(k):
-            network_now, network = False, sources.SAMPLED_EMPTY  # the call is not made; the skips back off as then
-            self.skip.drafted(paid=False)
-        self.called = network_now
-        proposal = drafter.propose(anchor, k, sampling, generator) if network_now else None
-        if proposal is not None and not sampling.greedy and proposal.confidence is not None:
-            proposal = replace(proposal, confidence=self.state.sampled.rates(len(proposal.tokens)))  # (K,) measured
-        draft = self.cut(proposal, k)
-        if proposal is not None:
-            network = (f"called: {len(proposal.tokens)} drafted, {len(draft.tokens)} verified" if len(draft.tokens)
-                       else sources.CUT_EMPTY)
-        return draft, copies, network
-
-    def may_call_within(self, rounds: int) -> bool:
-        """Whether the network may be called in one of the next `rounds` rounds: its measured verdict's wait and the
-        skips' run down one after the other (draft asks the second only once the first is over), so the earliest
-        call is their sum of rounds away; a round that called it counts too (its verdict may reset the waits)."""
-        return self.called or self.state.drafter.wait + self.skip.wait < rounds
-
-    def captures(self, prefill: bool = False) -> bool:
-        """Whether this forward (the prompt's prefill, or a round's) captures the drafter's features (FeatureCapture;
-        every forward without one). A feature captured earlier than the network's next call minus its window is
-        never read."""
-        capture = self.capture
-        return capture is None or capture.captures(self.may_call_within(capture.window), prefill)
-
-    def sampled_cut_is_empty(self, k: int) -> bool:
-        """At T > 0 the network's draft is cut on its slots' measured acceptance (SlotRates), which is known before the
-        call: whether that cuts any draft of up to k slots to nothing (such calls cost a call and verify nothing).
-        Only once sampled drafts were measured, so a drafter without them is called as before."""
-        rates = self.state.sampled
-        if not self.verify_cost or not rates.reached:
-            return False
-        return best_draft_length(rates.rates(k).tolist(), self.verify_cost, self.max_lost) == 0
-
-    def best_lookup(self, copies: tuple[Copy, ...], k: int) -> Draft:
-        """The round's copied draft (copy_choice.best_copy), copy tries where they are on."""
-        return best_copy(copies, k, self.state.rates, self.verify_cost, self.try_cost if self.copy_tries else ())
-
-    def best_try(self, copies: tuple[Copy, ...], cuts: list[int], k: int) -> tuple[Draft | None, float]:
-        return best_try(copies, cuts, k, self.state.rates, self.try_cost)
-
-    def cut_copy(self, copy: Copy, k: int) -> tuple[int, float]:
-        return cut_copy(copy, k, self.state.rates, self.verify_cost)
-
-    def cut_lookup(self, copy: Copy | None, k: int) -> Draft:
-        """The part of a copy worth verifying, as a draft (cut_copy); an empty draft for none."""
-        if copy is None:
-            return EMPTY
-        n, _ = self.cut_copy(copy, k)
-        return copy.draft(n) if n else EMPTY
-
-    def observe(self, draft: Draft, n_accepted: int, n_committed: int, seconds: float,
-                draft_seconds: float = 0.0, accepted: list[int] | None = None) -> None:
-        """A round's outcome: what it committed and what it cost (drafting and verifying; draft_seconds: drafting
-        alone; accepted: the drafted tokens kept, which tell a copy try's branches apart), for the measured policies;
-        what a copied draft kept, for its source's rates. For the network's verdict a round that called it counts as
-        drafting even when its draft was cut to nothing: it paid for the call. The copied rounds' verdict compares
-        them with every other round that verified nothing, as it would be without them."""
-        source = round_source(draft)
-        if source not in COPIED:
-            self.state.drafter.observe(self.called, n_committed, seconds)
-        if source != "drafter":
-            self.state.lookup.observe(source in COPIED, n_committed, seconds)
-        if self.called:
-            self.state.call_cost.record(draft_seconds)
-        if source in COPIED:
-            self._observe_copy(draft, n_accepted, accepted or [])
-        if source == "drafter" and draft.q_draft is not None:  # a sampled draft (T > 0): its acceptance per slot
-            self.state.sampled.record(len(draft.tokens), n_accepted)
-        self._observe_cost(draft, seconds, draft_seconds)
-
-    def _observe_copy(self, draft: Draft, n_accepted: int, accepted: list[int]) -> None:
-        """What a copied draft kept, for its source's rates; a copy try's branches each kept what they share with the
-        accepted tokens."""
-        rates = self.state.rates
-        if draft.beside is None:
-            rates.record(draft.lookup_match, len(draft.tokens), n_accepted, draft.lookup_source)
-            return
-        other = draft.alternatives[0]
-        rates.record(draft.lookup_match, len(draft.tokens), common_prefix(draft.ids, accepted), draft.lookup_source)
-        rates.record(draft.beside[1], len(other), common_prefix(other, accepted), draft.beside[0], beside=True)
-
-    def _observe_cost(self, draft: Draft, seconds: float, draft_seconds: float) -> None:
-        """What the round's length cost: a chain (or nothing) fed 1 + its tokens, a copy try the anchor and both
-        branches; a tree of network drafts is neither."""
-        if not draft.alternatives:
-            verified, fed = seconds - (draft_seconds if self.called else 0.0), 1 + len(draft.tokens)
-            if self.state.costs.record(fed, verified):
-                self.verify_cost = self.state.costs.renewed(self.verify_cost, self.start_cost, fed)
-            if fed == 1 and self.copy_tries:  # the plain rounds the copy tries' costs are set against
-                self.state.tries.record(1, verified)
-        elif draft.beside is not None:
-            fed = 1 + len(draft.tokens) + len(draft.alternatives[0])
-            if self.state.tries.record(fed, seconds):
-                self.try_cost = self.state.tries.renewed(self.try_cost, self.start_cost, fed)
+    def sampled_cut_is_empty(self, k: int) -> bool:  # measured sampled drafts: their acceptance cuts all to nothing
+        acceptance, cost = self.state.acceptance, self.verify_cost
+        return bool(cost) and ("drafter", 0) in acceptance.counts and \
+            best_draft_length(acceptance.rates("drafter", 0, k), cost, self.cfg.max_lost) == 0
 
     def call_cost(self) -> float:
-        """What the skips charge a network draft for its call: measured in this reply (CallCost) where it is charged."""
-        if not self.charged_cost:
-            return 0.0
-        return self.state.call_cost.in_steps(self.state.drafter.plain_rounds, self.charged_cost)
+        """A network call's cost where charged: as measured (Costs, n = 0), else the start-up estimate."""
+        return self.state.costs.medians.get(0, self.charged_cost) if self.charged_cost else 0.0
 
-    def cut(self, proposal: Draft | None, k: int) -> Draft:
-        """The part of the network's proposal to verify (an empty draft for none)."""
-        draft = clip_draft(proposal, k, self.verify_cost, self.max_lost)
-        if proposal is not None and proposal.confidence is not None and self.verify_cost:  # a draft it can cut
-            self.skip.drafted(draft_pays(proposal.confidence[:k], self.verify_cost, self.call_cost()))
-        self.probe.record(plain=len(draft.tokens) == 0)
-        return draft
+    def captures(self, prefill: bool = False) -> bool:
+        """Whether this forward captures: every one without a FeatureCapture; with one, where the network may be called
+        while these positions are in its window (its wait ends sooner, or this round's call may end it)."""
+        capture = self.capture
+        return capture is None or capture.captures(self.called or self.state.network.wait < capture.window, prefill)
+
+    def observe(self, draft: Draft, n_accepted: int, n_committed: int, seconds: float,
+                draft_seconds: float = 0.0) -> None:
+        """A round's outcome into the store (seconds: drafting and verifying, draft_seconds of them drafting). A round
+        that called the network is its round even if cut to nothing; copied rounds are set against all others."""
+        source, state = draft.source, self.state
+        if source not in COPIED:
+            state.network.observe(self.called, n_committed, seconds, self.paid)
+        if source != "drafter":
+            state.copies.observe(source in COPIED, n_committed, seconds)
+        if source in COPIED or (source == "drafter" and draft.q_draft is not None):  # a copy, or a sampled draft
+            state.acceptance.record(source, draft.lookup_match, len(draft.tokens), n_accepted)
+        if self.called:
+            state.costs.record(0, draft_seconds)
+        if not draft.alternatives and state.costs.record(1 + len(draft.tokens), seconds - self.called * draft_seconds):
+            self.verify_cost = state.costs.curve(self.start_cost)  # a tree is not a chain of its length
