@@ -286,9 +286,9 @@ def load_sequences(folder, layers: tuple[int, ...] | None = None) -> list[Sequen
 
 def extract_features(args) -> None:
     """Cache target features for every shard (bf16, ~2 bytes x F per token), resumable per shard. Sequences are
-    batched by length (little padding); --autocast bf16 runs the target's matmuls in bf16 (2x faster on an earlier
-    CPU with AMX, not timed on one without; features within ~0.8% of fp32's, against 0.2% for storing them in
-    bf16), recorded per shard."""
+    batched by length (little padding); --autocast bf16 runs the target's matmuls in bf16 (faster where measured, on
+    a CPU with AMX; its features differ from fp32's a little more than storing them in bf16 does;
+    docs/journal/engine.md), recorded per shard."""
     target = load_target(target_config_from_args(args))
     layers = tuple(args.layers)
     out = features_dir(args.data, layers)
@@ -533,8 +533,8 @@ def main(argv=None) -> None:
     feat.add_argument("--layers", type=int, nargs="+", required=True, help="e.g. 1 10 20 29 for SmolLM2-135M")
     feat.add_argument("--batch-size", type=int, default=8, help="sequences per target forward (default 8)")
     feat.add_argument("--autocast", default="none", choices=["none", "bf16"],
-                      help="bf16: the target's matmuls in bf16 (2x faster where measured, not timed without AMX; "
-                           "features within ~0.8%%)")
+                      help="bf16: the target's matmuls in bf16 (faster where measured, on a CPU with AMX; "
+                           "features a little further from fp32's)")
     add_target_args(feat, cpu_precision="reference")
     book = sub.add_parser("phrasebook", help="the target's phrasebook from its replies (core.drafting.phrasebook)")
     book.add_argument("--data", nargs="+", required=True, help="data folders written by generate / follow-up "

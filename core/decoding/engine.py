@@ -75,8 +75,8 @@ class GenerationConfig:
     def charges_draft_cost(self) -> bool:
         """Whether the skips charge each draft for the drafter's call: with a cost curve, at T = 0 only. At T > 0 a
         draft's confidence (its largest probability) does not estimate its acceptance (sum_v min(p, q)) and no
-        calibration maps it (drafter/runtime/calibration.py fits T = 0); charging on it skipped drafts that paid: the
-        app's T = 1 default 0.98x -> 0.96x of plain decoding (docs/results/policy-ab-t1-2026-11-30.json)."""
+        calibration maps it (drafter/runtime/calibration.py fits T = 0); charging on it skipped drafts that paid
+        (docs/journal/engine.md)."""
         return bool(self.verify_cost) and self.sampling.greedy
 
 

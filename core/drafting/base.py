@@ -67,7 +67,7 @@ class Draft:
 @dataclass(frozen=True)
 class Copy:
     """A free source's copied continuation, before the policy decides on it (LookupHybrid.propose_lookups): plain
-    Python, since most are cut to nothing and a Draft's tensors cost more than deciding (~0.1 ms a round in a reply)."""
+    Python, since most are cut to nothing and a Draft's tensors cost more than deciding (docs/journal/engine.md)."""
 
     tokens: list[int]  # (<=K,) target ids
     matched: int  # the length of the matched suffix it copies after (the tail's: its first slot's confidence, 1..5)
@@ -132,8 +132,8 @@ class NgramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the current suffix, copy what followed.
 
     Deterministic (q = None), needs no features and no training. Every n-gram's latest start is indexed as tokens
-    arrive, so a lookup is a few dictionary reads, not a scan of the conversation (a scan cost ~0.1 ms a round at
-    400 tokens, over 1% of a decode step of the embedded default).
+    arrive, so a lookup is a few dictionary reads, not a scan of the conversation, which grows with it
+    (docs/journal/engine.md).
     """
 
     name = "ngram"

@@ -136,8 +136,8 @@ class Phrasebook:
     _tokens: array = field(init=False, repr=False, compare=False, default_factory=lambda: array("i"))
 
     def __post_init__(self):
-        # the same offsets and tokens as Python arrays: a lookup slices them without a tensor op (~0.05 ms a round in
-        # a reply with tensors: two scalar reads and a slice)
+        # the same offsets and tokens as Python arrays: a lookup slices them without a tensor op (two scalar reads and a
+        # slice of tensors cost more than the lookup, docs/journal/engine.md)
         object.__setattr__(self, "_offsets", array("q", self.offsets.tolist()))
         object.__setattr__(self, "_tokens", array("i", self.tokens.tolist()))  # ids fit int32 (save's widest)
         # hash -> row: a probe reads a few cache lines where a bisect of the sorted list read ~36, each a miss right

@@ -2,12 +2,10 @@
 
 Why: with torch's default CPU linear (MKL), one position is a fast matrix-vector product but two or more
 positions take the matrix-matrix path, which repacks the whole weight on every call. On these CPUs that made a
-forward over K + 1 = 17 positions cost ~1.9x one position (and 2 positions ~1.8x), so a draft had to be accepted
-almost twice per round just to break even. oneDNN's linear with its weight reordered once at load time
-(`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU freezing uses) skips that: measured here on
-SmolLM2-135M's shapes, 2 threads, the 49152 x 576 LM head takes 5.0 ms for 1 position and 6.1 ms for 17 (MKL:
-11.5 and 26.0), a 1536 x 576 MLP weight 0.05 and 0.16 ms (0.10 and 0.42); `python -m core.runtime.verify_cost` shows
-the whole forward.
+forward over K + 1 = 17 positions cost nearly two of one position, so a draft had to be accepted almost twice per
+round just to break even. oneDNN's linear with its weight reordered once at load time
+(`torch.ops.mkldnn._reorder_linear_weight`, what torch.compile's CPU freezing uses) skips that (figures:
+docs/journal/engine.md; `python -m core.runtime.verify_cost` shows the whole forward).
 
 Exactness: each row of the output comes out bit-identical whether it is computed alone or among 17 rows for most
 shapes (MKL's matrix-vector and matrix-matrix paths never are), so plain decoding and a verify forward agree at
@@ -262,10 +260,10 @@ class Int4Linear(torch.nn.Module):
     """A linear layer computed from 4-bit weight codes (quantize_q4) with bf16 activations. Inference only.
 
     With the native step's module (core.runtime.native), by its q4_mm: the codes unpacked once per block for every row
-    fed and summed by bf16 pair dot products (AVX512-BF16 where the CPU has it), 2-2.6x faster than torch's kernel at 1
-    to 17 rows on SmolLM2's shapes (two threads, `python -m lab.kernel_timing`). Without it, by torch's CPU int4 kernel,
-    whose dequantisation is w = (code - 8) * scale + zero, so zero = minimum + 8 * scale. Either way each output row is
-    computed independently of the others (core.runtime.exactness checks it on the machine)."""
+    fed and summed by bf16 pair dot products (AVX512-BF16 where the CPU has it), faster than torch's kernel at 1 to 17
+    rows on SmolLM2's shapes (`python -m lab.kernel_timing`; docs/journal/engine.md). Without it, by torch's CPU int4
+    kernel, whose dequantisation is w = (code - 8) * scale + zero, so zero = minimum + 8 * scale. Either way each output
+    row is computed independently of the others (core.runtime.exactness checks it on the machine)."""
 
     def __init__(self, linear: torch.nn.Linear, group: int = Q4_GROUP, native=None):
         super().__init__()

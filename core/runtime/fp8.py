@@ -33,9 +33,9 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class SharedRowCodes:
     """The row codes of one input shared by the linears that read it: q, k and v read the same tensor, and so do gate
     and up, which then quantise it once instead of three times and twice (4 quantisations a layer where there were 7).
-    Each quantisation is ~9 small kernels beside its product; at batch 1 on the H200 they were what made FP8 0.55x
-    bf16's speed (docs/gpu.md). Keyed by the input's identity: within a layer's forward the same tensor object reaches
-    those products unchanged (it is not written in place between them). The group's last linear (v, up) lets the
+    Each quantisation is several small kernels beside its product; at batch 1 on the H200 they were what made FP8 slower
+    than bf16 (docs/journal/gpu.md). Keyed by the input's identity: within a layer's forward the same tensor object
+    reaches those products unchanged (it is not written in place between them). The group's last linear (v, up) lets the
     entry go, so no activation outlives its layer (a long prefill's would add up over the layers). The codes are the
     ones each linear would make itself: the outputs are bit-identical to unshared ones, in whatever order the group's
     linears are called (one called after the entry went quantises again)."""

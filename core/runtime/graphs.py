@@ -1,17 +1,17 @@
 """The lean forward's decode and verify shapes as fixed-shape steps over one persistent static cache, replayed from
 CUDA graphs on a GPU.
 
-Why: on the H200 an eager Qwen3-8B-architecture step took 32 ms where reading its bf16 weights takes ~4 ms
-(docs/gpu.md): the GPU waits for Python to launch ~15 kernels a layer. A CUDA graph records one forward's kernels
-once and replays them with one launch, but only for fixed shapes and fixed memory. So every step of T <= 17 fed
-positions (a plain step, a verify chain, a tree) is written with nothing that changes between calls but the
-contents of a few input tensors: the tokens, their rotary positions, the cache slots they are written to (index_copy
-at tensor indices, not a Python slice) and the number of cached positions; attention runs over a fixed span of the
-cache's rows with a mask built from those tensors (gpt-fast's design, which attends over the whole capacity; here
-the span is the smallest of 1,024, 2,048, … rows that covers the positions, one step per span: over a 4k-row cache
-a 17-position step had cost the H200 1.46x one position where a small cache cost 1.17x, docs/gpu.md). Rolling back
-stays what it is: moving the cache's index (a tree path gathered into place first, outside the graph). A prompt's
-prefill (> 17 positions) runs the lean forward as before, into the same cache.
+Why: on the H200 an eager Qwen3-8B-architecture step took several times what reading its bf16 weights takes
+(docs/journal/gpu.md): the GPU waits for Python to launch ~15 kernels a layer. A CUDA graph records one forward's
+kernels once and replays them with one launch, but only for fixed shapes and fixed memory. So every step of T <= 17 fed
+positions (a plain step, a verify chain, a tree) is written with nothing that changes between calls but the contents of
+a few input tensors: the tokens, their rotary positions, the cache slots they are written to (index_copy at tensor
+indices, not a Python slice) and the number of cached positions; attention runs over a fixed span of the cache's rows
+with a mask built from those tensors (gpt-fast's design, which attends over the whole capacity; here the span is the
+smallest of 1,024, 2,048, … rows that covers the positions, one step per span: over a 4k-row cache a 17-position step
+had cost the H200 more than over a small one, docs/journal/gpu.md). Rolling back stays what it is: moving the cache's
+index (a tree path gathered into place first, outside the graph). A prompt's prefill (> 17 positions) runs the lean
+forward as before, into the same cache.
 
 On a CPU the same fixed-shape step runs without capture (mode "sim"): what the test suite and the GPU run's
 `--cpu-sim` exercise — shapes, masks, slots, rollback and exactness against plain decoding.

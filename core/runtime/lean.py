@@ -323,8 +323,8 @@ class LeanForward:
     def _lm_head(self, model):
         """The LM head as the forward calls it: in q4 with the native step, from 8-bit codes per block of 32 (GGUF's
         Q8_0, the embedded file's own scheme for it; core.runtime.cpu_linear.Int8Linear), half the bytes of the bf16
-        copy a decode step reads whole (it was ~45% of a step); the prepacked bf16 copy is then dropped. Else the
-        model's."""
+        copy a decode step reads whole (the largest single read of a step, docs/journal/engine.md); the prepacked bf16
+        copy is then dropped. Else the model's."""
         from core.runtime.cpu_linear import Int8Linear, PackedLinear, q4_fits
 
         head = model.lm_head

@@ -145,7 +145,8 @@ class IdleWatch:
 
 def wait_idle(timeout_s: float = 0.5) -> bool:
     """Wait up to timeout_s for machine_idle(); whether it came. A benchmark calls it between runs: the threads of
-    a run that just ended (llama.cpp's spin ~10 ms after its reply) are not a neighbour the next run should see."""
+    a run that just ended (llama.cpp's spin for a while after its reply) are not a neighbour the next run should
+    see."""
     import time
 
     deadline = time.monotonic() + timeout_s

@@ -175,10 +175,10 @@ def cost_curves(target, repeats: int = 5, contexts=CONTEXTS) -> CostCurves:
 
 
 def sane_curve(curve) -> tuple[float, ...]:
-    """A measured relative curve within physical bounds: one position costs 1, and n positions at least one
-    position's forward and at most n of them. Not smoothed: a CPU's curve is not monotone (here, with oneDNN's
-    prepacked kernels, 2 positions cost 1.2x one and 4 the same as one; with torch's MKL 1.6x and 1.4x), and the
-    adaptive cut should see it as it is. Load spikes are what the per-position median over passes removes."""
+    """A measured relative curve within physical bounds: one position costs 1, and n positions at least one position's
+    forward and at most n of them. Not smoothed: a CPU's curve is not monotone (2 positions may cost more than 4,
+    docs/journal/engine.md), and the adaptive cut should see it as it is. Load spikes are what the per-position median
+    over passes removes."""
     return tuple(1.0 if n == 1 else min(max(float(cost), 1.0), float(n)) for n, cost in enumerate(curve, start=1))
 
 

@@ -4,14 +4,14 @@ row, multiplied by the bf16 activations inside one Triton kernel (weight-only).
 Shape letters: R = rows (batch x positions), I = in features, O = out features.
 
 Why: a decode step reads every weight once, so its floor is the weights' bytes over the memory bandwidth, and 8-bit
-weights halve it. core.runtime.fp8 reached the bytes but quantised every activation row to e4m3 for torch._scaled_mm
-in ~9 small kernels per linear, and ran at 0.55x bf16's speed at batch 1 (docs/gpu.md). Here the activations stay
+weights halve it. core.runtime.fp8 reached the bytes but quantised every activation row to e4m3 for torch._scaled_mm in
+several small kernels per linear, and ran slower than bf16 at batch 1 (docs/journal/gpu.md). Here the activations stay
 bf16: a program holds BLOCK_O output rows and sweeps the inputs BLOCK_I at a time, loading a tile of x (up to BLOCK_R
 rows: a decode step's 1; a verify's 17 take two tiles) and the int8 codes of its outputs, widening the codes to bf16
 (exact: |code| <= 127 needs 7 bits of the 8 a bf16 mantissa has) and accumulating their tensor-core product in fp32
 (other activation dtypes multiply their tiles in fp32); the row scales multiply once at the end, since a scale is
-constant along its row's sum. One kernel a linear, one byte read a weight. int8
-rather than e4m3 codes: every GPU widens them, where torch's row-scaled e4m3 product is refused on sm_120 (RTX 5090).
+constant along its row's sum. One kernel a linear, one byte read a weight. int8 rather than e4m3 codes: every GPU widens
+them, where torch's row-scaled e4m3 product is refused on sm_120 (RTX 5090).
 
 Exactness: each output row depends on its own input row only, and every output's sum runs over the same BLOCK_I
 chunks in the same order whatever the row count, so a verify over K + 1 positions and a one-position step differ only

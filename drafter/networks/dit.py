@@ -40,8 +40,8 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
 class PooledContext:
     """Training's context of B blocks, kept factored: blocks drawn from one sequence read mostly the same
     positions, so the cross-attention's key and value maps project each pool position once per step instead of
-    once per block that reads it (a DFlash-style step took 0.80 s with 129 context rows per block and 0.46 s with
-    17: the context was ~40% of it; with this, 1.16x per step, scripts/profile_train.py). The gathered
+    once per block that reads it (the context was a large share of a DFlash-style training step; figures:
+    docs/journal/engine.md, scripts/profile_train.py). The gathered
     tensor it stands for is (pool[window] | anchor) + pos, (B, W+1, D)."""
 
     pool: torch.Tensor  # (P, D) ctx_in of every position some block reads

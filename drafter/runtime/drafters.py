@@ -310,8 +310,7 @@ def load_engine_drafter(spec: DrafterSpec, target, allow_download: bool = False)
     if release_folder.is_release_folder(path):
         return release_drafter(spec, path, target)
     net, vocab_ids = load_named_net(name, path, target)
-    # frozen from here on: its linear layers prepacked for oneDNN (core.runtime.cpu_linear), a proposal 12.9 -> 7.2 ms
-    # here
+    # frozen from here on: its linear layers prepacked for oneDNN (core.runtime.cpu_linear; docs/journal/engine.md)
     pack_linears(net)
     return FlowDrafter(net, vocab_ids, target, DRAFTER_MODES[name], steps=spec.steps, best_of=spec.best_of,
                        tree=spec.tree, shared_noise=spec.noise == "shared", noise_scale=spec.noise_scale,

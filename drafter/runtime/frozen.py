@@ -81,10 +81,10 @@ class FrozenDraftNet:
         self.net = net
         self.products = products  # the native products (native_trunk.products_for); None: the build's fastest
         # watch: rebuild when the weights change (a test that trains and drafts). A loaded drafter's never change, and
-        # the check (every parameter's version and address) cost ~0.09 ms, four times a proposal of ~2.2 ms
+        # the check (every parameter's version and address) cost several times a proposal (docs/journal/engine.md)
         self.watch = watch
         self.kv_layers = [layer for block in net.blocks for layer in (block.cross_attn.k, block.cross_attn.v)]
-        self._params = list(net.parameters())  # walking the modules for them on every check cost 0.14 ms
+        self._params = list(net.parameters())  # walking the modules for them on every check cost more than the check
         self._weights_key: tuple | None = None
         self._maps = torch.empty(0)  # the last context's maps (C, 2L*D), reused: a fresh 1 MB tensor a round cost
         self._refresh()  # now, not at the first proposal: a first build of the native trunk (~25 s) belongs to loading
@@ -108,7 +108,7 @@ class FrozenDraftNet:
         self.kv = self._product(self.kv_weight)  # (D) -> (2L*D): a position's share of every key and value map
         self.ctx_in, self.anchor_in = (self._projection(cast(nn.Sequential, self.net.ctx_in)),
                                        self._projection(self.net.anchor_in))
-        # the LM head rows (V, D_t) as a linear layer: x @ head.T took 1.9 ms a proposal on one core, a third of it
+        # the LM head rows (V, D_t) as a linear layer: x @ head.T took a third of a proposal (docs/journal/engine.md)
         self.head = self._product(self.net.head_matrix().detach().clone())
         self._start = self.net.start_state()  # (D_t,) every slot's input in a jump from x0 = 0
         self._conditioning: dict[tuple, tuple] = {}

@@ -6,8 +6,8 @@ Shape letters: B = blocks, K = slots, R = B*K rows, D = drafter width, L = layer
 D_t = target width.
 
 Why: at a fixed time pair and with the context's key/value maps kept (drafter/runtime/frozen.py), what was left of a
-proposal was ~130 small tensor ops dispatched from Python, 2.7 ms of a 4.1 ms proposal on two cores where the
-products take ~0.5 ms. The native trunk runs the same network in plain loops over weights packed once; where it
+proposal was ~130 small tensor ops dispatched from Python, most of its time where the products take a small share
+(docs/journal/engine.md). The native trunk runs the same network in plain loops over weights packed once; where it
 cannot be built, FrozenDraftNet keeps the Python trunk (same drafts up to float rounding, slower).
 """
 from __future__ import annotations
@@ -72,9 +72,8 @@ def norm_weights(*norms: nn.RMSNorm) -> list[torch.Tensor]:
 
 
 class NativeLinear:
-    """x @ W^T + b through the native product: the LM head rows took 0.17 ms for 16 x 576 x 4096 on two cores
-    (oneDNN's prepacked linear 0.31 ms), and a one-row product ~10 us where torch's took 0.15-0.23 ms.
-    weight (N, I), kept packed; bias (N,) or None."""
+    """x @ W^T + b through the native product, faster than oneDNN's prepacked linear on the LM head rows and than
+    torch's on one row (docs/journal/engine.md). weight (N, I), kept packed; bias (N,) or None."""
 
     def __init__(self, module, weight: torch.Tensor, bias: torch.Tensor | None = None, products: str | None = None):
         self.module = module
