@@ -1,3 +1,3 @@
 """FlashMap Chat: the product — chat service, Gradio UI, OpenAI-compatible API, bench (CHANGELOG.md: versions)."""
 
-__version__ = "0.52.0"
+__version__ = "0.53.0"
