@@ -149,8 +149,8 @@ class Runner:
 def round_costs(base: list[Run], spec: list[Run]) -> list[dict]:
     """What each kind of drafted round cost and committed, by source and drafted length (the branch followed): its
     rounds, mean drafting and verifying milliseconds, both in plain rounds (the mean round of the plain runs beside it)
-    and tokens committed. A round pays where it commits
-    more tokens than it costs plain rounds. [] without events (transformers' runs)."""
+    and tokens committed. A round pays where it commits more tokens than it costs plain rounds. [] without events
+    (transformers' runs)."""
     plain = [ev.draft_s + ev.verify_s for run in base for ev in run.events if ev.kind == "round"]
     kinds: dict[tuple[str, int], list] = {}
     for ev in (ev for run in spec for ev in run.events if ev.kind == "round"):

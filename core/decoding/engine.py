@@ -95,9 +95,8 @@ class RoundEvent:
     finish_reason: str | None = None  # None while running; eos | stop | length | cancelled
     branches: int = 1  # drafts merged into the verified trie (App. D); `drafted` is the one followed furthest
     source: str = "plain"  # what the round verified: "plain" (nothing), "drafter" (the network) or a copy's source
-    # where its kept draft tokens came from (kept_source): `source`, or the alternative
-    # the target followed (a copy beside the network's draft); "" where it kept none, and for events made elsewhere
-    # (then: `source`)
+    # where its kept draft tokens came from (kept_source): `source`, or the alternative the target followed (a copy
+    # beside the network's draft); "" where it kept none, and for events made elsewhere (then: `source`)
     kept_from: str = ""
     # why the round verified what it did (core.drafting.policy.policy.Decision); None for prefill, plain decoding and
     # events made elsewhere

@@ -27,7 +27,7 @@ COPIED = ("lookup", "phrasebook", "tail")  # the free sources' names (Draft.look
 @dataclass(frozen=True)
 class Draft:
     # (K,) target vocabulary ids: a long tensor (a network's draft), or a list of ints (a copied draft, which never
-    # needs a tensor: making one after a forward cost ~50 us, most of what deciding on a copy costs)
+    # needs a tensor: making one after a forward cost most of what deciding on a copy costs, docs/journal/engine.md)
     tokens: torch.Tensor | list[int]
     q_draft: torch.Tensor | None  # (K, V) proposal probabilities, or None for a deterministic drafter
     # (K,) per-slot confidence for the adaptive length; must not depend on the sampled tokens (a cut that looks
@@ -50,7 +50,7 @@ class Draft:
     @cached_property
     def ids(self) -> list[int]:
         """`tokens` as Python ints (K,), made once: the engine reads them several times a round, and after a forward
-        each tensor's tolist() costs ~50 us (its code and data come back from memory)."""
+        each tensor's tolist() is dear (its code and data come back from memory; docs/journal/engine.md)."""
         return self.tokens if isinstance(self.tokens, list) else self.tokens.tolist()
 
     @property

@@ -457,7 +457,7 @@ def load_target(cfg: TargetConfig) -> Target:
     dtypes = [_dtype_for(rung, device) for rung in ladder]
     source = _load(ladder[-1], device, read_dtype(ladder[-1], dtypes))
     if device.type == "cpu":
-        native_kernels.sampling_kernels()  # built (once a machine, ~30 s) or loaded now, not in the first reply
+        native_kernels.sampling_kernels()  # built (once a machine) or loaded now, not in the first reply
     kept = None
     for rung, dtype, next_dtype in zip(ladder[:-1], dtypes, dtypes[1:]):
         try:  # the plan first: a rung these flags cannot serve costs no copy

@@ -61,7 +61,7 @@ def build_trie(branches: list[list[int]], budget: int) -> Trie:
 def ancestor_mask(trie: Trie) -> torch.Tensor:
     """(T, T) bool: row i may attend to column j. Position 0 is the anchor; node n is position n + 1
     and sees the anchor, its ancestors and itself. Built as lists and made a tensor once: row by row in torch it
-    cost a dispatch a node, ~50 us each after a forward."""
+    cost a dispatch a node, each dear after a forward (docs/journal/engine.md)."""
     size = len(trie) + 1
     rows = [[True] + [False] * (size - 1)]  # the anchor sees itself
     for node, parent in enumerate(trie.parents):  # parents come first, so their rows are complete

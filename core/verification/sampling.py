@@ -204,12 +204,12 @@ def verify_sampled(
 
 def verify_logits(draft_tokens: list[int], logits: torch.Tensor, q_draft: torch.Tensor | None,
                   sampling: SamplingConfig, generator: torch.Generator | None = None) -> Verdict:
-    """T > 0 rejection sampling against the target's logits (K+1, V): verify_sampled_rows with p from target_probs,
-    each row's only once the sampling reaches its slot. A deterministic draft (q_draft None: a copied draft, or none
-    for a plain step) goes in one native call where only the temperature shapes p (core/runtime/csrc/sampling.cpp's
-    verify_copy): after a forward each torch op costs ~50 us instead of ~5 (its code and data come back from memory),
-    and the op-by-op path makes ~9 a slot. Its 2K + 1 uniforms are drawn at once (slot k's test, slot k's redraw, the
-    bonus token's), so a plain step (K = 0) draws the one uniform sample() draws."""
+    """T > 0 rejection sampling against the target's logits (K+1, V): verify_sampled_rows with p from target_probs, each
+    row's only once the sampling reaches its slot. A deterministic draft (q_draft None: a copied draft, or none for a
+    plain step) goes in one native call where only the temperature shapes p (core/runtime/csrc/sampling.cpp's
+    verify_copy): after a forward each torch op costs about ten times its warm cost (its code and data come back from
+    memory; docs/journal/engine.md), and the op-by-op path makes ~9 a slot. Its 2K + 1 uniforms are drawn at once (slot
+    k's test, slot k's redraw, the bonus token's), so a plain step (K = 0) draws the one uniform sample() draws."""
     if logits.device.type in BATCHED_ON:
         return verify_batched(draft_tokens, logits, q_draft, sampling, generator)
     module = _kernels_for(logits)

@@ -86,8 +86,8 @@ class FrozenDraftNet:
         self.kv_layers = [layer for block in net.blocks for layer in (block.cross_attn.k, block.cross_attn.v)]
         self._params = list(net.parameters())  # walking the modules for them on every check cost more than the check
         self._weights_key: tuple | None = None
-        self._maps = torch.empty(0)  # the last context's maps (C, 2L*D), reused: a fresh 1 MB tensor a round cost
-        self._refresh()  # now, not at the first proposal: a first build of the native trunk (~25 s) belongs to loading
+        self._maps = torch.empty(0)  # the last context's maps (C, 2L*D), reused rather than a fresh 1 MB tensor a round
+        self._refresh()  # now, not at the first proposal: a first build of the native trunk belongs to loading
 
     def __getattr__(self, name: str):
         return getattr(self.net, name)  # only reached for what this class does not define
