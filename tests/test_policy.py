@@ -276,7 +276,6 @@ def test_the_round_takes_the_offer_with_the_most_tokens_per_unit_of_cost():
     policy.state.network.wait = 5  # measured losing: it waits
     assert policy.draft(network, 1, 3, GREEDY, None).ids == [7, 8, 9] and network.calls == 1
     assert policy.decision.network == "waiting: its last rounds did not pay"
-    policy.state.acceptance.record("lookup", 3, 3, 0)
     for _ in range(20):
         policy.state.acceptance.record("lookup", 3, 3, 0)  # the copies are rejected
     assert len(policy.draft(network, 1, 3, GREEDY, None).tokens) == 0
