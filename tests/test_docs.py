@@ -1,5 +1,6 @@
-"""Every pointer the docs and the docstrings give resolves: the files they name (a path under core/, docs/, …), the
-`python -m` targets and the dotted modules inside a package (core.runtime.lean, …). A pointer to what a commit held
+"""Every pointer the docs, the docstrings and the comments of the native sources and scripts give resolves: the files
+they name (a path under core/, docs/, …), the `python -m` targets and the dotted modules inside a package
+(core.runtime.lean, …). A pointer to what a commit held
 says so next to it ("at 16ab0bc", "commit 7635cf2"). CHANGELOG.md is a history and is not read."""
 import re
 from pathlib import Path
@@ -16,7 +17,9 @@ AT_COMMIT = re.compile(r"\b(?:at|commit) [0-9a-f]{7,40}\b", re.IGNORECASE)
 def texts() -> list[Path]:
     docs = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")),
             *sorted(ROOT.glob("weights/*.md")), *sorted(ROOT.glob("data/*/*.md"))]
-    return docs + sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+    code = [p for package in PACKAGES for suffix in ("py", "cpp", "h", "sh")
+            for p in (ROOT / package).rglob(f"*.{suffix}")]
+    return docs + sorted(code) + [ROOT / ".ci" / "run"]
 
 
 def module_depth(dotted: str) -> int:
