@@ -1,7 +1,7 @@
 """Every pointer the docs, the docstrings and the comments of the native sources and scripts give resolves: the files
 they name (a path under core/, docs/, …), the `python -m` targets and the dotted modules inside a package
-(core.runtime.lean, …). A pointer to what a commit held
-says so next to it ("at 16ab0bc", "commit 7635cf2"). CHANGELOG.md is a history and is not read."""
+(core.runtime.lean, …). A pointer to what a commit held says so next to it ("at 16ab0bc", "commit 7635cf2").
+CHANGELOG.md is a history and is not read."""
 import re
 from pathlib import Path
 

@@ -406,8 +406,8 @@ void block_tile(const int32_t* blocks, const Operand* x, const float* sums, cons
 
 // Row t's inputs of block g summed as the code products see them, for the q4 minimums: with the integer products the
 // 8-bit codes' sum times their scale (the minimum and the codes then multiply the same inputs, as in llama.cpp's Q4_1
-// x Q8_1 product; the inputs' exact sum beside rounded code products had drifted from the model: 95.6% against 98.0%
-// of greedy tokens agreeing with transformers in fp32, docs/engine.md "Fidelity"), else the bf16 inputs' sum.
+// x Q8_1 product; the inputs' exact sum beside rounded code products had drifted further from the model, fewer greedy
+// tokens agreeing with transformers in fp32, docs/journal/engine.md "Fidelity"), else the bf16 inputs' sum.
 inline float block_sum(const Operand* rows, const bf16* x, int64_t t, int64_t in, int64_t g) {
 #if defined(INTEGER_PRODUCTS)
   (void)x;
@@ -685,13 +685,14 @@ std::vector<at::Tensor> layers(const at::Tensor& x, const at::Tensor& cos, const
     for (int64_t layer : state_layers)
       if (layer == i + 1) result.push_back(residual.to(at::kBFloat16));
   }
-  // the model's final norm here where its weight is given (in Python it cost ~0.1 ms a step: six small ops)
+  // the model's final norm here where its weight is given (in Python: six small ops a step, docs/journal/engine.md)
   result[0] = final_norm.numel() ? rms_norm(residual, final_norm, eps) : residual.to(at::kBFloat16);
   return result;
 }
 
 // A list of tensors handed over once and kept on the C++ side (a model's weights, a cache's keys or values): pybind's
-// conversion of the step's Python lists of 420 tensors at every call cost ~18 us, ~160 us after a forward.
+// conversion of the step's Python lists of 420 tensors at every call was dear, the more so after a forward
+// (docs/journal/engine.md).
 struct Tensors {
   explicit Tensors(std::vector<at::Tensor> items) : items(std::move(items)) {}
   std::vector<at::Tensor> items;
@@ -716,7 +717,7 @@ at::Tensor gather_rows(const at::Tensor& table, const std::vector<int64_t>& inde
 // 8-bit codes over the last `keep` rows (0: all). Returns [logits (T or keep, V) fp32, features (T, F) bf16: the
 // states at `feature_layers` side by side, 0 = the embeddings, L = the normalised last layer (an empty tensor for
 // none)]. Why one call: the layers stream the weights through every cache, and afterwards each torch op Python
-// dispatches costs many times its usual microseconds (its code and data come back from memory; docs/engine.md,
+// dispatches costs many times its usual microseconds (its code and data come back from memory; docs/journal/engine.md,
 // "Measurements behind the code's rules").
 std::vector<at::Tensor> step(const std::vector<int64_t>& ids, const at::Tensor& embedding, const at::Tensor& cos_table,
                              const at::Tensor& sin_table, std::vector<int64_t> positions, at::Tensor visible,
@@ -763,7 +764,7 @@ std::vector<at::Tensor> step(const std::vector<int64_t>& ids, const at::Tensor& 
 
 // After a tree round: position past + kept[i] moves to past + i in every layer's keys and values (G, S, D), each
 // row copied as it is. kept is increasing from 0 (the anchor), so kept[i] >= i and no row is overwritten before it
-// moves. In Python this was two indexed copies a layer, ~1.4 ms a tree round after its forward (AVX2 EPYC).
+// moves. In Python this was two indexed copies a layer, dear after a forward (docs/journal/engine.md).
 void keep_rows(const Tensors& keys, const Tensors& values, int64_t past, const std::vector<int64_t>& kept) {
   for (size_t i = 0; i < kept.size(); ++i)
     TORCH_CHECK(kept[i] >= static_cast<int64_t>(i) && (i == 0 || kept[i] > kept[i - 1]), "kept must be increasing");

@@ -1,5 +1,5 @@
-// Which products the native kernels (core/runtime/csrc/lean_step.cpp, drafter/csrc/dit_trunk.cpp) build, chosen once from
-// the build's instruction set, and the integer products' shared parts.
+// Which products the native kernels (core/runtime/csrc/lean_step.cpp, drafter/runtime/csrc/dit_trunk.cpp) build,
+// chosen once from the build's instruction set, and the integer products' shared parts.
 //
 // INTEGER_PRODUCTS: each row's inputs are rounded to signed 8-bit codes per block of 32 with one fp32 scale (GGUF's
 // Q8_0 applied to activations, as llama.cpp does), and a block's sum of code products is exact integer arithmetic, so
@@ -7,12 +7,13 @@
 // - VNNI_PRODUCTS (AVX512-VNNI: Ice Lake and later, Zen 4 and later): vpdpbusd multiplies 64 unsigned by 64 signed
 //   8-bit codes and adds them four at a time into 16 int32 lanes, one instruction for what bf16 pairs do in two. On the
 //   AVX512-BF16 EPYC (Zen 4) the target's forwards over 2 to 17 positions took 0.72-0.93 of the bf16 pair build's
-//   time, one position within the noise (0.90 and 1.07 in two runs; `python -m scripts.products_ab --without
+//   time, one position within the noise (0.90 and 1.07 in two runs; `python -m lab.products_ab --without
 //   avx512vnni`, docs/results/engine/products-ab-vnni-2026-12-04.json), so it is taken over BF16_PRODUCTS where a CPU
 //   has both.
 // - AVX2 (an AVX-512 CPU without VNNI or BF16 included): vpmaddubsw multiplies 32 unsigned by 32 signed codes and adds
 //   neighbours. AVX2 has no bf16 products, and fp32 ones cost ~20 instructions per 32 products a row of the decode
-//   step with the unpacking and the broadcasts (measured 1.4-1.8x torch's int4 kernel, still behind llama.cpp).
+//   step with the unpacking and the broadcasts (faster than torch's int4 kernel, still behind llama.cpp; figures:
+//   docs/journal/engine.md).
 // BF16_PRODUCTS: AVX512-BF16 without VNNI: pair dot products (bf16 activations times the weight codes, unrounded).
 // Else none of them: fp32 products.
 //

@@ -1,7 +1,7 @@
-// Choosing tokens from a CPU forward's logits, one pass or two over each row instead of torch's chain of whole-row
-// ops: core/decoding/sampling.py calls these where core/runtime/native.py could build them, torch's ops elsewhere. A
-// decode step of the embedded default reads 49,152 logits a row, where torch's whole-row ops cost tens of
-// microseconds each and these passes a few (docs/engine.md, "Measurements behind the code's rules").
+// Choosing tokens from a CPU forward's logits, one pass or two over each row instead of torch's chain of whole-row ops:
+// core/verification/sampling.py calls these where core/runtime/native.py could build them, torch's ops elsewhere. A
+// decode step of the embedded default reads 49,152 logits a row, where torch's whole-row ops cost tens of microseconds
+// each and these passes a few (docs/journal/engine.md, "Measurements behind the code's rules").
 //
 // Shape letters: R = rows, V = vocabulary.
 #include <torch/extension.h>
@@ -132,7 +132,7 @@ void check_rows(const at::Tensor& x, const char* name) {
 }
 
 // a Python list, not a tensor: the engine compares them with drafted ids, and a tensor's tolist() after a forward
-// costs ~50 us (every op's code comes back from memory then)
+// is dear (every op's code comes back from memory then; docs/journal/engine.md)
 std::vector<int64_t> argmax_rows(const at::Tensor& given) {
   const at::Tensor logits = given.contiguous();  // itself where it is (a forward's logits are)
   check_rows(logits, "logits");

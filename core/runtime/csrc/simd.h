@@ -1,6 +1,7 @@
-// Sixteen-lane float arithmetic shared by the native kernels (core/runtime/csrc/lean_step.cpp, drafter/csrc/dit_trunk.cpp):
-// AVX-512 where the build has it, else plain arrays doing the same lane-wise operations, so the portable build
-// computes what the vector build computes. Built with -ffp-contract=off: a product and a sum fuse only where written.
+// Sixteen-lane float arithmetic shared by the native kernels (core/runtime/csrc/lean_step.cpp,
+// drafter/runtime/csrc/dit_trunk.cpp): AVX-512 where the build has it, else plain arrays doing the same lane-wise
+// operations, so the portable build computes what the vector build computes. Built with -ffp-contract=off: a product
+// and a sum fuse only where written.
 #pragma once
 #include <torch/extension.h>
 

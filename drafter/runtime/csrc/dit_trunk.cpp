@@ -1,12 +1,12 @@
 // The DiT drafters' trunks as one native call each: the project's network (below) and the released FlashMap DiT
-// (release_trunk, further down). The project's trunk at one time pair (drafter/network.py DraftNet.trunk, drafted
-// through drafter/frozen.py): the slot projection, every block's adaLN-modulated self-attention, cross-attention to the cached
-// context maps and GELU MLP, and the output projection. Python dispatched ~130 small ops a proposal for this (2.7 ms
-// of a 4.1 ms proposal on two cores, where the products themselves take ~0.5 ms); here they are plain loops, and the
-// products one register-tiled kernel over weights packed once (fp32, or 8-bit codes where the build has the integer
-// products, below). The result equals the Python trunk up to float rounding, computing from the same rounded weights
-// and inputs for the 8-bit products (tests/test_native_trunk.py); a draft is a proposal the target verifies, so the
-// output stays exact.
+// (release_trunk, further down). The project's trunk at one time pair (drafter/networks/dit.py DraftNet.trunk, drafted
+// through drafter/runtime/frozen.py): the slot projection, every block's adaLN-modulated self-attention,
+// cross-attention to the cached context maps and GELU MLP, and the output projection. Python dispatched ~130 small ops
+// a proposal for this (most of a proposal's time, where the products themselves take a small share;
+// docs/journal/engine.md); here they are plain loops, and the products one register-tiled kernel over weights packed
+// once (fp32, or 8-bit codes where the build has the integer products, below). The result equals the Python trunk up to
+// float rounding, computing from the same rounded weights and inputs for the 8-bit products
+// (tests/test_native_trunk.py); a draft is a proposal the target verifies, so the output stays exact.
 //
 // Shape letters: B = blocks, K = slots, R = B*K rows, D = drafter width, H = heads, E = D/H head width,
 // C = context positions, L = layers, I = MLP width, T = target width, N = a product's output width.
@@ -334,7 +334,7 @@ void self_attention(const float* qkv, const Dims& s, const float* q_norm, const 
 }
 
 // cross-attention of every slot to the context: queries (R, D); keys and values are columns of maps (C, 2L*D) at
-// key_col and key_col + D (the cached maps of drafter/frozen.py, shared by every block) -> out (R, D)
+// key_col and key_col + D (the cached maps of drafter/runtime/frozen.py, shared by every block) -> out (R, D)
 void cross_attention(const float* queries, const Dims& s, const at::Tensor& maps, int64_t key_col,
                      const float* q_norm, const float* k_norm, double eps, float* out) {
   const int64_t nk = maps.size(0), stride = maps.size(1);
@@ -416,7 +416,7 @@ at::Tensor trunk(const at::Tensor& slot_input, int64_t slots, const at::Tensor& 
                           slot_input.options());  // (R, T)
 }
 
-// ---- the released FlashMap DiT (drafter/flashmap_release.py ReleaseNet) ----------------------------------------------
+// ---- the released FlashMap DiT (drafter/networks/release.py ReleaseNet) ----------------------------------------------
 // Where it differs from the trunk above: no slot embedding, queries and keys rotated by position (RoPE on interleaved
 // channel pairs) after their per-head RMSNorm, adaLN rows ordered (scale, shift, gate), and the context's keys and
 // values kept by the caller, already normed and rotated: per layer keys_t (H, E, capacity) and values (H, capacity, E),
