@@ -237,6 +237,28 @@ def test_round_costs_replace_the_lengths_they_measured_within_physical_bounds_an
     assert costs.ratios[0] == pytest.approx([0.6, 2.5, 0.55, 0.65]) and costs.medians[0] == pytest.approx(0.65)
 
 
+def test_a_verdict_s_running_sums_give_the_rate_of_the_rounds_in_its_window():
+    verdict, generator = Verdict(window=5, measures=True, max_wait=0), torch.Generator().manual_seed(1)
+    for step in range(60):
+        verdict.observe(bool(step % 3), int(torch.randint(1, 4, (1,), generator=generator)),
+                        float(torch.rand(1, generator=generator)) * 0.01 + 1e-4)
+        for kind, rounds in ((True, verdict.drafted_rounds), (False, verdict.plain_rounds)):
+            assert len(rounds) <= 5 and verdict.totals[kind] == pytest.approx([sum(c for c, _ in rounds),
+                                                                               sum(s for _, s in rounds)])
+
+
+def test_renewing_the_length_a_round_measured_equals_computing_the_curve_whole():
+    gen = GenerationConfig(verify_cost=(1.0, 1.15, 1.3, 1.6, 2.0))
+    policy, generator = DraftPolicy.for_run(gen, PolicyState(costs=Costs(replace(DEFAULTS, cost_min_rounds=2)))), \
+        torch.Generator().manual_seed(2)
+    for _ in range(80):
+        fed = int(torch.randint(1, 7, (1,), generator=generator))  # 6: past the curve's end
+        draft = Copy(list(range(fed - 1)), matched=3).draft(fed - 1) if fed > 1 else EMPTY
+        policy.observe(draft, 0, 1, 0.01 * (1 + 0.3 * (fed - 1)) * float(1 + torch.rand(1, generator=generator)))
+        assert policy.verify_cost == pytest.approx(policy.state.costs.curve(gen.verify_cost))
+    assert policy.verify_cost != gen.verify_cost
+
+
 def test_the_policy_state_is_built_from_its_config():
     assert PolicyState() == PolicyState.of(DEFAULTS)
     cfg = replace(DEFAULTS, network_window=5, copied_window=7, min_rounds=2, copy_prior=0.4, sampled_prior=0.3,
@@ -267,8 +289,8 @@ def test_the_round_takes_the_offer_with_the_most_tokens_per_unit_of_cost():
     draft = policy.draft(network, 1, 3, GREEDY, None)
     assert draft.ids == [7, 8, 9] and network.calls == 0
     assert policy.decision.why() == "copies 3 tokens verified; network not asked: a copy is worth more"
-    policy.state.network.drafted_rounds = [(4, 1.5)] * 3  # 4 tokens for 1.5 plain rounds: 2.67 > 1.95
-    policy.state.network.plain_rounds = [(1, 1.0)] * 3
+    for drafted, tokens, seconds in [(False, 1, 1.0)] * 3 + [(True, 4, 1.5)] * 3:  # 4 tokens for 1.5 plain rounds:
+        policy.state.network.observe(drafted, tokens, seconds)  # 2.67 a cost unit > 1.95
     draft = policy.draft(network, 1, 3, GREEDY, None)
     assert draft.ids == [4, 5, 6] and network.calls == 1 and policy.called
     assert policy.decision.why() == ("copies not taken: the network's measured rounds are worth more; "

@@ -1,9 +1,8 @@
 """DraftPolicy: each round's draft by one rule, and what its outcome teaches the store (state.PolicyState). Each source
-its verdict allows offers expected tokens for a cost in plain rounds (offers.Offer): the best copy its cut prefix at
-its measured acceptance; the network, before its call, the tokens a plain round's time bought through its rounds in
-this reply (Verdict.ratio), at least a plain step's worth (so it is measured again after a wait); a plain step one
-token for one round. The round takes the most tokens per unit of cost (a tie: copy, network, plain); a network taken
-is called and its draft cut. Every plain_probe_every drafting rounds a plain step is due. K = drafted block length."""
+its verdict allows offers expected tokens for a cost in plain rounds (offers.Offer): the best copy its cut prefix at its
+measured acceptance; the network, before its call, what a plain round's time bought through its rounds in this reply
+(Verdict.ratio), at least a plain step's worth (so it is measured again); a plain step one token. The round takes the
+most tokens per unit of cost (ties: copy, network, plain); a probe every plain_probe_every rounds. K = block length."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -42,9 +41,8 @@ class Decision:
 
 @dataclass
 class FeatureCapture:
-    """Which forwards capture the network's features (each costs): the prompt's, then the cfg.capture_armed after a
-    round that wanted it (no copy outbid it) where it may be called while they are in its window; after a gap it is
-    called once cfg.capture_ready in a row captured."""
+    """Which forwards capture the network's features (each costs): the prompt's, then cfg.capture_armed after a round
+    that wanted it, where it may be called while they are in its window; called once cfg.capture_ready in a row did."""
 
     window: int  # Drafter.context_window
     cfg: PolicyConfig
@@ -127,8 +125,7 @@ class DraftPolicy:
         return bool(cost) and ("drafter", 0) in acceptance.counts and \
             best_draft_length(acceptance.rates("drafter", 0, k), cost, self.cfg.max_lost) == 0
 
-    def call_cost(self) -> float:
-        """A network call's cost where charged: as measured (Costs, n = 0), else the start-up estimate."""
+    def call_cost(self) -> float:  # a network call's cost where charged: as measured (Costs, n = 0), else the estimate
         return self.state.costs.medians.get(0, self.charged_cost) if self.charged_cost else 0.0
 
     def captures(self, prefill: bool = False) -> bool:
@@ -150,5 +147,8 @@ class DraftPolicy:
             state.acceptance.record(source, draft.lookup_match, len(draft.tokens), n_accepted)
         if self.called:
             state.costs.record(0, draft_seconds)
-        if not draft.alternatives and state.costs.record(1 + len(draft.tokens), seconds - self.called * draft_seconds):
-            self.verify_cost = state.costs.curve(self.start_cost)  # a tree is not a chain of its length
+        fed = 1 + len(draft.tokens)  # a tree is not a chain of its length: not recorded
+        if not draft.alternatives and state.costs.record(fed, seconds - self.called * draft_seconds) \
+                and fed <= len(self.start_cost):  # only that length's cost moved
+            weighed = state.costs.weighed(fed, self.start_cost[fed - 1])
+            self.verify_cost = (*self.verify_cost[: fed - 1], weighed, *self.verify_cost[fed:])

@@ -4,7 +4,6 @@ what rounds and network calls cost (Costs). Past rounds only, never the token be
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 
 from core.drafting.policy.config import DEFAULTS, PolicyConfig
@@ -16,11 +15,10 @@ MEASURING = "waiting: plain steps are measured first"
 @dataclass
 class Verdict:
     """Whether a source's rounds pay, so when it may draft. Where it `measures`: its last `window` rounds' tokens a
-    second against as many plain rounds' (from the plain probes; a stall clipped to cfg.stall mean plain rounds),
-    alternating with plain rounds until cfg.min_rounds of each are in. A round that lost (measured slower, or a network
-    draft whose cut did not pay for its call) backs it off 1, 2, 4 ... rounds up to `max_wait` (0: never); once
-    `patience` rounds were measured losing, long enough to keep retries within cfg.try_budget of the reply's time (at
-    most cfg.longest_wait). A round that paid ends the back-off."""
+    second against as many plain rounds' (a stall clipped to cfg.stall mean plain rounds), alternating with plain
+    rounds until cfg.min_rounds of each are in. A round that lost (measured slower, or a network draft whose cut did not
+    pay for its call) backs it off 1, 2, 4 ... rounds up to `max_wait` (0: never); once `patience` rounds measured
+    losing, long enough to keep retries within cfg.try_budget of the reply (at most cfg.longest_wait)."""
 
     cfg: PolicyConfig = DEFAULTS
     window: int = DEFAULTS.network_window
@@ -31,6 +29,8 @@ class Verdict:
     wait: int = 0  # rounds it still waits
     drafted_rounds: list = field(default_factory=list)  # (tokens committed, seconds) of its recent rounds
     plain_rounds: list = field(default_factory=list)  # the same of recent plain rounds
+    # per kind (drafted or not), its kept rounds' [tokens, seconds] summed, kept as rounds come and go
+    totals: dict = field(default_factory=lambda: {True: [0, 0.0], False: [0, 0.0]}, repr=False, compare=False)
 
     def hold(self) -> str:
         """Why the source may not draft this round, "" where it may (asked once a round: it runs the wait down)."""
@@ -44,22 +44,24 @@ class Verdict:
         """Its rounds' tokens a second over plain rounds'; None before min_rounds of each, or if it doesn't measure."""
         if not self.measures or min(len(self.drafted_rounds), len(self.plain_rounds)) < self.cfg.min_rounds:
             return None
-        tokens, seconds = (sum(column) for column in zip(*self.drafted_rounds))
-        plain_tokens, plain_seconds = (sum(column) for column in zip(*self.plain_rounds))
+        (tokens, seconds), (plain_tokens, plain_seconds) = self.totals[True], self.totals[False]
         return tokens * plain_seconds / (seconds * plain_tokens) if seconds * plain_tokens > 0 else float("inf")
 
     def observe(self, drafted: bool, committed: int, seconds: float, paid: bool = True) -> None:
         """A round of the source (drafted) or a plain one; `paid`: whether its draft's cut paid for its call."""
         if len(self.plain_rounds) >= self.cfg.min_rounds:
-            seconds = min(seconds, self.cfg.stall * statistics.fmean(s for _, s in self.plain_rounds))
-        rounds = self.drafted_rounds if drafted else self.plain_rounds
+            seconds = min(seconds, self.cfg.stall * self.totals[False][1] / len(self.plain_rounds))
+        rounds, total = (self.drafted_rounds if drafted else self.plain_rounds), self.totals[drafted]
         rounds.append((committed, seconds))
-        del rounds[: -self.window]
+        total[0], total[1] = total[0] + committed, total[1] + seconds
+        while len(rounds) > self.window:
+            gone_tokens, gone_seconds = rounds.pop(0)
+            total[0], total[1] = total[0] - gone_tokens, total[1] - gone_seconds
         if drafted and self.max_wait:
             ratio = self.ratio()
             self.settle(paid and (ratio is None or ratio >= 1))
             if ratio is not None and ratio < 1 and len(self.drafted_rounds) >= self.patience:
-                tokens = statistics.fmean(c for c, _ in self.drafted_rounds)
+                tokens = self.totals[True][0] / len(self.drafted_rounds)
                 self.wait = max(self.wait, min(self.budget_wait(ratio, tokens), self.cfg.longest_wait))
 
     def settle(self, paid: bool) -> None:  # a round that paid ends the back-off, one that lost doubles it
@@ -74,9 +76,8 @@ class Verdict:
 
 @dataclass
 class Acceptance:
-    """How often drafted tokens were kept, per source and key (lookup's match length, a phrasebook grade, the tail's
-    confidence; the network's sampled drafts: key 0) and slot: slot k's kept over those verified with every earlier
-    slot kept, Beta-smoothed (weight cfg.prior_weight) towards the source's prior for the slot where it knows one (a
+    """How often drafted tokens were kept, per source, key (lookup's match length, a phrasebook grade, the tail's
+    confidence; 0: the network's sampled drafts) and slot, Beta-smoothed towards the source's prior for the slot (a
     grade's calibration, cfg.sampled_prior), else the slot before's (slot 1: cfg.copy_prior): a copy stays on track."""
 
     cfg: PolicyConfig = DEFAULTS
@@ -110,10 +111,9 @@ class Acceptance:
 
 @dataclass
 class Costs:
-    """What drafting costs in plain rounds: a round that fed n positions (a call's own seconds aside) and, as n = 0, a
-    network call: the median of the last cfg.cost_window of each over the median plain round of its time (a shared
-    machine's speed moves within minutes), once cfg.cost_min_rounds were. A length's cost, within its bounds (1 to n
-    plain rounds), is weighed against the start-up curve (core.runtime.verify_cost) as cfg.curve_weight rounds."""
+    """What drafting costs in plain rounds: a round that fed n positions (its call aside) and, as n = 0, a network call,
+    each the median of its last rounds over the median plain round of their time (a shared machine's speed moves),
+    weighed against the start-up curve (core.runtime.verify_cost) as cfg.curve_weight rounds."""
 
     cfg: PolicyConfig = DEFAULTS
     plain: list = field(default_factory=list)  # seconds of recent plain rounds
@@ -133,17 +133,19 @@ class Costs:
                 return True
         return False
 
+    def weighed(self, n: int, start: float) -> float:
+        """A measured length's cost within its bounds, weighed against the start-up curve's `start` for it."""
+        measured, rounds, weight = min(max(self.medians[n], 1.0), float(n)), len(self.ratios[n]), self.cfg.curve_weight
+        return (rounds * measured + weight * start) / (rounds + weight)
+
     def curve(self, start: tuple[float, ...]) -> tuple[float, ...]:
         """The cost of 1, 2, ... positions: `start`'s with each measured length weighed in; () for no curve (no cut)."""
-        weight, bounded = self.cfg.curve_weight, {n: min(max(m, 1.0), float(n)) for n, m in self.medians.items()}
-        return tuple((len(self.ratios[n]) * bounded[n] + weight * cost) / (len(self.ratios[n]) + weight)
-                     if n in bounded else cost for n, cost in enumerate(start, start=1))
+        return tuple(self.weighed(n, cost) if n in self.medians else cost for n, cost in enumerate(start, start=1))
 
 
 @dataclass
 class PolicyState:
-    """Everything drafting measured: the network's verdict and the copies', acceptance and costs. PolicyState.of(cfg)
-    has cfg's windows, priors and weights; PolicyState() the defaults'."""
+    """The store (module docstring); PolicyState.of(cfg) has cfg's windows and priors, PolicyState() the defaults'."""
 
     network: Verdict = field(default_factory=Verdict)
     copies: Verdict = field(default_factory=lambda: Verdict(window=DEFAULTS.copied_window))
